@@ -1,0 +1,11 @@
+"""spark-submit entrypoint: ``./spark-submit.sh jobs/simulate.py [--scenario ...] [--set k=v]``.
+
+Thin on purpose: all logic lives in the retrysim package (see retrysim/cli.py).
+"""
+
+import sys
+
+from retrysim.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["simulate", *sys.argv[1:]]))

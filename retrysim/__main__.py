@@ -1,0 +1,5 @@
+import sys
+
+from retrysim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,429 @@
+"""Scenario files: parse, override, validate, freeze.
+
+A scenario is validated once at the entrypoint and passed down as a frozen model, so every
+later stage can trust its values. Errors are raised as :class:`ScenarioError` with the dotted
+field, the offending value and what is allowed, because the user's next step is to fix one
+line of YAML. Durations are integer milliseconds everywhere after this module.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from retrysim import limits
+
+DEFAULT_SCENARIO_PATH = Path(__file__).resolve().parent.parent / "conf" / "default.yaml"
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+# RocketMQ's own messageDelayLevel units (ScheduleMessageService.parseDelayLevel): s m h d.
+_DELAY_TOKEN_RE = re.compile(r"^(\d+)([smhd])$")
+
+
+class ScenarioError(ValueError):
+    """Bad scenario input: one message naming the field, the value and what is allowed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+
+
+# --------------------------------------------------------------------------- value types
+
+
+def parse_duration(value: Any) -> int:
+    """``1500ms``, ``10s``, ``5m``, ``2h``, ``1d`` (or ``0``) to integer milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 10s, got {value!r}")
+    if isinstance(value, int) and value == 0:
+        return 0
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if match:
+            return round(float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)])
+    raise ValueError(
+        f"malformed duration {value!r}: use a number with a unit ms, s, m, h or d "
+        "(e.g. 1500ms, 10s, 5m, 2h, 1d)"
+    )
+
+
+def parse_delay_levels(text: Any) -> tuple[int, ...]:
+    """RocketMQ's ``messageDelayLevel`` string ("1s 5s 10s ...") to per-level milliseconds."""
+    if not isinstance(text, str) or not text.split():
+        raise ValueError('expected space-separated delays such as "1s 5s 10s 30s 1m"')
+    levels = []
+    for position, token in enumerate(text.split(), start=1):
+        match = _DELAY_TOKEN_RE.match(token)
+        if not match:
+            raise ValueError(
+                f"level {position} token {token!r} is not a whole number followed by one of "
+                "s, m, h, d (RocketMQ's messageDelayLevel format, e.g. 10s or 2h)"
+            )
+        levels.append(int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)])
+    if len(levels) > limits.MAX_DELAY_LEVELS:
+        raise ValueError(f"{len(levels)} levels; at most {limits.MAX_DELAY_LEVELS} are allowed")
+    return tuple(levels)
+
+
+def format_duration(ms: int) -> str:
+    """The shortest exact spelling of a millisecond count: 90000 -> 90s, 7200000 -> 2h."""
+    for unit in ("d", "h", "m", "s"):
+        if ms and ms % _DURATION_UNITS_MS[unit] == 0:
+            return f"{ms // _DURATION_UNITS_MS[unit]}{unit}"
+    return f"{ms}ms"
+
+
+def _in_range(low: float | None, high: float | None, duration: bool = False):
+    def show(bound: float) -> str:
+        return format_duration(int(bound)) if duration else f"{bound:g}"
+
+    def check(value: float) -> float:
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = (
+                f"between {show(low)} and {show(high)}"
+                if low is not None and high is not None
+                else (f">= {show(low)}" if low is not None else f"<= {show(high)}")
+            )
+            raise ValueError(f"must be {bounds}")
+        return value
+
+    return AfterValidator(check)
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration)]
+NonNegativeDuration = Annotated[Duration, _in_range(0, None, duration=True)]
+PositiveDuration = Annotated[Duration, _in_range(1, None, duration=True)]
+Probability = Annotated[float, _in_range(0.0, 1.0)]
+StrictInt = Annotated[int, Field(strict=True)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- behavior
+
+
+class ProcessingTime(_Model):
+    """How long the listener runs. Lognormal is given by mean and p99, as people measure it."""
+
+    dist: Literal["constant", "exponential", "lognormal"] = "constant"
+    mean: NonNegativeDuration = 0
+    p99: NonNegativeDuration | None = None
+
+    @model_validator(mode="after")
+    def _p99_fits(self) -> ProcessingTime:
+        if self.dist == "lognormal":
+            if self.p99 is None:
+                raise ValueError("lognormal needs p99 as well as mean")
+            if self.mean <= 0 or not self.mean < self.p99 <= limits.LOGNORMAL_MAX_P99_RATIO * (
+                self.mean
+            ):
+                raise ValueError(
+                    f"lognormal needs 0 < mean < p99 <= {limits.LOGNORMAL_MAX_P99_RATIO:.2f} x "
+                    f"mean (got mean {self.mean} ms, p99 {self.p99} ms)"
+                )
+        elif self.p99 is not None:
+            raise ValueError(f"p99 applies only to dist: lognormal, not {self.dist}")
+        return self
+
+
+def _processing_time(value: Any) -> Any:
+    """A bare duration means a constant processing time."""
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return {"dist": "constant", "mean": value}
+    return value
+
+
+ProcessingTimeField = Annotated[ProcessingTime, BeforeValidator(_processing_time)]
+
+
+class Outage(_Model):
+    """A window of a failing downstream: its own failure chance, optionally slower calls."""
+
+    start: NonNegativeDuration
+    end: NonNegativeDuration
+    fail_probability: Probability = 1.0
+    processing_time: ProcessingTimeField | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Outage:
+        if self.end <= self.start:
+            raise ValueError(f"end ({self.end} ms) must be after start ({self.start} ms)")
+        return self
+
+
+class OutcomeMix(_Model):
+    """Relative weights of the ways a failed delivery fails (all retried the same way in 4.x)."""
+
+    reconsume_later: Annotated[float, _in_range(0.0, None)] = 1.0
+    exception: Annotated[float, _in_range(0.0, None)] = 0.0
+    null_return: Annotated[float, _in_range(0.0, None)] = 0.0
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> OutcomeMix:
+        if self.reconsume_later + self.exception + self.null_return <= 0:
+            raise ValueError("weights must not all be 0")
+        return self
+
+
+def _not_yet_nonzero(value: float) -> float:
+    if value != 0:
+        raise ValueError(
+            "only 0 is supported so far: the local 5 s resubmit after a failed sendMessageBack "
+            "arrives with the consumer-flavors work"
+        )
+    return value
+
+
+class Behavior(_Model):
+    fail_probability: Probability = 0.0
+    poison_fraction: Probability = 0.0
+    fail_first: Annotated[StrictInt, _in_range(0, limits.MAX_FAIL_FIRST)] = 0
+    processing_time: ProcessingTimeField = ProcessingTime(mean=f"{limits.DEFAULT_PROCESSING_MS}ms")
+    outages: tuple[Outage, ...] = ()
+    outcome_mix: OutcomeMix = OutcomeMix()
+    send_back_failure_probability: Annotated[float, AfterValidator(_not_yet_nonzero)] = 0.0
+
+
+class Workload(_Model):
+    messages: Annotated[StrictInt, _in_range(1, limits.MAX_MESSAGES_PER_GROUP)] = 10_000
+    over: NonNegativeDuration = 3_600_000
+    arrival: Literal["uniform", "poisson"] = "uniform"
+    queues: Annotated[StrictInt, _in_range(1, limits.MAX_QUEUES)] = 8
+    size_bytes: Annotated[StrictInt, _in_range(1, limits.MAX_MESSAGE_BYTES)] = 1024
+
+
+class Consumers(_Model):
+    instances: Annotated[StrictInt, _in_range(1, limits.MAX_CONSUMER_INSTANCES)] = 1
+    threads: Annotated[StrictInt, _in_range(1, limits.MAX_CONSUMER_THREADS)] = 20
+
+
+def _known_flavor(flavor: str) -> str:
+    if flavor in limits.PLANNED_FLAVORS:
+        raise ValueError(
+            f"flavor {flavor!r} is not simulated yet; available now: {', '.join(limits.FLAVORS)}"
+        )
+    if flavor not in limits.FLAVORS:
+        guess = difflib.get_close_matches(flavor, limits.FLAVORS + limits.PLANNED_FLAVORS, n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        raise ValueError(f"unknown flavor; {hint}allowed: {', '.join(limits.FLAVORS)}")
+    return flavor
+
+
+class Group(_Model):
+    """One consumer group: what it consumes, how it retries, how its listener behaves."""
+
+    name: Annotated[str, Field(pattern=r"^[%|a-zA-Z0-9_-]{1,255}$")]
+    flavor: Annotated[str, AfterValidator(_known_flavor)]
+    topic: Annotated[str, Field(pattern=r"^[%|a-zA-Z0-9_-]{1,127}$")] | None = None
+    max_reconsume_times: Annotated[StrictInt, _in_range(-1, limits.MAX_RECONSUME_TIMES_4X)] = -1
+    delay_level_when_next_consume: Annotated[StrictInt, _in_range(-1, None)] = 0
+    consume_timeout: Annotated[Duration, _in_range(1_000, 24 * 3_600_000, duration=True)] = (
+        15 * 60_000
+    )
+    consume_timeout_check: Literal["exact", "periodic"] = "exact"
+    dlq_enabled: bool = True
+    suspend_current_queue_time: PositiveDuration | None = None
+    invisible_duration: PositiveDuration | None = None
+    retry_policy: dict[str, Any] | None = None
+    consume_message_batch_max_size: Annotated[StrictInt, _in_range(1, 1)] = 1
+    ack_index: StrictInt | None = None
+    consumers: Consumers = Consumers()
+    workload: Workload = Workload()
+    behavior: Behavior = Behavior()
+
+    @property
+    def source_topic(self) -> str:
+        return self.topic or self.name
+
+
+class Broker(_Model):
+    message_delay_level: Annotated[tuple[int, ...], BeforeValidator(parse_delay_levels)] = (
+        parse_delay_levels(limits.DEFAULT_MESSAGE_DELAY_LEVEL)
+    )
+
+
+class Scenario(_Model):
+    """A whole scenario file; see DESIGN.md §6 for the contract of its keys."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)] = "scenario"
+    seed: Annotated[StrictInt, _in_range(0, 2**63 - 1)] = 42
+    horizon: Annotated[Duration, _in_range(1, limits.MAX_HORIZON_MS, duration=True)] = 6 * 3_600_000
+    load_bucket: Annotated[Duration, _in_range(100, None, duration=True)] = 60_000
+    broker: Broker = Broker()
+    groups: Annotated[tuple[Group, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        names = [group.name for group in self.groups]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate group names {duplicates}: each group needs its own name")
+        if self.horizon // self.load_bucket > limits.MAX_LOAD_BUCKETS:
+            raise ValueError(
+                f"horizon / load_bucket gives {self.horizon // self.load_bucket} buckets; at "
+                f"most {limits.MAX_LOAD_BUCKETS} are allowed (use a larger load_bucket)"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a scenario file into plain data, turning every failure into a ScenarioError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ScenarioError("--scenario", f"cannot read {path}: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ScenarioError("--scenario", f"{path} is not valid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError("--scenario", f"{path} must hold a mapping of keys, not {data!r}")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``--set a.b.c=value`` overrides; list items by index or by group name."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError("--set", f"expected key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        _set_path(data, key.strip().split("."), value, key.strip())
+    return data
+
+
+def _set_path(node: Any, parts: list[str], value: Any, full_key: str) -> None:
+    head, rest = parts[0], parts[1:]
+    if isinstance(node, list):
+        index = _list_index(node, head, full_key)
+        if not rest:
+            node[index] = value
+            return
+        _set_path(node[index], rest, value, full_key)
+        return
+    if not isinstance(node, dict):
+        raise ScenarioError("--set", f"{full_key}: {head!r} is inside a value, not a mapping")
+    if not rest:
+        node[head] = value
+        return
+    node.setdefault(head, {})
+    _set_path(node[head], rest, value, full_key)
+
+
+def _list_index(items: list[Any], head: str, full_key: str) -> int:
+    if head.isdigit() and int(head) < len(items):
+        return int(head)
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("name") == head:
+            return index
+    names = [item.get("name") for item in items if isinstance(item, dict)]
+    raise ScenarioError(
+        "--set", f"{full_key}: no list item {head!r}; use an index 0..{len(items) - 1} or {names}"
+    )
+
+
+def build_scenario(data: Mapping[str, Any]) -> Scenario:
+    """Validate plain data into a frozen Scenario, with one clear error if it is wrong."""
+    try:
+        return Scenario.model_validate(dict(data))
+    except ValidationError as error:
+        raise _friendly(error) from None
+
+
+def load_scenario(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Scenario:
+    """The one entry: a YAML file (default: conf/default.yaml) plus ``--set`` overrides."""
+    data = load_yaml(path or DEFAULT_SCENARIO_PATH)
+    return build_scenario(apply_overrides(data, overrides))
+
+
+def _friendly(error: ValidationError) -> ScenarioError:
+    """Turn pydantic's first error into one sentence that names the field and what is allowed."""
+    errors = error.errors(include_url=False)
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = first["loc"]
+    field = _dotted(loc)
+    kind = first["type"]
+    value = first.get("input")
+    if kind == "extra_forbidden":
+        parent_model = _model_at(loc[:-1])
+        allowed = sorted(parent_model.model_fields) if parent_model else []
+        guess = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"; did you mean {guess[0]!r}?" if guess else ""
+        return ScenarioError(field, f"unknown key{hint} Allowed keys: {', '.join(allowed)}")
+    if kind == "missing":
+        return ScenarioError(field, "is required")
+    message = first["msg"].removeprefix("Value error, ")
+    if kind == "too_short":
+        message = "must list at least one item"
+    if kind == "literal_error":
+        message = f"must be one of {first['ctx']['expected']}"
+    shown = "" if isinstance(value, (dict, list)) or value is None else f"value {value!r}: "
+    return ScenarioError(field, shown + message)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif str(part).startswith(("function-", "constrained-")):
+            continue
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "scenario"
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that owns a location, to list its keys in an 'unknown key' error."""
+    model: Any = Scenario
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _model_type(field.annotation)
+        if model is None:
+            return None
+    return model
+
+
+def _model_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_type(arg)
+        if found is not None:
+            return found
+    origin = getattr(annotation, "__origin__", None)
+    metadata_base = getattr(annotation, "__metadata__", None)
+    if metadata_base is not None and origin is not None:
+        return _model_type(origin)
+    return None

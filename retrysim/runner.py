@@ -1,0 +1,164 @@
+"""One simulation run, end to end: rounds, tables, Delta commits, and the Result for notebooks.
+
+Everything is staged under ``<output>/_staging/<run>`` first (Parquet, invisible to readers)
+and only then published table by table, ``runs`` last, each as one Delta commit that
+replaces the run's partition. A run that fails before publishing leaves the tables as they
+were; its staging folder is removed either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import re
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from retrysim import __version__
+from retrysim.config import Scenario, ScenarioError
+from retrysim.engine import Progress, all_messages, run_rounds
+from retrysim.metrics import dead_letters_from_attempts, load_from_transitions, summary_from
+from retrysim.sinks import Sink, choose_sink, read_table, remove_tree
+from retrysim.tables import (
+    ATTEMPTS,
+    PARTITION_COLUMN,
+    RUNS,
+    SCHEMAS,
+    TABLE_ORDER,
+    data_schema,
+    select_schema,
+)
+from retrysim.transitions import transitions_from_attempts
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+STATUS_COMPLETE = "complete"
+
+
+def default_run_id(scenario: Scenario) -> str:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", scenario.name).strip("-") or "run"
+    return f"{name}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID_PATTERN.match(run_id):
+        raise ScenarioError(
+            "--run-id",
+            f"value {run_id!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit (it becomes a partition folder name)",
+        )
+    return run_id
+
+
+@dataclass
+class Result:
+    """A finished run. The table properties read the run's rows back from the Delta tables."""
+
+    spark: SparkSession
+    output: str
+    run_id: str
+    rounds: int
+    sink: str
+    elapsed_s: float
+    _cache: dict[str, DataFrame] = field(default_factory=dict, repr=False)
+
+    def table(self, name: str) -> DataFrame:
+        if name not in self._cache:
+            self._cache[name] = read_table(self.spark, self.output, name).where(
+                F.col(PARTITION_COLUMN) == F.lit(self.run_id)
+            )
+        return self._cache[name]
+
+    runs = property(lambda self: self.table("runs"))
+    messages = property(lambda self: self.table("messages"))
+    attempts = property(lambda self: self.table("attempts"))
+    transitions = property(lambda self: self.table("transitions"))
+    dead_letters = property(lambda self: self.table("dead_letters"))
+    load = property(lambda self: self.table("load"))
+    summary = property(lambda self: self.table("summary"))
+
+
+def simulate(
+    spark: SparkSession,
+    scenario: Scenario,
+    output: str | None = None,
+    run_id: str | None = None,
+    progress: Progress | None = None,
+    sink: str | Sink = "auto",
+) -> Result:
+    """Simulate ``scenario`` and write all seven tables under ``output`` (a temp dir if None).
+
+    >>> result = simulate(spark, load_scenario("conf/default.yaml"))  # doctest: +SKIP
+    >>> result.summary.show()  # doctest: +SKIP
+    """
+    say = progress or (lambda _line: None)
+    output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
+    run_id = check_run_id(run_id or default_run_id(scenario))
+    chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
+    staging = os.path.join(output, "_staging", f"{run_id}-{uuid.uuid4().hex[:8]}")
+    started_at = dt.datetime.now(dt.UTC)
+    began = time.monotonic()
+    try:
+        rounds = run_rounds(spark, scenario, os.path.join(staging, "attempts"), say)
+        say("staging tables ...")
+        staged = _stage_tables(spark, scenario, staging)
+        runs_row = _runs_row(spark, scenario, run_id, started_at, rounds)
+        _write_parquet(runs_row, os.path.join(staging, "tables", "runs"))
+        staged["runs"] = os.path.join(staging, "tables", "runs")
+        for table in TABLE_ORDER:
+            chosen.publish(spark, output, table, staged[table], run_id)
+        say(f"committed {len(TABLE_ORDER)} tables with the {chosen.name} sink")
+    finally:
+        remove_tree(staging)
+        _remove_if_empty(os.path.join(output, "_staging"))
+    return Result(spark, output, run_id, rounds, chosen.name, time.monotonic() - began)
+
+
+def _write_parquet(df: DataFrame, path: str) -> str:
+    df.write.parquet(path)
+    return path
+
+
+def _stage_tables(spark: SparkSession, scenario: Scenario, staging: str) -> dict[str, str]:
+    """Compute every table but ``runs`` into Parquet under ``staging/tables``; later tables
+    read earlier ones back so no plan is computed twice."""
+    tables = os.path.join(staging, "tables")
+    path = {name: os.path.join(tables, name) for name in SCHEMAS}
+    attempts = spark.read.parquet(os.path.join(staging, "attempts")).drop("round")
+    _write_parquet(all_messages(spark, scenario), path["messages"])
+    _write_parquet(select_schema(attempts, data_schema(ATTEMPTS)), path["attempts"])
+    _write_parquet(transitions_from_attempts(attempts), path["transitions"])
+    _write_parquet(dead_letters_from_attempts(attempts, scenario), path["dead_letters"])
+    transitions = spark.read.parquet(path["transitions"])
+    _write_parquet(load_from_transitions(spark, transitions, scenario).coalesce(1), path["load"])
+    load = spark.read.parquet(path["load"])
+    _write_parquet(summary_from(spark, attempts, load, scenario).coalesce(1), path["summary"])
+    return path
+
+
+def _runs_row(
+    spark: SparkSession, scenario: Scenario, run_id: str, started_at: dt.datetime, rounds: int
+) -> DataFrame:
+    row = (
+        scenario.name,
+        scenario.seed,
+        scenario.model_dump_json(),
+        started_at,
+        dt.datetime.now(dt.UTC),
+        __version__,
+        spark.sparkContext.master,
+        STATUS_COMPLETE,
+        rounds,
+    )
+    return spark.createDataFrame([row], data_schema(RUNS)).coalesce(1)
+
+
+def _remove_if_empty(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(path)

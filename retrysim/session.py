@@ -1,0 +1,56 @@
+"""The one SparkSession builder: jobs, notebooks and the test fixture all call it.
+
+It sets what every run needs (UTC, microsecond Parquet timestamps that delta-rs reads, no
+console progress bars) and, only when Delta Lake JARs are configured, Delta's session
+extension and catalog. It never creates a session at import time.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
+
+BASE_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    "spark.hadoop.parquet.summary.metadata.level": "NONE",
+}
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+def delta_jars_configured(conf: SparkConf) -> bool:
+    """Whether this session will have Delta Lake on its classpath (packages, jars, or
+    delta-spark JARs dropped into SPARK_HOME/jars)."""
+    wanted = f"{conf.get('spark.jars.packages', '')},{conf.get('spark.jars', '')}".lower()
+    spark_home = os.environ.get("SPARK_HOME", "")
+    bundled = spark_home and glob.glob(os.path.join(spark_home, "jars", "delta-spark*.jar"))
+    return "delta-spark" in wanted or bool(bundled)
+
+
+def build_session(
+    app_name: str = "retrysim",
+    master: str | None = None,
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """Get or create the session with retrysim's settings; ``conf`` entries win."""
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    settings = dict(BASE_CONF)
+    if delta_jars_configured(SparkConf()):
+        settings.update(DELTA_CONF)
+    settings.update(conf or {})
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

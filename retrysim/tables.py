@@ -1,0 +1,154 @@
+"""Schemas of every output table (DESIGN.md §4), as StructType constants.
+
+Each stage ends with ``select_schema(df, SCHEMA)`` so the columns, their order and their
+types are a contract checked in one place. Every table is partitioned by ``run_id``; the
+``*_DATA`` schemas are the same without it, as stored inside a partition's Parquet files.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    DoubleType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+PARTITION_COLUMN = "run_id"
+
+
+def _schema(*fields: tuple[str, object]) -> StructType:
+    return StructType([StructField(name, dtype, True) for name, dtype in fields])
+
+
+RUNS = _schema(
+    ("run_id", StringType()),
+    ("scenario", StringType()),
+    ("seed", LongType()),
+    ("config_json", StringType()),
+    ("started_at", TimestampType()),
+    ("finished_at", TimestampType()),
+    ("engine_version", StringType()),
+    ("spark_master", StringType()),
+    ("status", StringType()),
+    ("rounds", IntegerType()),
+)
+
+MESSAGES = _schema(
+    ("run_id", StringType()),
+    ("group", StringType()),
+    ("topic", StringType()),
+    ("msg_id", LongType()),
+    ("queue_id", IntegerType()),
+    ("born_ms", LongType()),
+    ("size_bytes", IntegerType()),
+)
+
+ATTEMPTS = _schema(
+    ("run_id", StringType()),
+    ("group", StringType()),
+    ("msg_id", LongType()),
+    ("delivery", IntegerType()),
+    ("reconsume_times", IntegerType()),
+    ("source_topic", StringType()),
+    ("queue_id", IntegerType()),
+    ("ready_ms", LongType()),
+    ("start_ms", LongType()),
+    ("processing_ms", LongType()),
+    ("end_ms", LongType()),
+    ("outcome", StringType()),
+    ("result_state", StringType()),
+    ("delay_level", IntegerType()),
+    ("next_ready_ms", LongType()),
+)
+
+TRANSITIONS = _schema(
+    ("run_id", StringType()),
+    ("group", StringType()),
+    ("msg_id", LongType()),
+    ("delivery", IntegerType()),
+    ("seq", IntegerType()),
+    ("state", StringType()),
+    ("at_ms", LongType()),
+    ("topic", StringType()),
+    ("queue_id", IntegerType()),
+    ("delay_level", IntegerType()),
+    ("reason", StringType()),
+)
+
+DEAD_LETTERS = _schema(
+    ("run_id", StringType()),
+    ("group", StringType()),
+    ("msg_id", LongType()),
+    ("dlq_topic", StringType()),
+    ("dlq_at_ms", LongType()),
+    ("deliveries", IntegerType()),
+    ("origin_topic", StringType()),
+)
+
+LOAD = _schema(
+    ("run_id", StringType()),
+    ("group", StringType()),
+    ("bucket_start_ms", LongType()),
+    ("bucket_ms", LongType()),
+    ("deliveries", LongType()),
+    ("first_deliveries", LongType()),
+    ("retries", LongType()),
+    ("commits", LongType()),
+    ("dlq", LongType()),
+    ("discards", LongType()),
+    ("inflight", LongType()),
+    ("waiting_retry", LongType()),
+    ("ready_backlog", LongType()),
+    ("commitlog_writes", LongType()),
+    ("commitlog_bytes", LongType()),
+)
+
+SUMMARY = _schema(
+    ("run_id", StringType()),
+    ("group", StringType()),
+    ("messages", LongType()),
+    ("deliveries", LongType()),
+    ("retries", LongType()),
+    ("commits", LongType()),
+    ("dlq", LongType()),
+    ("discards", LongType()),
+    ("pending", LongType()),
+    ("amplification", DoubleType()),
+    ("commitlog_writes", LongType()),
+    ("write_amplification", DoubleType()),
+    ("p50_time_to_commit_ms", DoubleType()),
+    ("p95_time_to_commit_ms", DoubleType()),
+    ("p99_time_to_commit_ms", DoubleType()),
+    ("p50_time_to_dlq_ms", DoubleType()),
+    ("p95_time_to_dlq_ms", DoubleType()),
+    ("p99_time_to_dlq_ms", DoubleType()),
+)
+
+SCHEMAS: dict[str, StructType] = {
+    "runs": RUNS,
+    "messages": MESSAGES,
+    "attempts": ATTEMPTS,
+    "transitions": TRANSITIONS,
+    "dead_letters": DEAD_LETTERS,
+    "load": LOAD,
+    "summary": SUMMARY,
+}
+# Publication order: runs last, so a run is listed only once all its rows are committed.
+TABLE_ORDER = ("messages", "attempts", "transitions", "dead_letters", "load", "summary", "runs")
+
+
+def data_schema(schema: StructType) -> StructType:
+    """The schema inside a partition's files: everything but the partition column."""
+    return StructType([field for field in schema.fields if field.name != PARTITION_COLUMN])
+
+
+def select_schema(df: DataFrame, schema: StructType) -> DataFrame:
+    """Project ``df`` onto ``schema``: exactly its columns, in order, cast to its types."""
+    columns: list[Column] = [F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields]
+    return df.select(*columns)

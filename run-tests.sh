@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: bootstraps .venv on first use, then runs the whole suite.
+# Extra arguments go to pytest (e.g. ./run-tests.sh -k timelines).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+"$ROOT/scripts/bootstrap.sh"
+cd "$ROOT"
+exec "$ROOT/.venv/bin/python" -m pytest "$@"

@@ -1,0 +1,39 @@
+"""Small builders shared by the tests (plain data; no Spark here)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from retrysim.config import Scenario, build_scenario
+
+DEFAULT_TABLE_MS = (
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
+    420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+)  # fmt: skip
+
+
+def group(name: str, **overrides: Any) -> dict[str, Any]:
+    """A rocketmq4.concurrently group with one message at t=0 and zero processing time."""
+    base: dict[str, Any] = {
+        "name": name,
+        "flavor": "rocketmq4.concurrently",
+        "workload": {"messages": 1, "over": "0s", "queues": 1},
+        "behavior": {"fail_probability": 0.0, "processing_time": "0ms"},
+    }
+    return _merge(base, overrides)
+
+
+def scenario(*groups: dict[str, Any], **top: Any) -> Scenario:
+    data: dict[str, Any] = {"name": "test", "seed": 7, "horizon": "1d", "groups": list(groups)}
+    return build_scenario(_merge(data, top))
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
