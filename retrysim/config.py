@@ -90,7 +90,9 @@ def format_duration(ms: int) -> str:
 
 def _in_range(low: float | None, high: float | None, duration: bool = False):
     def show(bound: float) -> str:
-        return format_duration(int(bound)) if duration else f"{bound:g}"
+        if duration:
+            return format_duration(int(bound))
+        return f"{bound:,}" if isinstance(bound, int) else f"{bound:g}"
 
     def check(value: float) -> float:
         if (low is not None and value < low) or (high is not None and value > high):
@@ -259,6 +261,14 @@ class Broker(_Model):
     )
 
 
+def _unique_names(groups: tuple[Group, ...]) -> tuple[Group, ...]:
+    names = [group.name for group in groups]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate group names {duplicates}: each group needs its own name")
+    return groups
+
+
 class Scenario(_Model):
     """A whole scenario file; see DESIGN.md §6 for the contract of its keys."""
 
@@ -267,14 +277,10 @@ class Scenario(_Model):
     horizon: Annotated[Duration, _in_range(1, limits.MAX_HORIZON_MS, duration=True)] = 6 * 3_600_000
     load_bucket: Annotated[Duration, _in_range(100, None, duration=True)] = 60_000
     broker: Broker = Broker()
-    groups: Annotated[tuple[Group, ...], Field(min_length=1)]
+    groups: Annotated[tuple[Group, ...], Field(min_length=1), AfterValidator(_unique_names)]
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
-        names = [group.name for group in self.groups]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate group names {duplicates}: each group needs its own name")
         if self.horizon // self.load_bucket > limits.MAX_LOAD_BUCKETS:
             raise ValueError(
                 f"horizon / load_bucket gives {self.horizon // self.load_bucket} buckets; at "
@@ -363,6 +369,12 @@ def load_scenario(path: str | Path | None = None, overrides: Iterable[str] = ())
     return build_scenario(apply_overrides(data, overrides))
 
 
+_MISSING_HINTS = {
+    "groups": ": a list of consumer groups, each with at least name and flavor",
+    "flavor": f"; allowed: {', '.join(limits.FLAVORS)}",
+}
+
+
 def _friendly(error: ValidationError) -> ScenarioError:
     """Turn pydantic's first error into one sentence that names the field and what is allowed."""
     errors = error.errors(include_url=False)
@@ -378,7 +390,8 @@ def _friendly(error: ValidationError) -> ScenarioError:
         hint = f"; did you mean {guess[0]!r}?" if guess else ""
         return ScenarioError(field, f"unknown key{hint} Allowed keys: {', '.join(allowed)}")
     if kind == "missing":
-        return ScenarioError(field, "is required")
+        hint = _MISSING_HINTS.get(str(loc[-1]), "")
+        return ScenarioError(field, f"is required{hint}")
     message = first["msg"].removeprefix("Value error, ")
     if kind == "too_short":
         message = "must list at least one item"

@@ -1,0 +1,648 @@
+"""End-to-end benchmark: real ``spark-submit`` runs of bench/scenario.yaml at several sizes.
+
+Each size runs ``./spark-submit.sh --conf spark.driver.memory=M jobs/simulate.py ...
+--master local[2]`` as a subprocess into a fresh folder under bench/out/, and measures:
+
+* wall time of the whole job, and the simulation time the job reports
+  ("retrysim: run <id> finished in <X>s over <N> rounds": rounds, staging and Delta commits);
+* where the time goes: every stdout line is time-stamped on arrival, giving the phases
+  (JVM start + imports, Spark session, round 1, later rounds, staging the tables as Parquet,
+  Delta publish, summary read-back, shutdown) and each round's own seconds; with
+  --event-log, also every Spark SQL execution's start and duration;
+* CPU seconds used by the job, and by everything else on the host meanwhile (plus steal),
+  to tell a slow run from a busy machine;
+* simulated deliveries (sum of ``summary.deliveries``, read with the ``deltalake`` package)
+  and deliveries per second of simulation time and of wall time;
+* active files per Delta table (``len(DeltaTable(path).file_uris())``) and their bytes;
+* peak RSS of the process tree, polled every 0.2 s: the driver JVM (SparkSubmit), the Python
+  driver, and any other Python processes (PySpark workers) separately, plus the tree total;
+  and the JVM heap setting in use (-Xmx of the driver JVM).
+
+Results are printed as tables and written to bench/results/latest.json. The output folder of
+a size is removed afterwards unless --keep (or the run failed).
+
+    .venv/bin/python bench/run_bench.py --quick            # 1M messages only
+    .venv/bin/python bench/run_bench.py                    # 1M and 10M
+    .venv/bin/python bench/run_bench.py --sizes 100000     # a quick smoke run (~1 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+TABLES = ("runs", "messages", "attempts", "transitions", "dead_letters", "load", "summary")
+PUBLISH_ORDER = ("messages", "attempts", "transitions", "dead_letters", "load", "summary", "runs")
+POLL_S = 0.2
+MIB = 1024 * 1024
+
+FINISHED_RE = re.compile(r"retrysim: run (\S+) finished in ([0-9.]+)s over (\d+) rounds")
+ROUND_RE = re.compile(
+    r"retrysim: round (\d+): ([\d,]+) deliveries, ([\d,]+) to retry, ([0-9.]+)s elapsed"
+)
+
+
+# --------------------------------------------------------------------------- process tree
+
+
+def _children_map() -> dict[int, list[int]]:
+    """ppid -> pids, from /proc/*/stat (the comm field may hold spaces and parentheses)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def _descendants(root: int) -> list[int]:
+    children = _children_map()
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return 0  # a zombie has no VmRSS line
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [part.decode(errors="replace") for part in handle.read().split(b"\0") if part]
+    except OSError:
+        return []
+
+
+def _kind(cmd: list[str]) -> str:
+    """jvm (the driver JVM), launcher (spark-class's short-lived command builder JVM),
+    driver (the Python driver running jobs/simulate.py), python (other Python: workers),
+    other (bash wrappers and helpers)."""
+    if not cmd:
+        return "other"
+    exe = os.path.basename(cmd[0])
+    if exe == "java":
+        if "org.apache.spark.launcher.Main" in cmd:
+            return "launcher"
+        return "jvm"
+    if exe.startswith("python"):
+        return "driver" if any(arg.endswith("jobs/simulate.py") for arg in cmd) else "python"
+    return "other"
+
+
+@dataclass
+class MemorySampler:
+    """Polls the RSS of a process tree every POLL_S seconds on a background thread."""
+
+    root: int
+    began: float
+    peaks: dict[str, int] = field(default_factory=dict)
+    peak_at: dict[str, float] = field(default_factory=dict)
+    jvm_cmd: list[str] = field(default_factory=list)
+    python_cmds: set[str] = field(default_factory=set)
+    samples: int = 0
+    cpu_s: float = 0.0
+    delta_logs: dict[str, float] = field(default_factory=dict)
+    watch: Path | None = None
+    _cmds: dict[int, list[str]] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> MemorySampler:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(POLL_S)
+        self.cpu_s = time.thread_time()
+
+    def sample(self) -> None:
+        now = time.monotonic() - self.began
+        totals = {"jvm": 0, "driver": 0, "python": 0, "tree": 0}
+        for pid in _descendants(self.root):
+            rss = _rss_bytes(pid)
+            if rss is None:
+                continue
+            if pid not in self._cmds:
+                cmd = _cmdline(pid)
+                if not cmd:
+                    continue  # exiting, or not exec'd yet; look again next poll
+                self._cmds[pid] = cmd
+            cmd = self._cmds[pid]
+            kind = _kind(cmd)
+            # the root bash process exec's into the driver JVM: refresh its command line
+            if kind in ("other", "launcher") and pid == self.root:
+                cmd = self._cmds[pid] = _cmdline(pid) or cmd
+                kind = _kind(cmd)
+            if kind == "jvm" and not self.jvm_cmd:
+                self.jvm_cmd = cmd
+            if kind == "python":
+                self.python_cmds.add(" ".join(cmd[:4])[:160])
+            if kind in totals:
+                totals[kind] += rss
+            totals["tree"] += rss
+        for kind, value in totals.items():
+            if value > self.peaks.get(kind, -1):
+                self.peaks[kind], self.peak_at[kind] = value, now
+        self.samples += 1
+        if self.watch is not None:
+            for table in TABLES:
+                if (
+                    table not in self.delta_logs
+                    and (self.watch / table / "_delta_log" / f"{0:020d}.json").exists()
+                ):
+                    self.delta_logs[table] = time.monotonic() - self.began
+
+
+def _host_cpu() -> dict[str, float]:
+    """Machine-wide CPU seconds from /proc/stat: busy (user..softirq), steal, idle (+iowait)."""
+    with open("/proc/stat") as handle:
+        values = [int(v) for v in handle.readline().split()[1:9]]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = values
+    return {
+        "busy": (user + nice + system + irq + softirq) / tick,
+        "steal": steal / tick,
+        "idle": (idle + iowait) / tick,
+    }
+
+
+def _xmx(cmd: list[str]) -> str | None:
+    for arg in cmd:
+        if arg.startswith("-Xmx"):
+            return arg[4:]
+    return None
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class Line:
+    t: float
+    text: str
+
+
+def run_size(args: argparse.Namespace, size: int) -> dict:
+    label = f"size-{size}"
+    folder = Path(args.out_dir) / label
+    output = folder / "tables"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    run_id = f"bench-{size}"
+    spark_opts = ["--conf", f"spark.driver.memory={args.driver_memory}"]
+    events = folder / "eventlog"
+    if args.event_log:
+        events.mkdir()
+        for item in ("enabled=true", f"dir={events}", "compress=false"):
+            spark_opts += ["--conf", f"spark.eventLog.{item}"]
+    for item in args.conf:
+        spark_opts += ["--conf", item]
+    overrides = [f"groups.0.workload.messages={size}", *args.set]
+    command = [
+        str(ROOT / "spark-submit.sh"),
+        *spark_opts,
+        "jobs/simulate.py",
+        "--scenario",
+        str(Path(args.scenario).resolve()),
+        "--output",
+        str(output),
+        "--run-id",
+        run_id,
+        "--master",
+        args.master,
+    ]
+    for item in overrides:
+        command += ["--set", item]
+    print(f"\n== {size:,} messages: {' '.join(command)}", flush=True)
+
+    lines: list[Line] = []
+    host_before, usage_before = _host_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    began, began_epoch = time.monotonic(), time.time()
+    with (
+        open(folder / "stdout.log", "w") as out_log,
+        open(folder / "stderr.log", "w") as err_log,
+    ):
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=err_log,
+            text=True,
+            bufsize=1,
+        )
+        sampler = MemorySampler(process.pid, began, watch=output).start()
+        assert process.stdout is not None
+        for text in process.stdout:
+            now = time.monotonic() - began
+            lines.append(Line(now, text.rstrip("\n")))
+            out_log.write(f"{now:9.2f} {text}")
+            out_log.flush()
+            if args.echo:
+                print(f"  {now:8.1f}s | {text.rstrip()}", flush=True)
+        returncode = process.wait()
+        wall_s = time.monotonic() - began
+        sampler.stop()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    host = {k: v - host_before[k] for k, v in _host_cpu().items()}
+    job_cpu = (usage.ru_utime - usage_before.ru_utime) + (usage.ru_stime - usage_before.ru_stime)
+
+    result: dict = {
+        "size": size,
+        "run_id": run_id,
+        "returncode": returncode,
+        "wall_s": round(wall_s, 2),
+        "command": command,
+        # CPU seconds of the whole job (JVM, Python driver and workers), and what else used
+        # the machine meanwhile: noise indicators for a shared or virtual host.
+        "cpu": {
+            "job_user_s": round(usage.ru_utime - usage_before.ru_utime, 1),
+            "job_sys_s": round(usage.ru_stime - usage_before.ru_stime, 1),
+            "host_busy_s": round(host["busy"], 1),
+            "host_other_s": round(max(host["busy"] - job_cpu - sampler.cpu_s, 0.0), 1),
+            "host_steal_s": round(host["steal"], 1),
+            "host_idle_s": round(host["idle"], 1),
+            "sampler_s": round(sampler.cpu_s, 2),
+        },
+    }
+    result.update(_memory_report(sampler, args.driver_memory))
+    result.update(_timeline(lines, sampler, wall_s))
+    if args.event_log:
+        result["sql_executions"] = _sql_executions(events, began_epoch)
+    if returncode != 0:
+        print(f"!! job failed with exit code {returncode}; logs kept in {folder}", flush=True)
+        tail = (folder / "stderr.log").read_text(errors="replace").splitlines()[-30:]
+        print("\n".join(f"   {line}" for line in tail), flush=True)
+        result["stderr_tail"] = tail
+        return result
+    result.update(_tables_report(output, run_id))
+    sim_s = result.get("sim_s")
+    deliveries = result.get("deliveries")
+    if deliveries is not None:
+        result["deliveries_per_sim_s"] = round(deliveries / sim_s) if sim_s else None
+        result["deliveries_per_wall_s"] = round(deliveries / wall_s)
+    if args.keep:
+        result["kept"] = str(folder)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def _memory_report(sampler: MemorySampler, driver_memory: str) -> dict:
+    peaks = {kind: round(value / MIB, 1) for kind, value in sampler.peaks.items()}
+    return {
+        "driver_memory_conf": driver_memory,
+        "driver_jvm_xmx": _xmx(sampler.jvm_cmd),
+        "peak_rss_mib": peaks,
+        "peak_rss_at_s": {kind: round(t, 1) for kind, t in sampler.peak_at.items()},
+        "memory_samples": sampler.samples,
+        "other_python_processes": sorted(sampler.python_cmds),
+    }
+
+
+def _timeline(lines: list[Line], sampler: MemorySampler, wall_s: float) -> dict:
+    """Phases from the arrival times of the job's progress lines."""
+    report: dict = {}
+    first = next((line.t for line in lines if line.text.startswith("retrysim:")), None)
+    rounds = []
+    staging = committed = finished = None
+    previous = None
+    for line in lines:
+        match = ROUND_RE.search(line.text)
+        if match:
+            elapsed = float(match.group(4))
+            rounds.append(
+                {
+                    "round": int(match.group(1)),
+                    "deliveries": int(match.group(2).replace(",", "")),
+                    "to_retry": int(match.group(3).replace(",", "")),
+                    "elapsed_s": elapsed,
+                    "round_s": round(elapsed - (previous or 0.0), 2),
+                    "at_s": round(line.t, 2),
+                }
+            )
+            previous = elapsed
+        elif "staging tables" in line.text:
+            staging = line.t
+        elif "committed" in line.text and "tables with the" in line.text:
+            committed = line.t
+            report["sink"] = line.text.rsplit("with the ", 1)[-1].split(" sink")[0]
+        match = FINISHED_RE.search(line.text)
+        if match:
+            finished = line.t
+            report["sim_s"] = float(match.group(2))
+            report["rounds"] = int(match.group(3))
+    report["round_times"] = rounds
+    # simulate() starts once the session is up and prints "committed ..." just before it
+    # returns, so it started about that line's time minus the reported simulation seconds.
+    sim_start = committed - report["sim_s"] if committed and "sim_s" in report else None
+    first_round = rounds[0]["at_s"] if rounds else None
+    last_round = rounds[-1]["at_s"] if rounds else None
+    publish = _first_commit(sampler)
+    marks = [
+        ("jvm_start_and_imports", 0.0, first),
+        ("spark_session", first, sim_start),
+        ("round_1", sim_start, first_round),
+        ("rounds_2_on", first_round, last_round),
+        ("stage_tables", staging, publish),
+        ("publish_delta", publish, committed),
+        ("summary_readback", committed, finished),
+        ("shutdown", finished, wall_s),
+    ]
+    phases = {}
+    for name, start, end in marks:
+        if start is not None and end is not None:
+            phases[name] = round(max(end - start, 0.0), 2)
+    report["phases_s"] = phases
+    report["delta_first_commit_at_s"] = {k: round(v, 1) for k, v in sampler.delta_logs.items()}
+    return report
+
+
+def _sql_executions(events: Path, began_epoch: float) -> list[dict]:
+    """Every Spark SQL execution (one per DataFrame action) from the event log: when it
+    started (seconds since launch), how long it ran, and its description (call site)."""
+    starts: dict[int, dict] = {}
+    for log in sorted(p for p in events.rglob("*") if p.is_file()):
+        with open(log, errors="replace") as handle:
+            for text in handle:
+                if "SQLExecution" not in text[:120]:
+                    continue
+                event = json.loads(text)
+                kind = event.get("Event", "").rsplit(".", 1)[-1]
+                if kind == "SparkListenerSQLExecutionStart":
+                    starts[event["executionId"]] = {
+                        "id": event["executionId"],
+                        "at_s": round(event["time"] / 1000 - began_epoch, 2),
+                        "description": event.get("description", "")[:120],
+                        "_t0": event["time"],
+                    }
+                elif kind == "SparkListenerSQLExecutionEnd" and event["executionId"] in starts:
+                    entry = starts[event["executionId"]]
+                    entry["seconds"] = round((event["time"] - entry.pop("_t0")) / 1000, 2)
+    return [e for e in sorted(starts.values(), key=lambda e: e["id"]) if "seconds" in e]
+
+
+def _first_commit(sampler: MemorySampler) -> float | None:
+    """When the first table (messages) appeared: staging ends and publishing begins (±0.2 s)."""
+    return sampler.delta_logs.get(PUBLISH_ORDER[0])
+
+
+def _tables_report(output: Path, run_id: str) -> dict:
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    files, sizes = {}, {}
+    for table in TABLES:
+        uris = DeltaTable(str(output / table)).file_uris()
+        files[table] = len(uris)
+        sizes[table] = round(sum(os.path.getsize(uri) for uri in uris) / MIB, 2)
+    summary = DeltaTable(str(output / "summary")).to_pyarrow_table()
+    summary = summary.filter(pc.equal(summary["run_id"], run_id))
+
+    def total(column: str) -> int | None:
+        return int(pc.sum(summary[column]).as_py() or 0) if column in summary.column_names else None
+
+    return {
+        "messages": total("messages"),
+        "deliveries": total("deliveries"),
+        "dlq": total("dlq"),
+        "pending": total("pending"),
+        "files_per_table": files,
+        "mib_per_table": sizes,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt_int(value) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _fmt(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def print_report(results: list[dict]) -> None:
+    print("\n== results")
+    heap = sorted(
+        {
+            f"{r['driver_memory_conf']} (JVM -Xmx{r['driver_jvm_xmx'] or ' not seen'})"
+            for r in results
+        }
+    )
+    print(f"driver JVM heap: spark.driver.memory={', '.join(heap)}")
+    rows = []
+    for r in results:
+        peak = r.get("peak_rss_mib", {})
+        rows.append(
+            [
+                _fmt_int(r["size"]),
+                "ok" if r["returncode"] == 0 else f"rc={r['returncode']}",
+                _fmt(r["wall_s"]),
+                _fmt(r.get("sim_s")),
+                _fmt_int(r.get("rounds")),
+                _fmt_int(r.get("deliveries")),
+                _fmt_int(r.get("deliveries_per_sim_s")),
+                _fmt_int(r.get("deliveries_per_wall_s")),
+                _fmt(peak.get("jvm"), 0),
+                _fmt(peak.get("driver"), 0),
+                _fmt(peak.get("python"), 0),
+                _fmt(peak.get("tree"), 0),
+                _fmt(r["cpu"]["job_user_s"] + r["cpu"]["job_sys_s"]),
+                _fmt(r["cpu"]["host_other_s"] + r["cpu"]["host_steal_s"]),
+            ]
+        )
+    print(
+        _table(
+            ["messages", "status", "wall s", "sim s", "rounds", "deliveries", "deliv/sim s",
+             "deliv/wall s", "JVM MiB", "py drv MiB", "py wrk MiB", "tree MiB", "job CPU s",
+             "other+steal s"],
+            rows,
+        )
+    )  # fmt: skip
+    ok = [r for r in results if "files_per_table" in r]
+    if ok:
+        print("\nactive files per table (MiB):")
+        print(
+            _table(
+                ["messages", *TABLES],
+                [
+                    [_fmt_int(r["size"])]
+                    + [f"{r['files_per_table'][t]} ({r['mib_per_table'][t]:g})" for t in TABLES]
+                    for r in ok
+                ],
+            )
+        )
+    names = [
+        "jvm_start_and_imports",
+        "spark_session",
+        "round_1",
+        "rounds_2_on",
+        "stage_tables",
+        "publish_delta",
+        "summary_readback",
+        "shutdown",
+    ]
+    print("\nwhere the wall time goes (s):")
+    print(
+        _table(
+            ["messages", *names],
+            [[_fmt_int(r["size"])] + [_fmt(r["phases_s"].get(n)) for n in names] for r in results],
+        )
+    )
+    for r in results:
+        if r.get("round_times"):
+            cells = ", ".join(
+                f"{x['round']}:{x['round_s']:.1f}s/{x['deliveries']:,}" for x in r["round_times"]
+            )
+            print(f"\nround seconds/deliveries at {r['size']:,}: {cells}")
+        if r.get("sql_executions"):
+            print(f"\nSpark SQL executions at {r['size']:,} (started at s, seconds, call site):")
+            for e in r["sql_executions"]:
+                print(f"  #{e['id']:<3} {e['at_s']:8.1f} {e['seconds']:7.2f}  {e['description']}")
+
+
+def write_json(path: Path, args: argparse.Namespace, results: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": {
+            "cpus": os.cpu_count(),
+            "mem_total_gib": _mem_total_gib(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "config": {
+            "scenario": os.path.relpath(Path(args.scenario).resolve(), ROOT),
+            "master": args.master,
+            "driver_memory": args.driver_memory,
+            "extra_conf": args.conf,
+            "overrides": args.set,
+            "poll_s": POLL_S,
+        },
+        "results": results,
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    os.replace(tmp, path)
+    print(f"\nwrote {path}")
+
+
+def _mem_total_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _sizes(text: str) -> list[int]:
+    """1000000,10000000 (also 1M, 10M, 100k, 1_000_000)."""
+    sizes = []
+    for item in text.split(","):
+        item = item.strip().replace("_", "").lower()
+        scale = {"k": 1_000, "m": 1_000_000}.get(item[-1:], 1)
+        number = item[:-1] if scale > 1 else item
+        if not number.isdigit() or int(number) <= 0:
+            raise argparse.ArgumentTypeError(f"bad size {item!r}: use e.g. 1000000 or 1M")
+        sizes.append(int(number) * scale)
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=_sizes("1000000,10000000"),
+        help="message counts, comma-separated (default 1000000,10000000; 1M, 100k work too)",
+    )
+    parser.add_argument("--quick", action="store_true", help="1M messages only")
+    parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory (default 4g)")
+    parser.add_argument("--master", default="local[2]", help="job's --master (default local[2])")
+    parser.add_argument("--scenario", default=str(BENCH / "scenario.yaml"), help="scenario YAML")
+    parser.add_argument("--conf", action="append", default=[], help="extra spark-submit --conf")
+    parser.add_argument("--set", action="append", default=[], help="extra scenario override")
+    parser.add_argument("--out-dir", default=str(BENCH / "out"), help="default bench/out")
+    parser.add_argument(
+        "--results", default=str(BENCH / "results" / "latest.json"), help="JSON results file"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep each size's output folder")
+    parser.add_argument(
+        "--event-log",
+        action="store_true",
+        help="diagnostic: enable Spark's event log and report each SQL execution's time",
+    )
+    parser.add_argument("--no-echo", dest="echo", action="store_false", help="hide job output")
+    args = parser.parse_args(argv)
+    sizes = [1_000_000] if args.quick else args.sizes
+
+    results = []
+    for size in sizes:
+        results.append(run_size(args, size))
+        write_json(Path(args.results), args, results)  # after each size: partial results survive
+    print_report(results)
+    if not args.keep:
+        _remove_if_empty(Path(args.out_dir))
+    return 0 if all(r["returncode"] == 0 for r in results) else 1
+
+
+def _remove_if_empty(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
