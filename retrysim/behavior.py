@@ -62,8 +62,8 @@ def with_listener_draws(
     window's probability (the highest one where windows overlap).
     """
     msg_id, delivery, start = F.col("msg_id"), F.col("delivery"), F.col(start_col)
-    u_a = uniform(seed, group, msg_id, delivery, _TIME_A)
-    u_b = uniform(seed, group, msg_id, delivery, _TIME_B)
+    u_a = uniform(seed, group, _TIME_A, msg_id, delivery)
+    u_b = uniform(seed, group, _TIME_B, msg_id, delivery)
 
     time_ms: Column = processing_ms(behavior.processing_time, u_a, u_b)
     probability = _outage_probability(behavior, start)
@@ -72,16 +72,16 @@ def with_listener_draws(
             slow = processing_ms(outage.processing_time, u_a, u_b)
             time_ms = F.when(_in_window(start, outage.start, outage.end), slow).otherwise(time_ms)
 
-    poisoned = uniform(seed, group, msg_id, 0, _POISON) < F.lit(behavior.poison_fraction)
+    poisoned = uniform(seed, group, _POISON, msg_id) < F.lit(behavior.poison_fraction)
     fails = (
         poisoned
         | (delivery <= F.lit(behavior.fail_first))
-        | (uniform(seed, group, msg_id, delivery, _FAIL) < probability)
+        | (uniform(seed, group, _FAIL, msg_id, delivery) < probability)
     )
     return df.withColumn("processing_ms", time_ms).withColumn(
         "listener_outcome",
         F.when(
-            fails, _failure_kind(behavior, uniform(seed, group, msg_id, delivery, _KIND))
+            fails, _failure_kind(behavior, uniform(seed, group, _KIND, msg_id, delivery))
         ).otherwise(F.lit(CONSUME_SUCCESS)),
     )
 

@@ -33,7 +33,7 @@ def messages_df(spark: SparkSession, group: Group, seed: int) -> DataFrame:
     if workload.arrival == "uniform":
         born = F.floor(msg_id * F.lit(workload.over) / F.lit(workload.messages))
     else:
-        born = F.floor(uniform(seed, group.name, msg_id, 0, _ARRIVAL_STREAM) * workload.over)
+        born = F.floor(uniform(seed, group.name, _ARRIVAL_STREAM, msg_id) * workload.over)
     return select_schema(
         spark.range(0, workload.messages, numPartitions=partitions_for(spark, workload.messages))
         .withColumn("group", F.lit(group.name))
