@@ -85,7 +85,7 @@ def _print_summary(result) -> None:
             f"group {row['group']}: {row['messages']:,} messages, {row['deliveries']:,} "
             f"deliveries ({row['retries']:,} retries, x{row['amplification']:.3f}), "
             f"{row['commits']:,} commits, {row['dlq']:,} DLQ, {row['discards']:,} discarded, "
-            f"{row['pending']:,} pending at horizon"
+            f"{row['pending']:,} pending at horizon ({row['engine']} engine)"
         )
         _say(
             f"  time to commit p50 {_ms(row['p50_time_to_commit_ms'])}, "
@@ -122,12 +122,15 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.run_id:
         check_run_id(args.run_id)
     for group in scenario.groups:
-        consumers = group.consumers
-        _say(
-            f"group {group.name}: consumers {consumers.instances} x {consumers.threads} threads "
-            "validated; capacity is treated as unlimited until the capacity model lands "
-            "(every Ready message starts at once)"
+        pool = group.consumers.pool_size
+        threads = (
+            "unlimited consumer threads"
+            if pool is None
+            else (
+                f"{group.consumers.instances} x {group.consumers.threads} = {pool:,} consumer threads"
+            )
         )
+        _say(f"group {group.name}: {group.flavor}, {group.workload.messages:,} messages, {threads}")
     spark = build_session(f"retrysim:{scenario.name}", args.master)
     try:
         result = simulate(

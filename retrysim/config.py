@@ -184,23 +184,17 @@ class OutcomeMix(_Model):
         return self
 
 
-def _not_yet_nonzero(value: float) -> float:
-    if value != 0:
-        raise ValueError(
-            "only 0 is supported so far: the local 5 s resubmit after a failed sendMessageBack "
-            "arrives with the consumer-flavors work"
-        )
-    return value
-
-
 class Behavior(_Model):
+    """What makes a delivery fail and how long it runs (docs/model.md §3)."""
+
     fail_probability: Probability = 0.0
     poison_fraction: Probability = 0.0
     fail_first: Annotated[StrictInt, _in_range(0, limits.MAX_FAIL_FIRST)] = 0
     processing_time: ProcessingTimeField = ProcessingTime(mean=f"{limits.DEFAULT_PROCESSING_MS}ms")
     outages: tuple[Outage, ...] = ()
     outcome_mix: OutcomeMix = OutcomeMix()
-    send_back_failure_probability: Annotated[float, AfterValidator(_not_yet_nonzero)] = 0.0
+    send_back_failure_probability: Probability = 0.0
+    ready_wait: Annotated[Duration, _in_range(0, limits.HOUR_MS, duration=True)] = 0
 
 
 class Workload(_Model):
@@ -211,48 +205,329 @@ class Workload(_Model):
     size_bytes: Annotated[StrictInt, _in_range(1, limits.MAX_MESSAGE_BYTES)] = 1024
 
 
+def _unlimited(value: Any) -> Any:
+    """``consumers: unlimited`` is an infinite pool of consumer threads."""
+    if value == "unlimited":
+        return {"unlimited": True}
+    if isinstance(value, str):
+        raise ValueError("must be {instances, threads} or 'unlimited'")
+    return value
+
+
 class Consumers(_Model):
+    """The consumer thread pool of a group: ``instances x threads`` threads (docs/model.md §5)."""
+
     instances: Annotated[StrictInt, _in_range(1, limits.MAX_CONSUMER_INSTANCES)] = 1
-    threads: Annotated[StrictInt, _in_range(1, limits.MAX_CONSUMER_THREADS)] = 20
+    threads: Annotated[StrictInt, _in_range(1, limits.MAX_CONSUMER_THREADS)] = (
+        limits.DEFAULT_CONSUMER_THREADS
+    )
+    unlimited: bool = False
+
+    @property
+    def pool_size(self) -> int | None:
+        """Threads in the pool, or None for an unlimited pool."""
+        return None if self.unlimited else self.instances * self.threads
+
+
+ConsumersField = Annotated[Consumers, BeforeValidator(_unlimited)]
+
+# --------------------------------------------------------------------------- retry policies
+
+
+class ExponentialPolicy(_Model):
+    """RocketMQ 5 ExponentialRetryPolicy: ``min(max, initial * multiplier^(n-1))``."""
+
+    kind: Literal["exponential"]
+    initial: Annotated[Duration, _in_range(1, limits.MAX_INVISIBLE_MS, duration=True)] = (
+        limits.EXPONENTIAL_INITIAL_MS
+    )
+    max: Annotated[Duration, _in_range(1, limits.MAX_INVISIBLE_MS, duration=True)] = (
+        limits.EXPONENTIAL_MAX_MS
+    )
+    multiplier: Annotated[float, _in_range(1.0, 100.0)] = limits.EXPONENTIAL_MULTIPLIER
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ExponentialPolicy:
+        if self.max < self.initial:
+            raise ValueError(f"max ({format_duration(self.max)}) must be >= initial")
+        return self
+
+
+class CustomizedPolicy(_Model):
+    """RocketMQ 5 CustomizedRetryPolicy: retry n waits ``intervals[min(n, len) - 1]``."""
+
+    kind: Literal["customized"]
+    intervals: Annotated[
+        tuple[Annotated[Duration, _in_range(0, limits.MAX_INVISIBLE_MS, duration=True)], ...],
+        Field(min_length=1, max_length=limits.MAX_CUSTOM_INTERVALS),
+    ] = tuple(parse_delay_levels(limits.APSARAMQ_PUSH_INTERVALS))
+
+
+class GrpcClientPolicy(_Model):
+    """The open-source gRPC clients' default: the 18 levels indexed from 1 s."""
+
+    kind: Literal["grpc_client"]
+
+
+class SqsPolicy(_Model):
+    """AWS SQS: visibility timeout and a redrive policy's ``maxReceiveCount``."""
+
+    kind: Literal["sqs"]
+    visibility_timeout: Annotated[
+        Duration, _in_range(0, limits.SQS_MAX_VISIBILITY_MS, duration=True)
+    ] = limits.SQS_DEFAULT_VISIBILITY_MS
+    max_receive_count: Annotated[StrictInt, _in_range(1, limits.SQS_MAX_RECEIVE)] = (
+        limits.SQS_DEFAULT_MAX_RECEIVE
+    )
+
+
+class PubsubPolicy(_Model):
+    """Google Pub/Sub: exponential retry backoff, dead-letter policy, ack deadline."""
+
+    kind: Literal["pubsub"]
+    minimum_backoff: Annotated[
+        Duration, _in_range(0, limits.PUBSUB_BACKOFF_LIMIT_MS, duration=True)
+    ] = limits.PUBSUB_MIN_BACKOFF_MS
+    maximum_backoff: Annotated[
+        Duration, _in_range(0, limits.PUBSUB_BACKOFF_LIMIT_MS, duration=True)
+    ] = limits.PUBSUB_MAX_BACKOFF_MS
+    max_delivery_attempts: Annotated[
+        StrictInt, _in_range(limits.PUBSUB_MIN_ATTEMPTS, limits.PUBSUB_MAX_ATTEMPTS)
+    ] = limits.PUBSUB_DEFAULT_ATTEMPTS
+    ack_deadline: Annotated[
+        Duration,
+        _in_range(
+            limits.PUBSUB_MIN_ACK_DEADLINE_MS, limits.PUBSUB_MAX_ACK_DEADLINE_MS, duration=True
+        ),
+    ] = limits.PUBSUB_DEFAULT_ACK_DEADLINE_MS
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PubsubPolicy:
+        if self.maximum_backoff < self.minimum_backoff:
+            raise ValueError("maximum_backoff must be >= minimum_backoff")
+        return self
+
+
+RetryPolicy = Annotated[
+    ExponentialPolicy | CustomizedPolicy | GrpcClientPolicy | SqsPolicy | PubsubPolicy,
+    Field(discriminator="kind"),
+]
+RETRY_POLICY_MODELS: dict[str, type[BaseModel]] = {
+    "exponential": ExponentialPolicy,
+    "customized": CustomizedPolicy,
+    "grpc_client": GrpcClientPolicy,
+    "sqs": SqsPolicy,
+    "pubsub": PubsubPolicy,
+}
+
+# --------------------------------------------------------------------------- replay
+
+_RATE_UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
+MAX_REPLAY_RATE_PER_S = 1_000_000.0
+
+
+def parse_rate(value: Any) -> float:
+    """``100/s``, ``6000/m``, ``1/h`` or a bare number (per second) to messages per second."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        rate = float(value)
+    elif isinstance(value, str) and _RATE_RE.match(value):
+        match = _RATE_RE.match(value)
+        rate = float(match.group(1)) / _RATE_UNITS_S[match.group(2)]
+    else:
+        raise ValueError(f"malformed rate {value!r}: use e.g. 100/s, 6000/m or 1/h")
+    if not 0 < rate <= MAX_REPLAY_RATE_PER_S:
+        raise ValueError(f"rate must be above 0 and at most {MAX_REPLAY_RATE_PER_S:,.0f}/s")
+    return rate
+
+
+class Replay(_Model):
+    """DLQ replay what-if (docs/model.md §8): re-send dead letters after a fix."""
+
+    at: NonNegativeDuration
+    rate: Annotated[float, BeforeValidator(parse_rate)]
+    poison_fixed: bool = True
+
+
+# --------------------------------------------------------------------------- groups
 
 
 def _known_flavor(flavor: str) -> str:
-    if flavor in limits.PLANNED_FLAVORS:
-        raise ValueError(
-            f"flavor {flavor!r} is not simulated yet; available now: {', '.join(limits.FLAVORS)}"
-        )
     if flavor not in limits.FLAVORS:
-        guess = difflib.get_close_matches(flavor, limits.FLAVORS + limits.PLANNED_FLAVORS, n=1)
+        guess = difflib.get_close_matches(flavor, limits.FLAVORS, n=1)
         hint = f"did you mean {guess[0]!r}? " if guess else ""
         raise ValueError(f"unknown flavor; {hint}allowed: {', '.join(limits.FLAVORS)}")
     return flavor
 
 
+class FieldRuleError(ValueError):
+    """A cross-field rule broken by one key; carries the key so the message can name it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+# Keys that only some flavors read (docs/flavors.md); setting one elsewhere is an error.
+_ONLY_FOR: dict[str, tuple[str, ...]] = {
+    "delay_level_when_next_consume": ("rocketmq4.concurrently",),
+    "consume_timeout_check": ("rocketmq4.concurrently", "rocketmq4.broadcasting"),
+    "consume_message_batch_max_size": ("rocketmq4.concurrently",),
+    "ack_index": ("rocketmq4.concurrently",),
+    "pull_interval": ("rocketmq4.concurrently",),
+    "suspend_current_queue_time": ("rocketmq4.orderly", "rocketmq5.push"),
+    "invisible_duration": ("rocketmq5.simple",),
+    "ordered": ("rocketmq5.push",),
+    "consume_timeout": (
+        "rocketmq4.concurrently",
+        "rocketmq4.broadcasting",
+        "http.unordered",
+        "http.ordered",
+        "rocketmq5.push",
+        "exponential",
+        "customized",
+    ),
+}
+_TIMEOUT_KEY_OF = {
+    "rocketmq4.orderly": "none: the orderly service never expires a message",
+    "rocketmq5.simple": "invisible_duration",
+    "sqs": "retry_policy.visibility_timeout",
+    "pubsub": "retry_policy.ack_deadline",
+}
+# retry_policy kinds each flavor accepts; the first is its default.
+_POLICY_KINDS: dict[str, tuple[str, ...]] = {
+    "rocketmq5.push": ("exponential", "customized", "grpc_client"),
+    "exponential": ("exponential",),
+    "customized": ("customized",),
+    "sqs": ("sqs",),
+    "pubsub": ("pubsub",),
+}
+# max_reconsume_times: the flavors that fix it, and the 5.x maximum.
+_FIXED_MAX_RETRIES = {
+    "rocketmq4.broadcasting": "broadcasting consumption never retries",
+    "http.unordered": "HTTP consumers retry a fixed 288 times (not configurable)",
+    "http.ordered": "HTTP consumers retry a fixed 288 times (not configurable)",
+    "sqs": "set retry_policy.max_receive_count instead",
+    "pubsub": "set retry_policy.max_delivery_attempts instead",
+}
+FLAVORS_5X = ("rocketmq5.push", "rocketmq5.simple", "exponential", "customized")
+
+
 class Group(_Model):
-    """One consumer group: what it consumes, how it retries, how its listener behaves."""
+    """One consumer group: what it consumes, how it retries, how its listener behaves.
+
+    Flavor-specific keys (docs/flavors.md) are checked against the flavor once the group is
+    parsed, so ``suspend_current_queue_time`` on a concurrent consumer is an error, not a
+    silently ignored line.
+    """
 
     name: Annotated[str, Field(pattern=r"^[%|a-zA-Z0-9_-]{1,255}$")]
     flavor: Annotated[str, AfterValidator(_known_flavor)]
     topic: Annotated[str, Field(pattern=r"^[%|a-zA-Z0-9_-]{1,127}$")] | None = None
+    ordered: bool = False
     max_reconsume_times: Annotated[StrictInt, _in_range(-1, limits.MAX_RECONSUME_TIMES_4X)] = -1
     delay_level_when_next_consume: Annotated[StrictInt, _in_range(-1, None)] = 0
-    consume_timeout: Annotated[Duration, _in_range(1_000, 24 * 3_600_000, duration=True)] = (
-        15 * 60_000
+    consume_timeout: Annotated[Duration, _in_range(1_000, 24 * 3_600_000, duration=True)] | None = (
+        None
     )
     consume_timeout_check: Literal["exact", "periodic"] = "exact"
     dlq_enabled: bool = True
-    suspend_current_queue_time: PositiveDuration | None = None
-    invisible_duration: PositiveDuration | None = None
-    retry_policy: dict[str, Any] | None = None
-    consume_message_batch_max_size: Annotated[StrictInt, _in_range(1, 1)] = 1
-    ack_index: StrictInt | None = None
-    consumers: Consumers = Consumers()
+    suspend_current_queue_time: Annotated[
+        Duration, _in_range(limits.MIN_SUSPEND_MS, limits.MAX_SUSPEND_MS, duration=True)
+    ] = limits.DEFAULT_SUSPEND_MS
+    invisible_duration: Annotated[
+        Duration, _in_range(limits.MIN_INVISIBLE_MS, limits.MAX_INVISIBLE_MS, duration=True)
+    ] = limits.DEFAULT_INVISIBLE_MS
+    retry_policy: RetryPolicy | None = None
+    consume_message_batch_max_size: Annotated[StrictInt, _in_range(1, limits.MAX_CONSUME_BATCH)] = 1
+    ack_index: Annotated[StrictInt, _in_range(0, limits.MAX_CONSUME_BATCH - 1)] | None = None
+    pull_interval: Annotated[Duration, _in_range(0, limits.HOUR_MS, duration=True)] = 0
+    consumers: ConsumersField = Consumers()
     workload: Workload = Workload()
     behavior: Behavior = Behavior()
+    replay: Replay | None = None
 
     @property
     def source_topic(self) -> str:
         return self.topic or self.name
+
+    @property
+    def blocking(self) -> bool:
+        """Ordered consumption: one message of a queue at a time (head-of-line blocking)."""
+        return self.flavor in ("rocketmq4.orderly", "http.ordered") or (
+            self.flavor == "rocketmq5.push" and self.ordered
+        )
+
+    @property
+    def policy_kind(self) -> str | None:
+        """The retry_policy kind in force (the flavor's default when none is given)."""
+        if self.retry_policy is not None:
+            return self.retry_policy.kind
+        kinds = _POLICY_KINDS.get(self.flavor, ())
+        return kinds[0] if kinds and self.flavor != "rocketmq5.push" else None
+
+    @model_validator(mode="after")
+    def _flavor_rules(self) -> Group:
+        given = self.model_fields_set
+        flavor = self.flavor
+        for key, flavors in _ONLY_FOR.items():
+            if key in given and flavor not in flavors:
+                if key == "consume_timeout" and flavor in _TIMEOUT_KEY_OF:
+                    raise FieldRuleError(
+                        key,
+                        f"does not apply to {flavor}; its timeout is {_TIMEOUT_KEY_OF[flavor]}",
+                    )
+                raise FieldRuleError(
+                    key, f"applies only to {' and '.join(flavors)}, not to {flavor}"
+                )
+        if (
+            flavor == "rocketmq5.push"
+            and "suspend_current_queue_time" in given
+            and not self.ordered
+        ):
+            raise FieldRuleError(
+                "suspend_current_queue_time", "applies to rocketmq5.push only with ordered: true"
+            )
+        if "send_back_failure_probability" in self.behavior.model_fields_set and (
+            flavor != "rocketmq4.concurrently"
+        ):
+            raise FieldRuleError(
+                "behavior.send_back_failure_probability",
+                f"applies only to rocketmq4.concurrently, not to {flavor}",
+            )
+        self._check_retry_policy()
+        self._check_max_retries()
+        if self.replay is not None and (not self.dlq_enabled or flavor == "rocketmq4.broadcasting"):
+            raise FieldRuleError("replay", "needs a dead-letter queue (dlq_enabled: true)")
+        return self
+
+    def _check_retry_policy(self) -> None:
+        allowed = _POLICY_KINDS.get(self.flavor, ())
+        if self.flavor == "rocketmq5.push" and self.ordered:
+            allowed = ()
+        if self.retry_policy is not None and self.retry_policy.kind not in allowed:
+            where = "ordered rocketmq5.push" if self.blocking else self.flavor
+            kinds = f"allowed kinds: {', '.join(allowed)}" if allowed else "it takes none"
+            raise FieldRuleError(
+                "retry_policy",
+                f"kind {self.retry_policy.kind!r} does not apply to {where}; {kinds}",
+            )
+
+    def _check_max_retries(self) -> None:
+        if "max_reconsume_times" not in self.model_fields_set or self.max_reconsume_times == -1:
+            return
+        if self.flavor in _FIXED_MAX_RETRIES:
+            raise FieldRuleError(
+                "max_reconsume_times",
+                f"value {self.max_reconsume_times}: must stay -1 for {self.flavor}; "
+                f"{_FIXED_MAX_RETRIES[self.flavor]}",
+            )
+        if self.flavor in FLAVORS_5X and self.max_reconsume_times > limits.MAX_RETRIES_5X:
+            raise FieldRuleError(
+                "max_reconsume_times",
+                f"value {self.max_reconsume_times}: must be between -1 and "
+                f"{limits.MAX_RETRIES_5X:,} for {self.flavor} (the 5.x maximum)",
+            )
 
 
 class Broker(_Model):
@@ -383,6 +658,9 @@ def _friendly(error: ValidationError) -> ScenarioError:
     field = _dotted(loc)
     kind = first["type"]
     value = first.get("input")
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldRuleError):
+        return ScenarioError(f"{field}.{cause.key}" if field else cause.key, str(cause))
     if kind == "extra_forbidden":
         parent_model = _model_at(loc[:-1])
         allowed = sorted(parent_model.model_fields) if parent_model else []
@@ -392,6 +670,10 @@ def _friendly(error: ValidationError) -> ScenarioError:
     if kind == "missing":
         hint = _MISSING_HINTS.get(str(loc[-1]), "")
         return ScenarioError(field, f"is required{hint}")
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        kinds = ", ".join(RETRY_POLICY_MODELS)
+        shown = f"value {value.get('kind')!r}: " if isinstance(value, dict) else ""
+        return ScenarioError(f"{field}.kind", f"{shown}must be one of {kinds}")
     message = first["msg"].removeprefix("Value error, ")
     if kind == "too_short":
         message = "must list at least one item"
@@ -403,21 +685,30 @@ def _friendly(error: ValidationError) -> ScenarioError:
 
 def _dotted(loc: tuple[Any, ...]) -> str:
     text = ""
+    previous = None
     for part in loc:
         if isinstance(part, int):
             text += f"[{part}]"
         elif str(part).startswith(("function-", "constrained-")):
             continue
+        elif previous == "retry_policy" and part in RETRY_POLICY_MODELS:
+            continue  # the discriminated union's tag, not a key
         else:
             text += f".{part}" if text else str(part)
+        previous = part
     return text or "scenario"
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model class that owns a location, to list its keys in an 'unknown key' error."""
     model: Any = Scenario
+    previous = None
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or str(part).startswith(("function-", "constrained-")):
+            continue
+        if previous == "retry_policy" and part in RETRY_POLICY_MODELS:
+            model = RETRY_POLICY_MODELS[part]
+            previous = part
             continue
         field = model.model_fields.get(part)
         if field is None:
@@ -425,6 +716,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         model = _model_type(field.annotation)
         if model is None:
             return None
+        previous = part
     return model
 
 

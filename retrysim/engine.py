@@ -1,15 +1,15 @@
-"""The iterative engine: one Spark stage per delivery round over the frontier.
+"""The round engine: one Spark stage per delivery round over the frontier.
 
-Round k holds every message's k-th delivery. Its stage draws the listener outcome and
-processing time, applies the consume-timeout rule and the retry policy, and writes the
-attempts as Parquet into the run's staging area; the next frontier is re-read from those
-files (WaitingRetry rows due before the horizon), so lineage never grows across rounds and
-the driver only ever sees counts. Capacity is unlimited for now: a Ready message starts at
-once (start = ready); finite consumers come with the capacity model.
+Round k holds every message's k-th delivery. Its stage draws the listener result, applies
+the flavor's timeout and retry rules, and writes the round's staged attempts as Parquet; the
+next frontier is re-read from those files (WaitingRetry rows due before the horizon), so
+lineage never grows across rounds and the driver only ever sees counts.
 
-A delivery that starts before the horizon but would end at or after it is recorded as
-Inflight with no outcome; a retry due at or after the horizon is not delivered. Such
-messages are "pending at horizon".
+This is exact when deliveries of a group do not interact: unordered consumption with a
+consumer pool that is never full (every Ready delivery starts when it is eligible). Ordered
+queues, batches and full pools are handled by :mod:`retrysim.sequential`; the runner checks
+a finished round run against the pool size (:mod:`retrysim.capacity`) and re-runs a group
+sequentially when its pool would have been full.
 """
 
 from __future__ import annotations
@@ -18,19 +18,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from retrysim.behavior import with_listener_draws
 from retrysim.config import Group, Scenario
-from retrysim.policy import INFLIGHT, WAITING_RETRY, Concurrently4, policy_for
+from retrysim.policy import (
+    DLQ,
+    INFLIGHT,
+    READY,
+    READY_PUBLISHED,
+    READY_REPLAYED,
+    WAITING_RETRY,
+    Policy,
+    policy_for,
+)
+from retrysim.tables import STAGE, select_schema
 from retrysim.workload import messages_df
 
 Progress = Callable[[str], None]
 
-# Staged attempt rows: the attempts table plus what later stages need (born_ms for times
-# to commit, and the end transition's topic, queue and reason).
-STAGE_COLUMNS = (
+# What a frontier row carries into its round.
+FRONTIER_COLUMNS = (
     "group",
     "msg_id",
     "delivery",
@@ -39,34 +48,28 @@ STAGE_COLUMNS = (
     "queue_id",
     "born_ms",
     "ready_ms",
-    "start_ms",
-    "processing_ms",
-    "end_ms",
-    "outcome",
-    "result_state",
-    "delay_level",
-    "next_ready_ms",
-    "reason",
-    "to_topic",
-    "to_queue_id",
+    "ready_reason",
+    "poison_fixed",
 )
-_CUT_BY_HORIZON = (
-    "outcome",
-    "end_ms",
-    "delay_level",
-    "next_ready_ms",
-    "reason",
-    "to_topic",
-    "to_queue_id",
+_AFTER_READY = tuple(
+    f.name for f in STAGE.fields if f.name not in FRONTIER_COLUMNS and f.name != "batch_size"
 )
+_AFTER_START = ("end_ms", "outcome", "delay_level", "next_ready_ms", "settled_ms") + tuple(
+    name for name in _AFTER_READY if name.startswith(("end_", "leave_", "next_"))
+)
+_LEAVE_COLUMNS = ("leave_state", "leave_topic", "leave_queue_id", "leave_reason", "settled_ms")
 
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """A group's validated config with its policy object."""
+    """A group's validated config with its policy."""
 
     group: Group
-    policy: Concurrently4
+    policy: Policy
+
+    @property
+    def name(self) -> str:
+        return self.group.name
 
 
 def group_plans(scenario: Scenario) -> list[GroupPlan]:
@@ -74,13 +77,17 @@ def group_plans(scenario: Scenario) -> list[GroupPlan]:
     return [GroupPlan(group, policy_for(group, table)) for group in scenario.groups]
 
 
-def all_messages(spark: SparkSession, scenario: Scenario) -> DataFrame:
-    """Every group's messages, one DataFrame (``messages`` table shape, no run_id)."""
-    frames = [messages_df(spark, group, scenario.seed) for group in scenario.groups]
+def union_all(frames: list[DataFrame]) -> DataFrame:
     result = frames[0]
     for frame in frames[1:]:
         result = result.unionByName(frame)
     return result
+
+
+def all_messages(spark: SparkSession, scenario: Scenario, groups: list[Group] | None = None):
+    """Every group's messages, one DataFrame (``messages`` table shape, no run_id)."""
+    chosen = groups if groups is not None else list(scenario.groups)
+    return union_all([messages_df(spark, group, scenario.seed) for group in chosen])
 
 
 def first_frontier(messages: DataFrame, horizon_ms: int) -> DataFrame:
@@ -94,17 +101,33 @@ def first_frontier(messages: DataFrame, horizon_ms: int) -> DataFrame:
         "queue_id",
         "born_ms",
         F.col("born_ms").alias("ready_ms"),
+        F.lit(READY_PUBLISHED).alias("ready_reason"),
+        F.lit(False).alias("poison_fixed"),
     )
 
 
 def with_horizon_cut(df: DataFrame, horizon_ms: int) -> DataFrame:
-    """A delivery still running at the horizon stays Inflight with no known outcome."""
-    cut = F.col("end_ms") >= F.lit(horizon_ms)
-    for name in _CUT_BY_HORIZON:
-        df = df.withColumn(name, F.when(~cut, F.col(name)))
-    return df.withColumn(
-        "result_state", F.when(cut, F.lit(INFLIGHT)).otherwise(F.col("result_state"))
+    """Apply docs/model.md §7: not started by the horizon → Ready; still running → Inflight;
+    an after-backoff leave due at or after it → still WaitingRetry."""
+    horizon = F.lit(horizon_ms)
+    not_started = F.col("start_ms") >= horizon
+    running = F.col("end_ms") >= horizon
+    late_leave = F.col("leave_state").isNotNull() & (F.col("settled_ms") >= horizon)
+    columns = {name: F.when(~not_started, F.col(name)) for name in _AFTER_READY}
+    columns.update({name: F.when(~not_started & ~running, F.col(name)) for name in _AFTER_START})
+    columns.update(
+        {
+            name: F.when(~not_started & ~running & ~late_leave, F.col(name))
+            for name in _LEAVE_COLUMNS
+        }
     )
+    columns["result_state"] = (
+        F.when(not_started, F.lit(READY))
+        .when(running, F.lit(INFLIGHT))
+        .when(late_leave, F.lit(WAITING_RETRY))
+        .otherwise(F.col("result_state"))
+    )
+    return df.withColumns(columns)
 
 
 def attempts_of_round(
@@ -113,76 +136,118 @@ def attempts_of_round(
     """One round: each frontier row becomes one staged attempt row."""
     frames = []
     for plan in plans:
+        policy, behavior = plan.policy, plan.group.behavior
         frames.append(
-            frontier.where(F.col("group") == F.lit(plan.group.name))
-            .withColumn("start_ms", F.col("ready_ms"))
-            .transform(with_listener_draws, plan.group.behavior, seed, plan.group.name)
-            .transform(plan.policy.with_consume_result)
-            .transform(plan.policy.with_next_step)
+            frontier.where(F.col("group") == F.lit(plan.name))
+            .withColumn("start_ms", policy.eligible_col(F.col("ready_ms")))
+            .transform(
+                with_listener_draws, behavior, seed, plan.name, policy.send_back_failure_probability
+            )
+            .transform(policy.with_consume_result)
+            .transform(policy.with_next_step)
+            .withColumn("batch_size", F.lit(1))
             .transform(with_horizon_cut, horizon_ms)
         )
-    result = frames[0]
-    for frame in frames[1:]:
-        result = result.unionByName(frame)
-    return result.select(*STAGE_COLUMNS)
+    return select_schema(union_all(frames), STAGE)
 
 
-def next_frontier(attempts: DataFrame, plans: list[GroupPlan], horizon_ms: int) -> DataFrame:
-    """The deliveries that the previous round's WaitingRetry rows lead to, before the horizon."""
-    topic = F.lit(None).cast("string")
-    queue = F.lit(None).cast("int")
-    for plan in plans:
-        is_group = F.col("group") == F.lit(plan.group.name)
-        topic = F.when(is_group, F.lit(plan.policy.retry_topic)).otherwise(topic)
-        queue = F.when(is_group, F.lit(0)).otherwise(queue)
+def next_frontier(attempts: DataFrame, horizon_ms: int) -> DataFrame:
+    """The deliveries that WaitingRetry rows lead to, when due before the horizon."""
     return attempts.where(
         (F.col("result_state") == F.lit(WAITING_RETRY))
+        & F.col("next_topic").isNotNull()
         & (F.col("next_ready_ms") < F.lit(horizon_ms))
     ).select(
         "group",
         "msg_id",
         (F.col("delivery") + 1).alias("delivery"),
         (F.col("reconsume_times") + 1).alias("reconsume_times"),
-        topic.alias("source_topic"),
-        queue.alias("queue_id"),
+        F.col("next_topic").alias("source_topic"),
+        F.col("next_queue_id").alias("queue_id"),
         "born_ms",
         F.col("next_ready_ms").alias("ready_ms"),
+        F.col("next_reason").alias("ready_reason"),
+        "poison_fixed",
     )
+
+
+def replay_frontier(attempts: DataFrame, plans: list[GroupPlan], horizon_ms: int) -> DataFrame:
+    """docs/model.md §8: the dead letters of groups with ``replay``, re-published at ``at``
+    at ``rate``, in order of their DLQ moment."""
+    frames = []
+    for plan in plans:
+        replay = plan.policy.replay
+        if replay is None:
+            continue
+        order = Window.partitionBy("group").orderBy("settled_ms", "msg_id")
+        rank = F.row_number().over(order) - F.lit(1)
+        frames.append(
+            attempts.where(
+                (F.col("group") == F.lit(plan.name))
+                & (F.col("result_state") == F.lit(DLQ))
+                & (F.col("settled_ms") < F.lit(replay.at))
+            )
+            .withColumn("rank", rank)
+            .select(
+                "group",
+                "msg_id",
+                (F.col("delivery") + 1).alias("delivery"),
+                F.lit(0).alias("reconsume_times"),
+                F.lit(plan.group.source_topic).alias("source_topic"),
+                (F.col("rank") % F.lit(plan.group.workload.queues)).cast("int").alias("queue_id"),
+                "born_ms",
+                (F.lit(replay.at) + F.floor(F.col("rank") * F.lit(1000.0 / replay.rate)))
+                .cast("long")
+                .alias("ready_ms"),
+                F.lit(READY_REPLAYED).alias("ready_reason"),
+                F.lit(replay.poison_fixed).alias("poison_fixed"),
+            )
+            .where(F.col("ready_ms") < F.lit(horizon_ms))
+        )
+    return union_all(frames) if frames else None
 
 
 def run_rounds(
     spark: SparkSession,
     scenario: Scenario,
+    plans: list[GroupPlan],
     staging_dir: str,
     progress: Progress = lambda _line: None,
     max_rounds: int = 100_000,
 ) -> int:
-    """Run every round, staging attempts under ``staging_dir/round=k``; returns the round count.
-
-    Each round is written before the next starts; the driver reads back two counts per round.
-    """
-    plans = group_plans(scenario)
-    frontier = first_frontier(all_messages(spark, scenario), scenario.horizon)
+    """Run every round for ``plans``, staging attempts under ``staging_dir/round=k``; then the
+    replay rounds, if any group replays its dead letters. Returns the number of rounds."""
+    messages = all_messages(spark, scenario, [plan.group for plan in plans])
+    frontier = first_frontier(messages, scenario.horizon).select(*FRONTIER_COLUMNS)
     started = time.monotonic()
-    for round_no in range(1, max_rounds + 1):
+    round_no, replayed = 0, False
+    while round_no < max_rounds:
+        round_no += 1
         path = f"{staging_dir}/round={round_no:05d}"
         attempts_of_round(frontier, plans, scenario.seed, scenario.horizon).write.parquet(path)
         staged = spark.read.parquet(path)
-        frontier = next_frontier(staged, plans, scenario.horizon)
+        frontier = next_frontier(staged, scenario.horizon)
         counts = staged.agg(
             F.count(F.lit(1)).alias("deliveries"),
+            F.count(F.col("start_ms")).alias("started"),
             F.sum(
                 (
                     (F.col("result_state") == F.lit(WAITING_RETRY))
+                    & F.col("next_topic").isNotNull()
                     & (F.col("next_ready_ms") < F.lit(scenario.horizon))
                 ).cast("long")
             ).alias("retrying"),
         ).first()
-        deliveries, retrying = counts["deliveries"], counts["retrying"] or 0
+        retrying = counts["retrying"] or 0
         progress(
-            f"round {round_no}: {deliveries:,} deliveries, {retrying:,} to retry, "
-            f"{time.monotonic() - started:.1f}s elapsed"
+            f"round {round_no}{' (replay)' if replayed else ''}: {counts['started']:,} "
+            f"deliveries, {retrying:,} to retry, {time.monotonic() - started:.1f}s elapsed"
         )
         if retrying == 0:
-            return round_no
+            if replayed:
+                return round_no
+            replayed = True
+            frontier = replay_frontier(spark.read.parquet(staging_dir), plans, scenario.horizon)
+            if frontier is None or frontier.isEmpty():
+                return round_no
     raise RuntimeError(f"more than {max_rounds} rounds; the scenario does not converge")

@@ -1,26 +1,28 @@
-"""Retry policies: "what delay, and is this the end?" answered as Spark column expressions.
+"""Retry policies: "what delay, and is this the end?" for every consumer flavor.
 
-A consumer flavor is an object (data plus small pure functions), so a new flavor is a new
-class, not a new ``if`` in the engine. Each policy adds to a round's attempts:
+A flavor is data (:class:`Policy`, built by :func:`policy_for` from the group's config, see
+docs/flavors.md for each rule and its source), read by two small interpreters that must
+agree: Spark column expressions for the round-per-stage engine (``with_consume_result``,
+``with_next_step``) and plain Python for the sequential engine (``consume_result``,
+``next_step``). tests/test_policy.py checks the two against each other on a grid of cases.
 
-* ``with_consume_result``: ``outcome`` and ``end_ms`` from the listener's draws and the
-  flavor's consume-timeout rule;
-* ``with_next_step``: ``result_state``, ``delay_level``, ``next_ready_ms``, ``reason`` and the
-  topic and queue the message goes to (``to_topic``, ``to_queue_id``).
-
-Rules and their place in the Apache RocketMQ source are in ROCKETMQ_SEMANTICS.md.
+Interval tables are indexed by retry number ``n = reconsume_times + 1``:
+``intervals_ms[min(n, len) - 1]``, so a table's last entry repeats (RocketMQ clamps a level
+past the end of its delay table the same way).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from retrysim import limits
 from retrysim.behavior import CONSUME_SUCCESS, TIMEOUT
-from retrysim.config import Group
+from retrysim.config import Group, Replay, parse_delay_levels
 
 COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY = (
     "Commit",
@@ -32,135 +34,489 @@ COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY = (
 )
 REASON_MAX_RECONSUME = "max_reconsume_times"
 REASON_NEGATIVE_LEVEL = "delay_level_negative"
+REASON_BROADCAST = "broadcast_no_retry"
+REASON_SEND_BACK_FAILED = "send_back_failed"
+REASON_BEYOND_ACK = "beyond_ack_index"
+READY_PUBLISHED, READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE, READY_REPLAYED = (
+    "published",
+    "retry_due",
+    "local_retry",
+    "visible_again",
+    "replayed",
+)
+# Retry paths (docs/flavors.md): where a retried message waits and where it comes back.
+SCHEDULE, REVIVE, VISIBLE, LOCAL, NO_RETRY = "schedule", "revive", "visible", "local", "none"
+_READY_REASON = {SCHEDULE: READY_RETRY_DUE, REVIVE: READY_RETRY_DUE, VISIBLE: READY_VISIBLE}
 
 
-def delay_for_level(delay_table_ms: tuple[int, ...], level: Column) -> Column:
-    """The delay of a 1-based level; a level past the table's end is clamped to its last level,
-    as the broker does (HookUtils.handleScheduleMessage)."""
-    table = F.array(*[F.lit(ms).cast("long") for ms in delay_table_ms])
-    return F.element_at(table, F.least(level, F.lit(len(delay_table_ms))))
+class Step(NamedTuple):
+    """What follows a settled delivery (the plain-Python twin of ``with_next_step``)."""
+
+    result_state: str
+    delay_level: int | None
+    next_ready_ms: int | None
+    settled_ms: int | None
+    end_state: str
+    end_topic: str
+    end_queue_id: int
+    end_reason: str
+    leave_state: str | None
+    leave_topic: str | None
+    leave_queue_id: int | None
+    leave_reason: str | None
+    next_topic: str | None
+    next_queue_id: int | None
+    next_reason: str | None
 
 
 @dataclass(frozen=True)
-class Concurrently4:
-    """``rocketmq4.concurrently``: broker-side retry through SCHEDULE_TOPIC_XXXX.
+class Policy:
+    """A group's retry rules as data. Build it with :func:`policy_for`."""
 
-    * A failed delivery with ``reconsumeTimes = rt`` asks for level ``3 + rt``
-      (``delayLevelWhenNextConsume`` 0), a fixed level ``n > 0``, or ``-1`` for the DLQ now.
-    * The broker sends it to ``%DLQ%group`` when ``rt >= maxReconsumeTimes`` or the level is
-      negative (AbstractSendMessageProcessor.consumerSendMsgBack), at the failed delivery.
-    * Otherwise it waits ``delay(min(level, levels))`` in schedule queue ``level - 1`` and
-      becomes Ready on ``%RETRY%group`` with ``rt + 1``.
-    * Consume timeout: the 4.x client never interrupts the listener; ProcessQueue's cleaner
-      sends an expired message back at fixed level 3. ``exact`` places that at
-      ``start + consumeTimeout``; ``periodic`` at the cleaner's next run (it runs every
-      ``consumeTimeout``, from consumer start), which is what a real client does. The thread
-      stays busy until the listener returns, which only matters once capacity is finite.
-    * ``dlq_enabled: false`` (not a 4.x switch; kept for symmetry with 5.x) discards instead.
-    """
-
+    flavor: str
     group: str
     topic: str
-    delay_table_ms: tuple[int, ...]
-    max_reconsume_times: int
-    delay_level_when_next_consume: int
-    consume_timeout_ms: int
-    timeout_check: str
+    blocking: bool
+    retry_path: str
+    max_retries: int
+    intervals_ms: tuple[int, ...]
+    levels: tuple[int, ...] | None
+    from_start: bool
+    leave_after_backoff: bool
+    timeout_ms: int | None
+    periodic_timeout: bool
+    timeout_level: int | None
+    timeout_interval_ms: int | None
+    dlq_now: bool
     dlq_enabled: bool
-
-    @classmethod
-    def from_config(cls, group: Group, delay_table_ms: tuple[int, ...]) -> Concurrently4:
-        max_times = group.max_reconsume_times
-        return cls(
-            group=group.name,
-            topic=group.source_topic,
-            delay_table_ms=delay_table_ms,
-            max_reconsume_times=(
-                limits.DEFAULT_MAX_RECONSUME_TIMES_CONCURRENT if max_times == -1 else max_times
-            ),
-            delay_level_when_next_consume=group.delay_level_when_next_consume,
-            consume_timeout_ms=group.consume_timeout,
-            timeout_check=group.consume_timeout_check,
-            dlq_enabled=group.dlq_enabled,
-        )
-
-    @property
-    def retry_topic(self) -> str:
-        return limits.RETRY_TOPIC_PREFIX + self.group
+    send_back_failure_probability: float
+    batch_size: int
+    ack_index: int | None
+    pull_interval_ms: int
+    ready_wait_ms: int
+    pool_size: int | None
+    replay: Replay | None
 
     @property
     def dlq_topic(self) -> str:
         return limits.DLQ_TOPIC_PREFIX + self.group
 
-    def timeout_leave_ms(self, start: Column) -> Column:
-        """When an expired delivery is sent back, if the listener is still running then."""
-        timeout = F.lit(self.consume_timeout_ms).cast("long")
-        if self.timeout_check == "exact":
-            return start + timeout
-        # The first cleaner run (at T, 2T, ...) strictly later than start + T.
-        return (F.floor((start + timeout) / timeout).cast("long") + F.lit(1)) * timeout
+    @property
+    def retry_topic(self) -> str | None:
+        """The topic a broker-side retry comes back on (None: the same topic and queue)."""
+        if self.retry_path == SCHEDULE:
+            return limits.RETRY_TOPIC_PREFIX + self.group
+        if self.retry_path == REVIVE:
+            return f"{limits.RETRY_TOPIC_PREFIX}{self.group}_{self.topic}"
+        return None
+
+    @property
+    def sequential(self) -> bool:
+        """Whether this group needs the sequential engine from the start (not just on
+        saturation): ordered queues and batches are decided by dispatch order."""
+        return self.blocking or self.batch_size > 1
+
+    # ----------------------------------------------------------------- plain Python
+
+    def interval(self, retry: int) -> int:
+        return self.intervals_ms[min(retry, len(self.intervals_ms)) - 1]
+
+    def level(self, retry: int) -> int | None:
+        return None if self.levels is None else self.levels[min(retry, len(self.levels)) - 1]
+
+    def eligible_ms(self, ready_ms: int) -> int:
+        """When a Ready delivery can start: after the ready wait, at the next pull tick."""
+        due = ready_ms + self.ready_wait_ms
+        pull = self.pull_interval_ms
+        return due if pull <= 0 else -(-due // pull) * pull
+
+    def consume_result(self, start_ms: int, processing_ms: int, listener: str) -> tuple[str, int]:
+        """(outcome, end_ms): the listener's outcome, or TIMEOUT when it runs too long."""
+        if self.timeout_ms is not None:
+            timeout = self.timeout_ms
+            if self.periodic_timeout:
+                leave = (timeout * ((start_ms + timeout) // timeout + 1)) if timeout else start_ms
+            else:
+                leave = start_ms + timeout
+            if start_ms + processing_ms > leave:
+                return TIMEOUT, leave
+        return listener, start_ms + processing_ms
+
+    def next_step(
+        self,
+        rt: int,
+        outcome: str,
+        start_ms: int,
+        end_ms: int,
+        send_back_failed: bool,
+        topic: str,
+        queue_id: int,
+    ) -> Step:
+        """The rules of docs/model.md §6 and docs/flavors.md for one settled delivery."""
+        here = (topic, queue_id)
+        if outcome == CONSUME_SUCCESS:
+            return Step(COMMIT, None, None, end_ms, COMMIT, *here, CONSUME_SUCCESS,
+                        None, None, None, None, None, None, None)  # fmt: skip
+        if self.retry_path == NO_RETRY:
+            return Step(DISCARD, None, None, end_ms, DISCARD, *here, REASON_BROADCAST,
+                        None, None, None, None, None, None, None)  # fmt: skip
+        timed_out = outcome == TIMEOUT
+        if send_back_failed and not timed_out:
+            due = end_ms + limits.SEND_BACK_RESUBMIT_MS
+            return Step(WAITING_RETRY, None, due, None, WAITING_RETRY, *here,
+                        REASON_SEND_BACK_FAILED, None, None, None, None, *here,
+                        READY_LOCAL)  # fmt: skip
+        retry = rt + 1
+        if timed_out and self.timeout_interval_ms is not None:
+            interval, level = self.timeout_interval_ms, self.timeout_level
+        else:
+            interval, level = self.interval(retry), self.level(retry)
+        due = (start_ms if self.from_start else end_ms) + interval
+        exhausted = rt >= self.max_retries
+        negative = self.dlq_now and not timed_out
+        if exhausted or negative:
+            reason = REASON_MAX_RECONSUME if exhausted else REASON_NEGATIVE_LEVEL
+            state = DLQ if self.dlq_enabled else DISCARD
+            where = (self.dlq_topic, limits.DLQ_QUEUE_ID) if self.dlq_enabled else here
+            if self.leave_after_backoff and not negative:
+                return Step(state, None, None, due, WAITING_RETRY, *here, outcome,
+                            state, *where, reason, None, None, None)  # fmt: skip
+            return Step(state, None, None, end_ms, state, *where, reason,
+                        None, None, None, None, None, None, None)  # fmt: skip
+        if self.retry_path == SCHEDULE:
+            wait_at = (limits.SCHEDULE_TOPIC, level - 1)
+            back_at = (self.retry_topic, limits.RETRY_QUEUE_ID)
+        elif self.retry_path == REVIVE:
+            wait_at, back_at = here, (self.retry_topic, limits.RETRY_QUEUE_ID)
+        else:
+            wait_at, back_at = here, here
+        return Step(WAITING_RETRY, level, due, None, WAITING_RETRY, *wait_at, outcome,
+                    None, None, None, None, *back_at,
+                    _READY_REASON.get(self.retry_path, READY_LOCAL))  # fmt: skip
+
+    # ----------------------------------------------------------------- Spark columns
 
     def with_consume_result(self, df: DataFrame) -> DataFrame:
+        """Add ``outcome`` and ``end_ms`` (the column twin of :meth:`consume_result`)."""
         start, processing = F.col("start_ms"), F.col("processing_ms")
-        leave = self.timeout_leave_ms(start)
+        if self.timeout_ms is None:
+            return df.withColumn("outcome", F.col("listener_outcome")).withColumn(
+                "end_ms", start + processing
+            )
+        timeout = F.lit(self.timeout_ms).cast("long")
+        if self.periodic_timeout and self.timeout_ms:
+            leave = (F.floor((start + timeout) / timeout).cast("long") + F.lit(1)) * timeout
+        else:
+            leave = start + timeout
         timed_out = start + processing > leave
         return df.withColumn(
             "outcome", F.when(timed_out, F.lit(TIMEOUT)).otherwise(F.col("listener_outcome"))
         ).withColumn("end_ms", F.when(timed_out, leave).otherwise(start + processing))
 
     def with_next_step(self, df: DataFrame) -> DataFrame:
-        rt, outcome, end = F.col("reconsume_times"), F.col("outcome"), F.col("end_ms")
-        if self.delay_level_when_next_consume == 0:
-            asked = rt + F.lit(limits.BROKER_FIRST_RETRY_LEVEL)
-        else:
-            asked = F.lit(self.delay_level_when_next_consume)
-        requested = F.when(outcome == F.lit(TIMEOUT), F.lit(limits.TIMEOUT_SEND_BACK_LEVEL))
-        requested = requested.otherwise(asked)
-        level = F.least(requested, F.lit(len(self.delay_table_ms)))
+        """Add the :class:`Step` columns (the column twin of :meth:`next_step`)."""
+        rt, outcome = F.col("reconsume_times"), F.col("outcome")
+        start, end = F.col("start_ms"), F.col("end_ms")
+        here_topic, here_queue = F.col("source_topic"), F.col("queue_id")
         success = outcome == F.lit(CONSUME_SUCCESS)
-        exhausted = rt >= F.lit(self.max_reconsume_times)
-        leaves = exhausted | (requested < F.lit(0))
-        end_state = F.lit(DLQ if self.dlq_enabled else DISCARD)
+        timed_out = outcome == F.lit(TIMEOUT)
+        no_retry = F.lit(self.retry_path == NO_RETRY)
+        send_back = F.col("send_back_failed") & ~timed_out
+        retry = rt + F.lit(1)
+        interval = _table_lookup(self.intervals_ms, retry)
+        level = _table_lookup(self.levels, retry) if self.levels else F.lit(None).cast("int")
+        if self.timeout_interval_ms is not None:
+            interval = F.when(timed_out, F.lit(self.timeout_interval_ms)).otherwise(interval)
+            level = F.when(timed_out, F.lit(self.timeout_level)).otherwise(level)
+        due = (start if self.from_start else end) + interval.cast("long")
+        exhausted = rt >= F.lit(self.max_retries)
+        negative = F.lit(self.dlq_now) & ~timed_out
+        leaves = exhausted | negative
+        after_backoff = F.lit(self.leave_after_backoff) & ~negative
+        state = F.lit(DLQ if self.dlq_enabled else DISCARD)
+        leave_topic = F.lit(self.dlq_topic) if self.dlq_enabled else here_topic
+        leave_queue = F.lit(limits.DLQ_QUEUE_ID) if self.dlq_enabled else here_queue
+        leave_reason = F.when(exhausted, F.lit(REASON_MAX_RECONSUME)).otherwise(
+            F.lit(REASON_NEGATIVE_LEVEL)
+        )
+        wait_topic, wait_queue, back_topic, back_queue = self._wait_and_back(level)
+        null_int, null_long, null_str = (F.lit(None).cast(t) for t in ("int", "long", "string"))
 
-        def pick(on_success: Column, on_leave: Column, on_retry: Column) -> Column:
-            return F.when(success, on_success).when(leaves, on_leave).otherwise(on_retry)
+        def pick(ok: Column, dropped: Column, resubmit: Column, gone: Column, later: Column,
+                 retried: Column) -> Column:  # fmt: skip
+            return (
+                F.when(success, ok)
+                .when(no_retry, dropped)
+                .when(send_back, resubmit)
+                .when(leaves & ~after_backoff, gone)
+                .when(leaves, later)
+                .otherwise(retried)
+            )
 
-        null_int, null_long = F.lit(None).cast("int"), F.lit(None).cast("long")
-        source_queue = F.col("queue_id")
-        leave_topic = F.lit(self.dlq_topic) if self.dlq_enabled else F.col("source_topic")
-        leave_queue = F.lit(limits.DLQ_QUEUE_ID) if self.dlq_enabled else source_queue
-        return (
-            df.withColumn("result_state", pick(F.lit(COMMIT), end_state, F.lit(WAITING_RETRY)))
-            .withColumn("delay_level", pick(null_int, null_int, level.cast("int")))
-            .withColumn(
-                "next_ready_ms",
-                pick(null_long, null_long, end + delay_for_level(self.delay_table_ms, level)),
+        wr = F.lit(WAITING_RETRY)
+        commit, discard = F.lit(COMMIT), F.lit(DISCARD)
+        columns = {
+            "result_state": pick(commit, discard, wr, state, state, wr),
+            "delay_level": pick(null_int, null_int, null_int, null_int, null_int, level),
+            "next_ready_ms": pick(
+                null_long,
+                null_long,
+                end + F.lit(limits.SEND_BACK_RESUBMIT_MS),
+                null_long,
+                null_long,
+                due,
+            ),  # fmt: skip
+            "settled_ms": pick(end, end, null_long, end, due, null_long),
+            "end_state": pick(commit, discard, wr, state, wr, wr),
+            "end_topic": pick(
+                here_topic, here_topic, here_topic, leave_topic, here_topic, wait_topic
+            ),  # fmt: skip
+            "end_queue_id": pick(
+                here_queue, here_queue, here_queue, leave_queue, here_queue, wait_queue
+            ),  # fmt: skip
+            "end_reason": pick(
+                F.lit(CONSUME_SUCCESS),
+                F.lit(REASON_BROADCAST),
+                F.lit(REASON_SEND_BACK_FAILED),
+                leave_reason,
+                outcome,
+                outcome,
+            ),  # fmt: skip
+            "leave_state": pick(null_str, null_str, null_str, null_str, state, null_str),
+            "leave_topic": pick(null_str, null_str, null_str, null_str, leave_topic, null_str),
+            "leave_queue_id": pick(null_int, null_int, null_int, null_int, leave_queue, null_int),
+            "leave_reason": pick(null_str, null_str, null_str, null_str, leave_reason, null_str),
+            "next_topic": pick(null_str, null_str, here_topic, null_str, null_str, back_topic),
+            "next_queue_id": pick(null_int, null_int, here_queue, null_int, null_int, back_queue),
+            "next_reason": pick(
+                null_str,
+                null_str,
+                F.lit(READY_LOCAL),
+                null_str,
+                null_str,
+                F.lit(_READY_REASON.get(self.retry_path, READY_LOCAL)),
+            ),  # fmt: skip
+        }
+        return df.withColumns(columns)
+
+    def _wait_and_back(self, level: Column) -> tuple[Column, Column, Column, Column]:
+        here_topic, here_queue = F.col("source_topic"), F.col("queue_id")
+        if self.retry_path == SCHEDULE:
+            return (
+                F.lit(limits.SCHEDULE_TOPIC),
+                (level - F.lit(1)).cast("int"),
+                F.lit(self.retry_topic),
+                F.lit(limits.RETRY_QUEUE_ID),
             )
-            .withColumn(
-                "reason",
-                pick(
-                    F.lit(CONSUME_SUCCESS),
-                    F.when(exhausted, F.lit(REASON_MAX_RECONSUME)).otherwise(
-                        F.lit(REASON_NEGATIVE_LEVEL)
-                    ),
-                    outcome,
-                ),
-            )
-            .withColumn(
-                "to_topic",
-                pick(F.col("source_topic"), leave_topic, F.lit(limits.SCHEDULE_TOPIC)),
-            )
-            .withColumn(
-                "to_queue_id", pick(source_queue, leave_queue, (level - F.lit(1)).cast("int"))
-            )
-            .withColumn("next_source_topic", F.lit(self.retry_topic))
-            .withColumn("next_queue_id", F.lit(limits.RETRY_QUEUE_ID))
+        if self.retry_path == REVIVE:
+            return here_topic, here_queue, F.lit(self.retry_topic), F.lit(limits.RETRY_QUEUE_ID)
+        return here_topic, here_queue, here_topic, here_queue
+
+    def eligible_col(self, ready: Column) -> Column:
+        """The column twin of :meth:`eligible_ms`."""
+        due = ready + F.lit(self.ready_wait_ms)
+        if self.pull_interval_ms <= 0:
+            return due
+        pull = F.lit(self.pull_interval_ms)
+        return (F.ceil(due / pull) * pull).cast("long")
+
+
+def _table_lookup(table: tuple[int, ...], retry: Column) -> Column:
+    values = F.array(*[F.lit(v) for v in table])
+    return F.element_at(values, F.least(retry, F.lit(len(table))).cast("int"))
+
+
+def delay_table_levels(delay_table_ms: tuple[int, ...], first_level: int) -> tuple[int, ...]:
+    """4.x broker levels of retries 1, 2, ...: ``first_level + rt``, clamped to the table."""
+    last = len(delay_table_ms)
+    return tuple(min(level, last) for level in range(first_level, max(first_level, last) + 1))
+
+
+def exponential_intervals(initial: int, cap: int, multiplier: float, retries: int) -> tuple:
+    """``min(cap, round_half_up(initial * multiplier^(n-1)))`` until it reaches the cap."""
+    values: list[int] = []
+    for n in range(1, retries + 2):
+        value = min(cap, math.floor(initial * multiplier ** (n - 1) + 0.5))
+        values.append(value)
+        if value >= cap:
+            break
+    return tuple(values)
+
+
+def policy_for(group: Group, delay_table_ms: tuple[int, ...]) -> Policy:
+    """The :class:`Policy` of a validated group (docs/flavors.md, row by row)."""
+    flavor = group.flavor
+    fields = _FLAVOR_RULES[flavor if not (flavor == "rocketmq5.push" and group.ordered) else
+                           "rocketmq5.push.ordered"](group, delay_table_ms)  # fmt: skip
+    return Policy(
+        flavor=flavor,
+        group=group.name,
+        topic=group.source_topic,
+        blocking=group.blocking,
+        periodic_timeout=group.consume_timeout_check == "periodic",
+        dlq_enabled=group.dlq_enabled,
+        send_back_failure_probability=group.behavior.send_back_failure_probability,
+        batch_size=group.consume_message_batch_max_size,
+        ack_index=group.ack_index,
+        pull_interval_ms=group.pull_interval,
+        ready_wait_ms=group.behavior.ready_wait,
+        pool_size=group.consumers.pool_size,
+        replay=group.replay,
+        **fields,
+    )
+
+
+def _max(group: Group, default: int) -> int:
+    return default if group.max_reconsume_times == -1 else group.max_reconsume_times
+
+
+def _common(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "levels": None,
+        "from_start": False,
+        "leave_after_backoff": True,
+        "timeout_level": None,
+        "timeout_interval_ms": None,
+        "dlq_now": False,
+    }
+    base.update(overrides)
+    return base
+
+
+def _concurrently(group: Group, table: tuple[int, ...]) -> dict[str, object]:
+    asked = group.delay_level_when_next_consume
+    levels = delay_table_levels(table, limits.BROKER_FIRST_RETRY_LEVEL)
+    if asked > 0:
+        levels = (min(asked, len(table)),)
+    timeout_level = min(limits.TIMEOUT_SEND_BACK_LEVEL, len(table))
+    return _common(
+        retry_path=SCHEDULE,
+        max_retries=_max(group, limits.DEFAULT_MAX_RECONSUME_TIMES_CONCURRENT),
+        intervals_ms=tuple(table[level - 1] for level in levels),
+        levels=levels,
+        leave_after_backoff=False,
+        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_4X_MS,
+        timeout_level=timeout_level,
+        timeout_interval_ms=table[timeout_level - 1],
+        dlq_now=asked < 0,
+    )
+
+
+def _orderly(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return _common(
+        retry_path=LOCAL,
+        max_retries=_max(group, limits.INTEGER_MAX_VALUE),
+        intervals_ms=(group.suspend_current_queue_time,),
+        leave_after_backoff=False,
+        timeout_ms=None,
+    )
+
+
+def _broadcasting(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return _common(
+        retry_path=NO_RETRY,
+        max_retries=0,
+        intervals_ms=(0,),
+        leave_after_backoff=False,
+        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_4X_MS,
+    )
+
+
+def _http(interval_ms: int):
+    def rules(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+        return _common(
+            retry_path=VISIBLE,
+            max_retries=limits.HTTP_MAX_RETRIES,
+            intervals_ms=(interval_ms,),
+            timeout_ms=group.consume_timeout or interval_ms,
         )
 
+    return rules
 
-POLICIES = {"rocketmq4.concurrently": Concurrently4}
+
+def _five_intervals(group: Group) -> tuple[int, ...]:
+    policy = group.retry_policy
+    kind = group.policy_kind
+    max_retries = _max(group, limits.DEFAULT_MAX_RETRIES_5X)
+    if kind == "exponential":
+        initial = policy.initial if policy else limits.EXPONENTIAL_INITIAL_MS
+        cap = policy.max if policy else limits.EXPONENTIAL_MAX_MS
+        multiplier = policy.multiplier if policy else limits.EXPONENTIAL_MULTIPLIER
+        return exponential_intervals(initial, cap, multiplier, max_retries)
+    if kind == "customized" and policy is not None:
+        return tuple(policy.intervals)
+    if kind == "grpc_client":
+        return parse_delay_levels(limits.GRPC_CLIENT_INTERVALS)
+    return parse_delay_levels(limits.APSARAMQ_PUSH_INTERVALS)
 
 
-def policy_for(group: Group, delay_table_ms: tuple[int, ...]) -> Concurrently4:
-    """The policy object of a group's flavor (validated in config, so the lookup succeeds)."""
-    return POLICIES[group.flavor].from_config(group, delay_table_ms)
+def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return _common(
+        retry_path=REVIVE,
+        max_retries=_max(group, limits.DEFAULT_MAX_RETRIES_5X),
+        intervals_ms=_five_intervals(group),
+        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_5X_MS,
+    )
+
+
+def _push_ordered(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return _common(
+        retry_path=LOCAL,
+        max_retries=_max(group, limits.DEFAULT_MAX_RETRIES_5X),
+        intervals_ms=(group.suspend_current_queue_time,),
+        leave_after_backoff=False,
+        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_5X_MS,
+    )
+
+
+def _simple(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return _common(
+        retry_path=REVIVE,
+        max_retries=_max(group, limits.DEFAULT_MAX_RETRIES_5X),
+        intervals_ms=(group.invisible_duration,),
+        from_start=True,
+        timeout_ms=group.invisible_duration,
+    )
+
+
+def _sqs(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    policy = group.retry_policy
+    visibility = policy.visibility_timeout if policy else limits.SQS_DEFAULT_VISIBILITY_MS
+    receives = policy.max_receive_count if policy else limits.SQS_DEFAULT_MAX_RECEIVE
+    return _common(
+        retry_path=VISIBLE,
+        max_retries=receives - 1,
+        intervals_ms=(visibility,),
+        from_start=True,
+        timeout_ms=visibility,
+    )
+
+
+def _pubsub(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    policy = group.retry_policy
+    low = policy.minimum_backoff if policy else limits.PUBSUB_MIN_BACKOFF_MS
+    high = policy.maximum_backoff if policy else limits.PUBSUB_MAX_BACKOFF_MS
+    attempts = policy.max_delivery_attempts if policy else limits.PUBSUB_DEFAULT_ATTEMPTS
+    deadline = policy.ack_deadline if policy else limits.PUBSUB_DEFAULT_ACK_DEADLINE_MS
+    return _common(
+        retry_path=VISIBLE,
+        max_retries=attempts - 1,
+        intervals_ms=exponential_intervals(low, high, 2.0, attempts) if low else (0,),
+        timeout_ms=deadline,
+    )
+
+
+_FLAVOR_RULES = {
+    "rocketmq4.concurrently": _concurrently,
+    "rocketmq4.orderly": _orderly,
+    "rocketmq4.broadcasting": _broadcasting,
+    "http.unordered": _http(limits.HTTP_UNORDERED_INTERVAL_MS),
+    "http.ordered": _http(limits.HTTP_ORDERED_INTERVAL_MS),
+    "rocketmq5.push": _push,
+    "rocketmq5.push.ordered": _push_ordered,
+    "rocketmq5.simple": _simple,
+    "exponential": _push,
+    "customized": _push,
+    "sqs": _sqs,
+    "pubsub": _pubsub,
+}

@@ -22,8 +22,10 @@ from pyspark.sql import functions as F
 
 from retrysim import __version__
 from retrysim.config import Scenario, ScenarioError
-from retrysim.engine import Progress, all_messages, run_rounds
-from retrysim.metrics import dead_letters_from_attempts, load_from_transitions, summary_from
+from retrysim.capacity import peak_concurrency
+from retrysim.engine import GroupPlan, Progress, all_messages, group_plans, run_rounds
+from retrysim.metrics import dead_letters_from_attempts, load_from_attempts, summary_from
+from retrysim.sequential import KeySpec, sequential_attempts
 from retrysim.sinks import Sink, choose_sink, read_table, remove_tree
 from retrysim.tables import (
     ATTEMPTS,
@@ -105,9 +107,9 @@ def simulate(
     started_at = dt.datetime.now(dt.UTC)
     began = time.monotonic()
     try:
-        rounds = run_rounds(spark, scenario, os.path.join(staging, "attempts"), say)
+        rounds, engines = _simulate_attempts(spark, scenario, staging, say)
         say("staging tables ...")
-        staged = _stage_tables(spark, scenario, staging)
+        staged = _stage_tables(spark, scenario, staging, engines)
         runs_row = _runs_row(spark, scenario, run_id, started_at, rounds)
         _write_parquet(runs_row, os.path.join(staging, "tables", "runs"))
         staged["runs"] = os.path.join(staging, "tables", "runs")
@@ -120,25 +122,102 @@ def simulate(
     return Result(spark, output, run_id, rounds, chosen.name, time.monotonic() - began)
 
 
+ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
+
+
+def _simulate_attempts(
+    spark: SparkSession, scenario: Scenario, staging: str, say: Progress
+) -> tuple[int, dict[str, str]]:
+    """Stage every group's attempts under ``staging/attempts/engine=...``: by rounds where
+    that is exact, else event by event; returns the round count and each group's engine."""
+    plans = group_plans(scenario)
+    by_rounds = [plan for plan in plans if not plan.policy.sequential]
+    rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
+    rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say) if by_rounds else 0
+    pools = {p.name: p.policy.pool_size for p in by_rounds if p.policy.pool_size is not None}
+    full = peak_concurrency(spark.read.parquet(rounds_dir), pools) if by_rounds and pools else {}
+    for name, peak in sorted(full.items()):
+        say(
+            f"group {name}: {peak:,} consume requests would run at once, more than its "
+            f"{pools[name]:,} consumer threads; simulating it event by event"
+        )
+    sequential = [plan for plan in plans if plan.policy.sequential or plan.name in full]
+    if sequential:
+        _run_sequential(spark, scenario, sequential, staging, say)
+    engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}
+    return rounds, engines
+
+
+def _run_sequential(
+    spark: SparkSession, scenario: Scenario, plans: list[GroupPlan], staging: str, say: Progress
+) -> None:
+    specs = [
+        KeySpec(
+            group=plan.name,
+            topic=plan.group.source_topic,
+            policy=plan.policy,
+            behavior=plan.group.behavior,
+            seed=scenario.seed,
+            horizon_ms=scenario.horizon,
+            queues=plan.group.workload.queues,
+        )
+        for plan in plans
+    ]
+    per_lane = {plan.name for plan in plans if _lanes_are_independent(plan)}
+    keys = sum(p.group.workload.queues if p.name in per_lane else 1 for p in plans)
+    say(
+        f"event-by-event simulation of {', '.join(p.name for p in plans)} "
+        f"({keys:,} independent {'keys' if keys > 1 else 'key'}) ..."
+    )
+    began = time.monotonic()
+    messages = all_messages(spark, scenario, [plan.group for plan in plans])
+    partitions = max(spark.sparkContext.defaultParallelism, min(keys, 200))
+    path = os.path.join(staging, "attempts", f"engine={ENGINE_SEQUENTIAL}", "round=00000")
+    sequential_attempts(messages, specs, per_lane, partitions).write.parquet(path)
+    count = spark.read.parquet(path).where(F.col("start_ms").isNotNull()).count()
+    say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
+
+
+def _lanes_are_independent(plan: GroupPlan) -> bool:
+    """Ordered queues are independent when the pool can never be full (each queue runs one
+    consume request at a time) and no replay moves messages between them."""
+    policy = plan.policy
+    pool = policy.pool_size
+    return (
+        policy.blocking
+        and policy.batch_size == 1
+        and policy.replay is None
+        and (pool is None or pool >= plan.group.workload.queues)
+    )
+
+
 def _write_parquet(df: DataFrame, path: str) -> str:
     df.write.parquet(path)
     return path
 
 
-def _stage_tables(spark: SparkSession, scenario: Scenario, staging: str) -> dict[str, str]:
+def _stage_tables(
+    spark: SparkSession, scenario: Scenario, staging: str, engines: dict[str, str]
+) -> dict[str, str]:
     """Compute every table but ``runs`` into Parquet under ``staging/tables``; later tables
     read earlier ones back so no plan is computed twice."""
     tables = os.path.join(staging, "tables")
     path = {name: os.path.join(tables, name) for name in SCHEMAS}
-    attempts = spark.read.parquet(os.path.join(staging, "attempts")).drop("round")
+    engine_of = F.create_map(*[x for item in engines.items() for x in map(F.lit, item)])
+    attempts = (
+        spark.read.parquet(os.path.join(staging, "attempts"))
+        .where(F.col("engine") == engine_of[F.col("group")])  # rows of the engine in force
+        .drop("round", "engine")
+    )
     _write_parquet(all_messages(spark, scenario), path["messages"])
     _write_parquet(select_schema(attempts, data_schema(ATTEMPTS)), path["attempts"])
     _write_parquet(transitions_from_attempts(attempts), path["transitions"])
     _write_parquet(dead_letters_from_attempts(attempts, scenario), path["dead_letters"])
-    transitions = spark.read.parquet(path["transitions"])
-    _write_parquet(load_from_transitions(spark, transitions, scenario).coalesce(1), path["load"])
+    load = load_from_attempts(spark, attempts, scenario).coalesce(1)
+    _write_parquet(load, path["load"])
     load = spark.read.parquet(path["load"])
-    _write_parquet(summary_from(spark, attempts, load, scenario).coalesce(1), path["summary"])
+    summary = summary_from(spark, attempts, load, scenario, engines).coalesce(1)
+    _write_parquet(summary, path["summary"])
     return path
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
@@ -48,6 +49,11 @@ def build_session(
     settings = dict(BASE_CONF)
     if delta_jars_configured(SparkConf()):
         settings.update(DELTA_CONF)
+    if not os.environ.get("PYSPARK_PYTHON"):
+        # Python workers (the sequential engine's pandas UDFs) need this interpreter's
+        # packages. spark-submit.sh sets PYSPARK_PYTHON; a notebook or a script may not, and
+        # PySpark reads the worker's interpreter from the environment only.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)

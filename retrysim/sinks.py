@@ -47,9 +47,15 @@ _ARROW_TYPES = {
 _COMMIT_RETRIES = 5
 
 
+def _arrow_type(dtype: T.DataType) -> pa.DataType:
+    if isinstance(dtype, T.ArrayType):
+        return pa.list_(pa.field("element", _arrow_type(dtype.elementType), nullable=True))
+    return _ARROW_TYPES[type(dtype)]
+
+
 def arrow_schema(schema: T.StructType) -> pa.Schema:
     return pa.schema(
-        [pa.field(f.name, _ARROW_TYPES[type(f.dataType)], nullable=True) for f in schema.fields]
+        [pa.field(f.name, _arrow_type(f.dataType), nullable=True) for f in schema.fields]
     )
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
     DoubleType,
     IntegerType,
     LongType,
@@ -65,6 +67,8 @@ ATTEMPTS = _schema(
     ("result_state", StringType()),
     ("delay_level", IntegerType()),
     ("next_ready_ms", LongType()),
+    ("settled_ms", LongType()),
+    ("batch_size", IntegerType()),
 )
 
 TRANSITIONS = _schema(
@@ -89,6 +93,7 @@ DEAD_LETTERS = _schema(
     ("dlq_at_ms", LongType()),
     ("deliveries", IntegerType()),
     ("origin_topic", StringType()),
+    ("replayed_at_ms", LongType()),
 )
 
 LOAD = _schema(
@@ -107,6 +112,11 @@ LOAD = _schema(
     ("ready_backlog", LongType()),
     ("commitlog_writes", LongType()),
     ("commitlog_bytes", LongType()),
+    ("replays", LongType()),
+    ("schedule_backlog", ArrayType(LongType())),
+    ("busy_thread_ms", DoubleType()),
+    ("utilization", DoubleType()),
+    ("oldest_ready_age_ms", LongType()),
 )
 
 SUMMARY = _schema(
@@ -119,6 +129,7 @@ SUMMARY = _schema(
     ("dlq", LongType()),
     ("discards", LongType()),
     ("pending", LongType()),
+    ("replayed", LongType()),
     ("amplification", DoubleType()),
     ("commitlog_writes", LongType()),
     ("write_amplification", DoubleType()),
@@ -128,6 +139,45 @@ SUMMARY = _schema(
     ("p50_time_to_dlq_ms", DoubleType()),
     ("p95_time_to_dlq_ms", DoubleType()),
     ("p99_time_to_dlq_ms", DoubleType()),
+    ("max_ready_backlog", LongType()),
+    ("max_waiting_retry", LongType()),
+    ("peak_utilization", DoubleType()),
+    ("engine", StringType()),
+)
+
+# Staged attempts: the attempts columns plus what later stages need (born_ms for times to
+# commit, the Ready reason, the end and leave transitions, the next delivery's place).
+STAGE = _schema(
+    ("group", StringType()),
+    ("msg_id", LongType()),
+    ("delivery", IntegerType()),
+    ("reconsume_times", IntegerType()),
+    ("source_topic", StringType()),
+    ("queue_id", IntegerType()),
+    ("born_ms", LongType()),
+    ("ready_ms", LongType()),
+    ("ready_reason", StringType()),
+    ("start_ms", LongType()),
+    ("processing_ms", LongType()),
+    ("end_ms", LongType()),
+    ("outcome", StringType()),
+    ("result_state", StringType()),
+    ("delay_level", IntegerType()),
+    ("next_ready_ms", LongType()),
+    ("settled_ms", LongType()),
+    ("batch_size", IntegerType()),
+    ("end_state", StringType()),
+    ("end_topic", StringType()),
+    ("end_queue_id", IntegerType()),
+    ("end_reason", StringType()),
+    ("leave_state", StringType()),
+    ("leave_topic", StringType()),
+    ("leave_queue_id", IntegerType()),
+    ("leave_reason", StringType()),
+    ("next_topic", StringType()),
+    ("next_queue_id", IntegerType()),
+    ("next_reason", StringType()),
+    ("poison_fixed", BooleanType()),
 )
 
 SCHEMAS: dict[str, StructType] = {

@@ -1,8 +1,9 @@
-"""State transitions derived from attempts: three per delivery, so none are stored twice.
+"""State transitions derived from staged attempts, so no state change is stored twice.
 
-Each delivery is Ready (published, or due on the retry topic), then Inflight, then one end
-state (Commit, WaitingRetry, DLQ or Discard), unless the horizon cut it while Inflight.
-``seq`` numbers a message's transitions across deliveries: 3·(delivery−1) + 1, 2, 3.
+Each delivery is Ready (published, due again, or replayed), then Inflight when it starts, then
+one end state (Commit, WaitingRetry, DLQ or Discard) when it settles, and, for flavors that
+move a message to the DLQ one backoff after its last failure, the DLQ or Discard that
+follows that WaitingRetry (docs/model.md §9). ``seq = 4 * (delivery - 1) + k``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from retrysim.policy import INFLIGHT, READY
+from retrysim.policy import INFLIGHT, READY, WAITING_RETRY
 from retrysim.tables import TRANSITIONS, data_schema, select_schema
 
-TRANSITIONS_PER_DELIVERY = 3
-REASON_PUBLISHED, REASON_RETRY_DUE, REASON_DELIVERED = "published", "retry_due", "delivered"
+SEQ_PER_DELIVERY = 4
+REASON_DELIVERED = "delivered"
 
 
 def _transition(
@@ -26,7 +27,7 @@ def _transition(
     delay_level: Column,
     reason: Column,
 ) -> Column:
-    seq = (F.col("delivery") - F.lit(1)) * F.lit(TRANSITIONS_PER_DELIVERY) + F.lit(offset)
+    seq = (F.col("delivery") - F.lit(1)) * F.lit(SEQ_PER_DELIVERY) + F.lit(offset)
     return F.struct(
         seq.cast("int").alias("seq"),
         state.alias("state"),
@@ -39,37 +40,41 @@ def _transition(
 
 
 def transitions_from_attempts(attempts: DataFrame) -> DataFrame:
-    """Explode staged attempts (with ``to_topic``, ``to_queue_id``, ``reason``) into
-    transition rows in the ``transitions`` table's shape (no run_id)."""
+    """Explode staged attempts into transition rows (``transitions`` shape, no run_id)."""
     null_int = F.lit(None).cast("int")
-    source_topic, queue_id = F.col("source_topic"), F.col("queue_id")
-    ready = _transition(
-        1,
-        F.lit(READY),
-        F.col("ready_ms"),
-        source_topic,
-        queue_id,
-        null_int,
-        F.when(F.col("delivery") == 1, F.lit(REASON_PUBLISHED)).otherwise(F.lit(REASON_RETRY_DUE)),
-    )
-    inflight = _transition(
-        2, F.lit(INFLIGHT), F.col("start_ms"), source_topic, queue_id, null_int,
-        F.lit(REASON_DELIVERED),
+    here = (F.col("source_topic"), F.col("queue_id"))
+    ready = _transition(1, F.lit(READY), F.col("ready_ms"), *here, null_int, F.col("ready_reason"))
+    inflight = F.when(
+        F.col("start_ms").isNotNull(),
+        _transition(2, F.lit(INFLIGHT), F.col("start_ms"), *here, null_int,
+                    F.lit(REASON_DELIVERED)),
     )  # fmt: skip
     end = F.when(
-        F.col("result_state") != F.lit(INFLIGHT),
+        F.col("end_state").isNotNull(),
         _transition(
             3,
-            F.col("result_state"),
+            F.col("end_state"),
             F.col("end_ms"),
-            F.col("to_topic"),
-            F.col("to_queue_id"),
-            F.col("delay_level"),
-            F.col("reason"),
+            F.col("end_topic"),
+            F.col("end_queue_id"),
+            F.when(F.col("end_state") == F.lit(WAITING_RETRY), F.col("delay_level")),
+            F.col("end_reason"),
+        ),
+    )
+    leave = F.when(
+        F.col("leave_state").isNotNull(),
+        _transition(
+            4,
+            F.col("leave_state"),
+            F.col("settled_ms"),
+            F.col("leave_topic"),
+            F.col("leave_queue_id"),
+            null_int,
+            F.col("leave_reason"),
         ),
     )
     exploded = attempts.select(
-        "group", "msg_id", "delivery", F.explode(F.array(ready, inflight, end)).alias("t")
+        "group", "msg_id", "delivery", F.explode(F.array(ready, inflight, end, leave)).alias("t")
     ).where(F.col("t").isNotNull())
     return select_schema(
         exploded.select("group", "msg_id", "delivery", "t.*"), data_schema(TRANSITIONS)
