@@ -46,6 +46,8 @@ READY_PUBLISHED, READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE, READY_REPLAYED = (
 )
 # Retry paths (docs/flavors.md): where a retried message waits and where it comes back.
 SCHEDULE, REVIVE, VISIBLE, LOCAL, NO_RETRY = "schedule", "revive", "visible", "local", "none"
+# The six cases after a settled delivery, in the order with_next_step picks values by.
+_OK, _DROPPED, _RESUBMIT, _GONE, _LATER, _RETRIED = range(6)
 _READY_REASON = {SCHEDULE: READY_RETRY_DUE, REVIVE: READY_RETRY_DUE, VISIBLE: READY_VISIBLE}
 
 
@@ -214,73 +216,76 @@ class Policy:
         ).withColumn("end_ms", F.when(timed_out, leave).otherwise(start + processing))
 
     def with_next_step(self, df: DataFrame) -> DataFrame:
-        """Add the :class:`Step` columns (the column twin of :meth:`next_step`)."""
+        """Add the :class:`Step` columns (the column twin of :meth:`next_step`).
+
+        A first pass computes which of six cases applies (commit, dropped, resubmitted
+        locally, leaving now, leaving after the backoff, retried) and the retry's level and
+        due time; each output column then picks its value for that case, so no condition is
+        written, or evaluated, twice.
+        """
         rt, outcome = F.col("reconsume_times"), F.col("outcome")
-        start, end = F.col("start_ms"), F.col("end_ms")
-        here_topic, here_queue = F.col("source_topic"), F.col("queue_id")
-        success = outcome == F.lit(CONSUME_SUCCESS)
         timed_out = outcome == F.lit(TIMEOUT)
-        no_retry = F.lit(self.retry_path == NO_RETRY)
-        send_back = F.col("send_back_failed") & ~timed_out
         retry = rt + F.lit(1)
         interval = _table_lookup(self.intervals_ms, retry)
         level = _table_lookup(self.levels, retry) if self.levels else F.lit(None).cast("int")
         if self.timeout_interval_ms is not None:
             interval = F.when(timed_out, F.lit(self.timeout_interval_ms)).otherwise(interval)
             level = F.when(timed_out, F.lit(self.timeout_level)).otherwise(level)
-        due = (start if self.from_start else end) + interval.cast("long")
+        origin = F.col("start_ms" if self.from_start else "end_ms")
         exhausted = rt >= F.lit(self.max_retries)
         negative = F.lit(self.dlq_now) & ~timed_out
-        leaves = exhausted | negative
-        after_backoff = F.lit(self.leave_after_backoff) & ~negative
+        case = (
+            F.when(outcome == F.lit(CONSUME_SUCCESS), F.lit(_OK))
+            .when(F.lit(self.retry_path == NO_RETRY), F.lit(_DROPPED))
+            .when(F.col("send_back_failed") & ~timed_out, F.lit(_RESUBMIT))
+            .when(negative | (exhausted & F.lit(not self.leave_after_backoff)), F.lit(_GONE))
+            .when(exhausted, F.lit(_LATER))
+            .otherwise(F.lit(_RETRIED))
+        )
+        staged = df.withColumns(
+            {
+                "_case": case,
+                "_level": level.cast("int"),
+                "_due": (origin + interval).cast("long"),
+                "_leave_reason": F.when(exhausted, F.lit(REASON_MAX_RECONSUME)).otherwise(
+                    F.lit(REASON_NEGATIVE_LEVEL)
+                ),
+            }
+        )
+        return staged.withColumns(self._step_columns()).drop(
+            "_case", "_level", "_due", "_leave_reason"
+        )
+
+    def _step_columns(self) -> dict[str, Column]:
+        here_topic, here_queue = F.col("source_topic"), F.col("queue_id")
+        end, due, level = F.col("end_ms"), F.col("_due"), F.col("_level")
         state = F.lit(DLQ if self.dlq_enabled else DISCARD)
         leave_topic = F.lit(self.dlq_topic) if self.dlq_enabled else here_topic
         leave_queue = F.lit(limits.DLQ_QUEUE_ID) if self.dlq_enabled else here_queue
-        leave_reason = F.when(exhausted, F.lit(REASON_MAX_RECONSUME)).otherwise(
-            F.lit(REASON_NEGATIVE_LEVEL)
-        )
+        leave_reason = F.col("_leave_reason")
         wait_topic, wait_queue, back_topic, back_queue = self._wait_and_back(level)
         null_int, null_long, null_str = (F.lit(None).cast(t) for t in ("int", "long", "string"))
+        wr, commit, discard = F.lit(WAITING_RETRY), F.lit(COMMIT), F.lit(DISCARD)
+        back_reason = F.lit(_READY_REASON.get(self.retry_path, READY_LOCAL))
 
-        def pick(ok: Column, dropped: Column, resubmit: Column, gone: Column, later: Column,
-                 retried: Column) -> Column:  # fmt: skip
-            return (
-                F.when(success, ok)
-                .when(no_retry, dropped)
-                .when(send_back, resubmit)
-                .when(leaves & ~after_backoff, gone)
-                .when(leaves, later)
-                .otherwise(retried)
-            )
+        def pick(*by_case: Column) -> Column:
+            """The value for the row's case (order: ok, dropped, resubmit, gone, later, retried)."""
+            return F.element_at(F.array(*by_case), F.col("_case") + F.lit(1))
 
-        wr = F.lit(WAITING_RETRY)
-        commit, discard = F.lit(COMMIT), F.lit(DISCARD)
-        columns = {
+        resubmit_due = end + F.lit(limits.SEND_BACK_RESUBMIT_MS)
+        return {
             "result_state": pick(commit, discard, wr, state, state, wr),
             "delay_level": pick(null_int, null_int, null_int, null_int, null_int, level),
-            "next_ready_ms": pick(
-                null_long,
-                null_long,
-                end + F.lit(limits.SEND_BACK_RESUBMIT_MS),
-                null_long,
-                null_long,
-                due,
-            ),  # fmt: skip
+            "next_ready_ms": pick(null_long, null_long, resubmit_due, null_long, null_long, due),
             "settled_ms": pick(end, end, null_long, end, due, null_long),
             "end_state": pick(commit, discard, wr, state, wr, wr),
-            "end_topic": pick(
-                here_topic, here_topic, here_topic, leave_topic, here_topic, wait_topic
-            ),  # fmt: skip
-            "end_queue_id": pick(
-                here_queue, here_queue, here_queue, leave_queue, here_queue, wait_queue
-            ),  # fmt: skip
+            "end_topic": pick(here_topic, here_topic, here_topic, leave_topic, here_topic,
+                              wait_topic),  # fmt: skip
+            "end_queue_id": pick(here_queue, here_queue, here_queue, leave_queue, here_queue,
+                                 wait_queue),  # fmt: skip
             "end_reason": pick(
-                F.lit(CONSUME_SUCCESS),
-                F.lit(REASON_BROADCAST),
-                F.lit(REASON_SEND_BACK_FAILED),
-                leave_reason,
-                outcome,
-                outcome,
+                F.lit(CONSUME_SUCCESS), F.lit(REASON_BROADCAST), F.lit(REASON_SEND_BACK_FAILED),
+                leave_reason, F.col("outcome"), F.col("outcome"),
             ),  # fmt: skip
             "leave_state": pick(null_str, null_str, null_str, null_str, state, null_str),
             "leave_topic": pick(null_str, null_str, null_str, null_str, leave_topic, null_str),
@@ -288,16 +293,9 @@ class Policy:
             "leave_reason": pick(null_str, null_str, null_str, null_str, leave_reason, null_str),
             "next_topic": pick(null_str, null_str, here_topic, null_str, null_str, back_topic),
             "next_queue_id": pick(null_int, null_int, here_queue, null_int, null_int, back_queue),
-            "next_reason": pick(
-                null_str,
-                null_str,
-                F.lit(READY_LOCAL),
-                null_str,
-                null_str,
-                F.lit(_READY_REASON.get(self.retry_path, READY_LOCAL)),
-            ),  # fmt: skip
+            "next_reason": pick(null_str, null_str, F.lit(READY_LOCAL), null_str, null_str,
+                                back_reason),  # fmt: skip
         }
-        return df.withColumns(columns)
 
     def _wait_and_back(self, level: Column) -> tuple[Column, Column, Column, Column]:
         here_topic, here_queue = F.col("source_topic"), F.col("queue_id")
