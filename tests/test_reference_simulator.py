@@ -1162,7 +1162,9 @@ def scenarios(draw):
     return scenario, blocking, threads
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(scenarios())
 def test_property_legal_paths(case):
     scenario, blocking, threads = case
