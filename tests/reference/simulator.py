@@ -1,0 +1,876 @@
+"""Independent reference simulator of retrysim: every flavor, event by event, in plain Python.
+
+Written only from docs/model.md and docs/flavors.md (and the documents they cite), never from
+the engine's code; the one piece of engine code used is ``retrysim.rng.uniform_np``, the
+hash-based uniform draws (checked against Spark elsewhere). Everything else -- duration and
+delay-table parsing, defaults, the listener model, the retry policies and the dispatch of
+deliveries to consumer threads -- is re-derived here, so the engine can be checked against it
+row by row.
+
+Usage::
+
+    from tests.reference.simulator import simulate_scenario
+
+    tables = simulate_scenario(yaml.safe_load(text))
+    tables["messages"], tables["attempts"], tables["transitions"]
+
+Each group is simulated on its own as a discrete-event simulation (model.md §5) with a
+``heapq`` of events keyed by ``(time_ms, phase, counter)``. At one millisecond ``t`` the
+simulator runs *passes* until nothing is left at ``t``: (1) phase-0 events -- threads freed,
+deliveries ending (which settles messages, releases blocking lanes and schedules retries),
+retries and publications becoming Ready, after-backoff leaves, the replay; then lane heads
+are (re)chosen for blocking lanes; (2) phase-1 events -- deliveries becoming eligible;
+(3) dispatch: while a thread is free, start the waiting delivery with the smallest
+``(eligible_ms, msg_id, delivery)`` (plus up to ``N - 1`` more of its lane for batches).
+Whatever a dispatch creates at ``t`` itself (a zero processing time, a zero delay) is
+handled by the next pass of the same millisecond.
+
+Interpretations (where the docs are silent or ambiguous, the reading chosen here):
+
+ 1. Which deliveries get an attempts row: every delivery whose Ready moment is before the
+    horizon (model.md §9, "one per delivery that became Ready before the horizon"), even when
+    it would only become *eligible* at or after the horizon (``ready_wait``, ``pull_interval``)
+    or is never eligible because its blocking lane stays blocked (§7 says "eligible before the
+    horizon"; flavors test expectations say blocked messages are Ready rows).
+ 2. The messages table lists all N published messages of a group, also those with
+    ``born_ms >= horizon`` (which are never delivered). A replayed message keeps its single
+    messages row (original queue and born_ms).
+ 3. ``batch_size`` is set from dispatch on, so an Inflight row keeps it; a Ready row has it
+    null. (§9's "Inflight: everything after processing_ms is null" read literally would also
+    null ``batch_size``, which is known at dispatch.)
+ 4. An after-backoff leave: the attempts row has ``next_ready_ms`` null (it is not a retry);
+    ``result_state`` is DLQ/Discard with ``settled_ms`` = the leave moment, or WaitingRetry
+    with ``settled_ms`` null when the leave is at or after the horizon. A retry due at or after
+    the horizon keeps its ``next_ready_ms`` (and ``delay_level`` for 4.x).
+ 5. 4.x consume timeout: the expired-message cleaner sends back at the fixed level 3 (clamped
+    to the table), whatever ``delay_level_when_next_consume`` is -- so a timeout with
+    ``delay_level_when_next_consume: -1`` is retried at level 3, not dead-lettered (unless
+    ``rt >= M``). ``consume_timeout_check: periodic`` applies to the 4.x flavors with a
+    timeout (concurrently, broadcasting); every other flavor checks exactly.
+ 6. ``send_back_failure_probability`` (concurrently only) is drawn for every member that is
+    sent back -- failures, timeouts and ``beyond_ack_index`` members alike -- *before* the
+    DLQ check: a failed send-back is a local retry (reason ``send_back_failed``) even when
+    ``rt >= M`` or the level is negative (the broker never sees the message).
+ 7. Reason precedence when both hold: ``max_reconsume_times`` over ``delay_level_negative``.
+ 8. Batches (``consume_message_batch_max_size > 1``, ``ack_index``) only for
+    ``rocketmq4.concurrently`` (model.md §4); other flavors dispatch one delivery per request.
+    ``ack_index`` is clamped to ``size - 1`` (RocketMQ); a negative value sends every member
+    back.
+ 9. ``pull_interval`` applies to non-blocking flavors only (model.md §5 lists it there);
+    blocking lanes use ``ready_wait`` and the release only.
+10. Blocking lanes: the lane order is publish order ``(ready_ms, msg_id)`` of first
+    deliveries; a replayed delivery is a new publication and joins the lane it is replayed
+    to. "Local retries" of the head (``ready_ms + ready_wait``) means every later delivery of
+    the head message, including ``http.ordered``'s ``visible_again`` redeliveries. A lane is
+    released at the head's ``settled_ms`` (for ``http.ordered`` after its final backoff).
+11. Consume timeouts: ``rocketmq5.push`` (also ``ordered: true``) and the ``exponential``/
+    ``customized`` flavors use ``consume_timeout`` when given, else 1 min; ``http.unordered``
+    5 min, ``http.ordered`` 1 min, 4.x 15 min; ``rocketmq5.simple`` uses
+    ``invisible_duration``, ``sqs`` ``visibility_timeout``, ``pubsub`` ``ack_deadline``
+    (``consume_timeout`` ignored for those three); ``rocketmq4.orderly`` has none.
+12. ``retry_policy: {kind: grpc_client}`` indexes the fixed CustomizedRetryPolicy list
+    ``1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h`` (the broker's default
+    policy), not ``broker.message_delay_level``: interval of retry n = ``list[min(n, 18) - 1]``.
+13. ``exponential``: ``initial * multiplier^(n-1)`` computed exactly for an integer
+    multiplier, else as a float (an overflow counts as infinite), then ``min`` with ``max``
+    and rounded half up to whole ms. ``pubsub`` uses exact integer doubling.
+14. ``max_reconsume_times`` is ignored by ``http.*`` (fixed 288), ``sqs``
+    (``max_receive_count - 1``), ``pubsub`` (``max_delivery_attempts - 1``) and
+    ``rocketmq4.broadcasting``; ``-1`` means 16 for concurrently and the 5.x flavors and
+    infinite for ``rocketmq4.orderly``. The orderly suspend time is clamped to 10-30000 ms
+    (RocketMQ); ``rocketmq5.push`` ordered uses ``suspend_current_queue_time`` as given.
+15. Flavor names ``exponential`` and ``customized`` are accepted as ``rocketmq5.push`` with
+    that retry policy (parameters from ``retry_policy``, defaults when absent); a
+    ``retry_policy`` on ``rocketmq5.push`` selects the push interval rule.
+16. ``fail_first`` compares the delivery number ``d`` (which keeps counting after a replay),
+    as model.md §3 writes it. ``poison_fixed`` stops poison from failing deliveries created
+    by the replay.
+17. ``outcome_mix`` keys default one by one (``reconsume_later`` 1.0, the others 0).
+18. Durations: ``<number><unit>`` with unit ms, s, m, h or d (decimals allowed, rounded half
+    up to ms); a bare number is milliseconds (only 0 is expected). Replay ``rate``:
+    ``"<n>/s"``, ``"<n>/m"``, ``"<n>/h"`` or a number per second; ``floor(k * 1000 / rate)``
+    is computed exactly with fractions. Missing ``rate`` defaults to 100/s.
+19. A group without ``flavor`` is ``rocketmq4.concurrently`` (conf/default.yaml's flavor).
+20. Row order: messages by (group order, msg_id), attempts by (group, msg_id, delivery),
+    transitions by (group, msg_id, seq).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from retrysim.rng import uniform_np
+
+__all__ = ["parse_duration_ms", "simulate_scenario"]
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+# ApsaraMQ 5.x push intervals, retry 1..16 (then 2 h).
+APSARA_PUSH_INTERVALS = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+# RocketMQ's default CustomizedRetryPolicy list (indexed from its first entry by gRPC clients).
+GRPC_CLIENT_INTERVALS = DEFAULT_DELAY_LEVELS
+Z99 = 2.3263478740408408
+SUCCESS = "CONSUME_SUCCESS"
+TIMEOUT = "TIMEOUT"
+INF = float("inf")
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+
+
+def _half_up(x: float | Fraction) -> int:
+    return math.floor(x + Fraction(1, 2)) if isinstance(x, Fraction) else math.floor(x + 0.5)
+
+
+def parse_duration_ms(value: Any) -> int:
+    """``"10s"``, ``"1500ms"``, ``"2h"``, ``0`` -> whole milliseconds (half up)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return _half_up(value)
+    m = _DURATION_RE.match(str(value))
+    if not m:
+        raise ValueError(f"not a duration: {value!r}")
+    number = Fraction(m.group(1))
+    unit = m.group(2) or "ms"
+    return _half_up(number * _UNITS_MS[unit])
+
+
+def _parse_list(text: str) -> list[int]:
+    return [parse_duration_ms(tok) for tok in str(text).split()]
+
+
+def _parse_rate(value: Any) -> Fraction:
+    """Replay rate in messages per second."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return Fraction(str(value))
+    text = str(value).strip()
+    if "/" in text:
+        number, unit = text.split("/", 1)
+        per = {"s": 1, "m": 60, "h": 3600}[unit.strip()]
+        return Fraction(number.strip()) / per
+    return Fraction(text)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class _Dist:
+    kind: str  # constant | exponential | lognormal
+    mean: int
+    p99: int | None = None
+
+    def sample(self, a: float, b: float) -> int:
+        if self.mean == 0:
+            return 0
+        if self.kind == "constant":
+            return self.mean
+        if self.kind == "exponential":
+            return _half_up(-self.mean * math.log(a))
+        if self.kind == "lognormal":
+            ln_mean = math.log(self.mean)
+            sigma = Z99 - math.sqrt(Z99 * Z99 - 2.0 * (math.log(self.p99) - ln_mean))
+            mu = ln_mean - sigma * sigma / 2.0
+            z = math.sqrt(-2.0 * math.log(a)) * math.cos(2.0 * math.pi * b)
+            return _half_up(math.exp(mu + sigma * z))
+        raise ValueError(f"unknown processing-time dist {self.kind!r}")
+
+
+def _parse_dist(value: Any) -> _Dist:
+    if isinstance(value, dict):
+        p99 = value.get("p99")
+        return _Dist(
+            str(value.get("dist", "constant")),
+            parse_duration_ms(value.get("mean", "10ms")),
+            None if p99 is None else parse_duration_ms(p99),
+        )
+    return _Dist("constant", parse_duration_ms(value))
+
+
+@dataclass(frozen=True)
+class _Outage:
+    start: int
+    end: int
+    fail_probability: float
+    processing: _Dist | None
+
+
+@dataclass
+class _Group:
+    name: str
+    topic: str
+    seed: int
+    horizon: int
+    # flavor
+    kind: str  # concurrently | orderly | broadcasting | after_backoff | local
+    blocking: bool
+    max_retries: float  # M; INF for never
+    timeout: int | None  # T
+    periodic: bool
+    dlq_enabled: bool
+    # 4.x concurrently
+    levels: list[int]
+    next_level: int  # delay_level_when_next_consume
+    send_back_p: float
+    batch: int
+    ack_index: int | None
+    # local retries
+    suspend: int
+    # after-backoff flavors
+    path: str  # revive | visible
+    from_start: bool
+    interval_of: Any  # n -> ms
+    # dispatch
+    pull: int
+    ready_wait: int
+    threads: float  # C, INF for unlimited
+    # workload
+    n: int
+    over: int
+    arrival: str
+    queues: int
+    size_bytes: int
+    # behavior
+    fail_p: float
+    poison_fraction: float
+    fail_first: int
+    processing: _Dist
+    outages: list[_Outage]
+    mix: tuple[float, float, float]
+    # replay
+    replay_at: int | None
+    replay_rate: Fraction | None
+    poison_fixed: bool
+
+    @property
+    def retry_topic_4x(self) -> str:
+        return "%RETRY%" + self.name
+
+    @property
+    def retry_topic_5x(self) -> str:
+        return f"%RETRY%{self.name}_{self.topic}"
+
+    @property
+    def dlq_topic(self) -> str:
+        return "%DLQ%" + self.name
+
+
+def _table_interval(table: list[int]):
+    return lambda n: table[min(n, len(table)) - 1]
+
+
+def _push_interval(policy: dict | None):
+    kind = (policy or {}).get("kind")
+    if kind == "grpc_client":
+        return _table_interval(_parse_list(GRPC_CLIENT_INTERVALS))
+    if kind == "customized":
+        raw = policy.get("intervals")
+        table = [parse_duration_ms(x) for x in raw] if raw else _parse_list(APSARA_PUSH_INTERVALS)
+        return _table_interval(table)
+    if kind == "exponential":
+        initial = parse_duration_ms(policy.get("initial", "5s"))
+        maximum = parse_duration_ms(policy.get("max", "2h"))
+        mult = policy.get("multiplier", 2)
+
+        def exponential(n: int) -> int:
+            if float(mult) == int(mult):
+                return min(maximum, initial * int(mult) ** (n - 1))
+            try:
+                value = initial * float(mult) ** (n - 1)
+            except OverflowError:
+                value = INF
+            return min(maximum, _half_up(min(float(maximum), value)))
+
+        return exponential
+    return _table_interval(_parse_list(APSARA_PUSH_INTERVALS))
+
+
+def _max_retries(raw: Any, default: float) -> float:
+    value = -1 if raw is None else int(raw)
+    return default if value == -1 else value
+
+
+def _group_config(scenario: dict, g: dict) -> _Group:
+    horizon = parse_duration_ms(scenario.get("horizon", "6h"))
+    broker = scenario.get("broker") or {}
+    levels = _parse_list(broker.get("message_delay_level", DEFAULT_DELAY_LEVELS))
+    name = str(g["name"])
+    flavor = str(g.get("flavor", "rocketmq4.concurrently"))
+    policy = g.get("retry_policy") or {}
+    ct = g.get("consume_timeout")
+
+    def timeout_or(default: str) -> int:
+        return parse_duration_ms(ct if ct is not None else default)
+
+    mrt = g.get("max_reconsume_times", -1)
+    suspend_raw = g.get("suspend_current_queue_time")
+    suspend = parse_duration_ms(suspend_raw if suspend_raw is not None else "1s")
+
+    kind, blocking, periodic = "after_backoff", False, False
+    path, from_start, interval_of = "revive", False, None
+    max_retries: float = 16
+    timeout: int | None = None
+    if flavor == "rocketmq4.concurrently":
+        kind, max_retries, timeout = "concurrently", _max_retries(mrt, 16), timeout_or("15m")
+        periodic = g.get("consume_timeout_check", "exact") == "periodic"
+    elif flavor == "rocketmq4.orderly":
+        kind, blocking, max_retries = "local", True, _max_retries(mrt, INF)
+        suspend = min(30_000, max(10, suspend))
+    elif flavor == "rocketmq4.broadcasting":
+        kind, timeout = "broadcasting", timeout_or("15m")
+        periodic = g.get("consume_timeout_check", "exact") == "periodic"
+    elif flavor in ("http.unordered", "http.ordered"):
+        ordered = flavor == "http.ordered"
+        blocking, path, max_retries = ordered, "visible", 288
+        step = 60_000 if ordered else 300_000
+        interval_of = lambda n, step=step: step  # noqa: E731
+        timeout = timeout_or("1m" if ordered else "5m")
+    elif flavor in ("rocketmq5.push", "exponential", "customized"):
+        max_retries, timeout = _max_retries(mrt, 16), timeout_or("1m")
+        if flavor == "rocketmq5.push" and g.get("ordered"):
+            kind, blocking = "local", True
+        else:
+            if flavor != "rocketmq5.push":
+                policy = {**policy, "kind": flavor}
+            interval_of = _push_interval(policy)
+    elif flavor == "rocketmq5.simple":
+        inv = parse_duration_ms(g.get("invisible_duration") or "30s")
+        max_retries, timeout, from_start = _max_retries(mrt, 16), inv, True
+        interval_of = lambda n, inv=inv: inv  # noqa: E731
+    elif flavor == "sqs":
+        vt = parse_duration_ms(policy.get("visibility_timeout", "30s"))
+        path, from_start, timeout = "visible", True, vt
+        max_retries = int(policy.get("max_receive_count", 10)) - 1
+        interval_of = lambda n, vt=vt: vt  # noqa: E731
+    elif flavor == "pubsub":
+        lo = parse_duration_ms(policy.get("minimum_backoff", "10s"))
+        hi = parse_duration_ms(policy.get("maximum_backoff", "600s"))
+        path, timeout = "visible", parse_duration_ms(policy.get("ack_deadline", "10s"))
+        max_retries = int(policy.get("max_delivery_attempts", 5)) - 1
+        interval_of = lambda n, lo=lo, hi=hi: min(hi, lo * 2 ** (n - 1))  # noqa: E731
+    else:
+        raise ValueError(f"unknown flavor {flavor!r}")
+
+    consumers = g.get("consumers", {}) or {}
+    if consumers == "unlimited":
+        threads: float = INF
+    else:
+        threads = int(consumers.get("instances", 1)) * int(consumers.get("threads", 20))
+
+    wl = g.get("workload") or {}
+    bh = g.get("behavior") or {}
+    mix = bh.get("outcome_mix") or {}
+    outages = [
+        _Outage(
+            parse_duration_ms(o["start"]),
+            parse_duration_ms(o["end"]),
+            float(o.get("fail_probability", 1.0)),
+            _parse_dist(o["processing_time"]) if o.get("processing_time") is not None else None,
+        )
+        for o in bh.get("outages") or []
+    ]
+    replay = g.get("replay")
+    batch = int(g.get("consume_message_batch_max_size", 1) or 1)
+    ack = g.get("ack_index")
+    return _Group(
+        name=name,
+        topic=str(g.get("topic") or name),
+        seed=int(scenario.get("seed", 42)),
+        horizon=horizon,
+        kind=kind,
+        blocking=blocking,
+        max_retries=max_retries,
+        timeout=timeout,
+        periodic=periodic,
+        dlq_enabled=bool(g.get("dlq_enabled", True)),
+        levels=levels,
+        next_level=int(g.get("delay_level_when_next_consume", 0) or 0),
+        send_back_p=float(bh.get("send_back_failure_probability", 0) or 0),
+        batch=batch if kind == "concurrently" else 1,
+        ack_index=None if (ack is None or kind != "concurrently") else int(ack),
+        suspend=suspend,
+        path=path,
+        from_start=from_start,
+        interval_of=interval_of,
+        pull=parse_duration_ms(g.get("pull_interval", 0) or 0),
+        ready_wait=parse_duration_ms(bh.get("ready_wait", 0) or 0),
+        threads=threads,
+        n=int(wl.get("messages", 10_000)),
+        over=parse_duration_ms(wl.get("over", "1h")),
+        arrival=str(wl.get("arrival", "uniform")),
+        queues=int(wl.get("queues", 8)),
+        size_bytes=int(wl.get("size_bytes", 1024)),
+        fail_p=float(bh.get("fail_probability", 0) or 0),
+        poison_fraction=float(bh.get("poison_fraction", 0) or 0),
+        fail_first=int(bh.get("fail_first", 0) or 0),
+        processing=_parse_dist(bh.get("processing_time", "10ms")),
+        outages=outages,
+        mix=(
+            float(mix.get("reconsume_later", 1.0)),
+            float(mix.get("exception", 0.0)),
+            float(mix.get("null_return", 0.0)),
+        ),
+        replay_at=parse_duration_ms(replay["at"]) if replay else None,
+        replay_rate=_parse_rate(replay.get("rate", "100/s")) if replay else None,
+        poison_fixed=bool(replay.get("poison_fixed", True)) if replay else True,
+    )
+
+
+# --------------------------------------------------------------------------- draws
+
+
+class _Uniforms:
+    """``u(stream, msg_id, delivery)`` with the engine's hash, computed in vectorised blocks.
+
+    Early deliveries (most draws) are computed for a block of message ids at once; late
+    deliveries (a message retried hundreds of times) for a block of delivery numbers of one
+    message at once. Both are cached.
+    """
+
+    ID_BLOCKED_DELIVERIES = 32
+    DELIVERY_BLOCK = 256
+
+    def __init__(self, seed: int, group: str, n: int):
+        self.seed, self.group = seed, group
+        self.block = 1 << max(4, min(10, max(1, n - 1).bit_length()))
+        self.cache: dict[tuple, np.ndarray] = {}
+
+    def __call__(self, stream: str, msg_id: int, delivery: int) -> float:
+        if delivery > self.ID_BLOCKED_DELIVERIES:
+            b, i = divmod(delivery, self.DELIVERY_BLOCK)
+            key = (stream, "d", msg_id, b)
+            arr = self.cache.get(key)
+            if arr is None:
+                first = b * self.DELIVERY_BLOCK
+                ds = np.arange(first, first + self.DELIVERY_BLOCK, dtype=np.int64)
+                ids = np.full(self.DELIVERY_BLOCK, msg_id, dtype=np.int64)
+                arr = uniform_np(self.seed, self.group, stream, ids, ds)
+                self.cache[key] = arr
+            return float(arr[i])
+        b, i = divmod(msg_id, self.block)
+        key = (stream, delivery, b)
+        arr = self.cache.get(key)
+        if arr is None:
+            ids = np.arange(b * self.block, (b + 1) * self.block, dtype=np.int64)
+            arr = uniform_np(self.seed, self.group, stream, ids, delivery)
+            self.cache[key] = arr
+        return float(arr[i])
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass(eq=False)
+class _Msg:
+    msg_id: int
+    queue_id: int
+    born_ms: int
+    poisoned: bool
+    replayed: bool = False
+    last_d: int = 0
+    dlq_ms: int | None = None
+
+
+@dataclass(eq=False)
+class _Delivery:
+    msg: _Msg
+    d: int
+    rt: int
+    topic: str
+    queue: int
+    ready_ms: int
+    reason: str
+    lane_entry: bool  # a publication/replay: enters its lane at the back (blocking lanes)
+    start_ms: int | None = None
+    processing_ms: int | None = None
+    end_ms: int | None = None
+    outcome: str | None = None
+    result_state: str = "Ready"
+    delay_level: int | None = None
+    next_ready_ms: int | None = None
+    settled_ms: int | None = None
+    batch_size: int | None = None
+    started: bool = False
+    ended: bool = False
+    ends: list[tuple] = field(default_factory=list)  # (k, state, at, topic, queue, lvl, why)
+
+    @property
+    def lane(self) -> tuple[str, int]:
+        return (self.topic, self.queue)
+
+
+@dataclass(eq=False)
+class _Lane:
+    pending: list = field(default_factory=list)  # heap of (ready_ms, msg_id, counter, dv)
+    head: _Msg | None = None
+    release: int = 0
+
+
+class _GroupSim:
+    def __init__(self, cfg: _Group):
+        self.cfg = cfg
+        self.u = _Uniforms(cfg.seed, cfg.name, cfg.n)
+        self.events: list = []
+        self.counter = 0
+        self.free = cfg.threads
+        self.waiting: list = []
+        self.lane_waiting: dict[tuple[str, int], list] = {}
+        self.lanes: dict[tuple[str, int], _Lane] = {}
+        self.touched: set[tuple[str, int]] = set()
+        self.deliveries: list[_Delivery] = []
+        self.dead_letters: list[_Msg] = []
+        self.messages: list[_Msg] = []
+        ids = np.arange(cfg.n, dtype=np.int64)
+        poison = uniform_np(cfg.seed, cfg.name, "poison", ids, 0) if cfg.n else np.empty(0)
+        if cfg.arrival == "poisson":
+            arrival = uniform_np(cfg.seed, cfg.name, "arrival", ids, 0) if cfg.n else []
+            born = [math.floor(float(a) * cfg.over) for a in arrival]
+        else:
+            born = [(i * cfg.over) // cfg.n for i in range(cfg.n)]
+        for i in range(cfg.n):
+            msg = _Msg(i, i % cfg.queues, born[i], float(poison[i]) < cfg.poison_fraction)
+            self.messages.append(msg)
+
+    # -- event plumbing
+    def push(self, t: int, phase: int, kind: str, obj: Any = None) -> None:
+        self.counter += 1
+        heapq.heappush(self.events, (t, phase, self.counter, kind, obj))
+
+    def schedule_ready(self, at: int, spec: tuple) -> None:
+        if at < self.cfg.horizon:
+            self.push(at, 0, "ready", spec)
+
+    # -- the run
+    def run(self) -> None:
+        cfg = self.cfg
+        for msg in self.messages:
+            self.schedule_ready(msg.born_ms, (msg, 1, 0, cfg.topic, msg.queue_id, "published"))
+        if cfg.replay_at is not None and cfg.replay_at < cfg.horizon:
+            self.push(cfg.replay_at, 0, "replay")
+        events = self.events
+        while events and events[0][0] < cfg.horizon:
+            t = events[0][0]
+            while events and events[0][0] == t:
+                while events and events[0][0] == t and events[0][1] == 0:
+                    _, _, _, kind, obj = heapq.heappop(events)
+                    getattr(self, "on_" + kind)(t, obj)
+                self.choose_heads(t)
+                while events and events[0][0] == t and events[0][1] == 1:
+                    _, _, _, _, dv = heapq.heappop(events)
+                    self.make_waiting(t, dv)
+                self.dispatch(t)
+
+    # -- phase 0
+    def on_free(self, t: int, obj: Any) -> None:
+        self.free += 1
+
+    def on_ready(self, t: int, spec: tuple) -> None:
+        msg, d, rt, topic, queue, reason = spec
+        dv = _Delivery(msg, d, rt, topic, queue, t, reason, reason in ("published", "replayed"))
+        msg.last_d = d
+        self.deliveries.append(dv)
+        cfg = self.cfg
+        if cfg.blocking and dv.lane_entry:
+            lane = self.lanes.setdefault(dv.lane, _Lane())
+            self.counter += 1
+            heapq.heappush(lane.pending, (t, msg.msg_id, self.counter, dv))
+            self.touched.add(dv.lane)
+            return
+        eligible = t + cfg.ready_wait
+        if cfg.pull > 0 and not cfg.blocking:
+            eligible = -(-eligible // cfg.pull) * cfg.pull
+        self.push(eligible, 1, "eligible", dv)
+
+    def on_replay(self, t: int, obj: Any) -> None:
+        cfg = self.cfg
+        letters = sorted(
+            (m for m in self.dead_letters if m.dlq_ms is not None and m.dlq_ms < t),
+            key=lambda m: (m.dlq_ms, m.msg_id),
+        )
+        for k, msg in enumerate(letters):
+            msg.replayed = True
+            at = t + math.floor(Fraction(k * 1000) / cfg.replay_rate)
+            spec = (msg, msg.last_d + 1, 0, cfg.topic, k % cfg.queues, "replayed")
+            self.schedule_ready(at, spec)
+
+    def on_end(self, t: int, batch: tuple) -> None:
+        members, outcome = batch
+        cfg = self.cfg
+        ack = cfg.ack_index
+        for i, dv in enumerate(members):
+            dv.ended = True
+            dv.end_ms, dv.outcome = t, outcome
+            if outcome == SUCCESS and (ack is None or i <= min(ack, len(members) - 1)):
+                dv.result_state, dv.settled_ms = "Commit", t
+                dv.ends.append((3, "Commit", t, dv.topic, dv.queue, None, SUCCESS))
+                self.settled(t, dv)
+            else:
+                why = "beyond_ack_index" if outcome == SUCCESS else outcome
+                self.after_failure(t, dv, outcome, why)
+
+    def on_leave(self, t: int, spec: tuple) -> None:
+        dv, why = spec
+        self.leave(t, dv, why, k=4)
+
+    # -- after a delivery (model.md §6, flavors.md)
+    def after_failure(self, t: int, dv: _Delivery, outcome: str, why: str) -> None:
+        """A failed (or beyond-ack_index) delivery ended at t: retry it, or let it leave."""
+        cfg = self.cfg
+        rt, here = dv.rt, (dv.topic, dv.queue)
+        if cfg.kind == "broadcasting":
+            self.leave(t, dv, "broadcast_no_retry", k=3, discard=True)
+        elif cfg.kind == "concurrently":
+            if cfg.send_back_p > 0 and self.u("send_back", dv.msg.msg_id, dv.d) < cfg.send_back_p:
+                # send-back RPC and fallback failed: the client retries locally after 5 s
+                self.retry(t, dv, "send_back_failed", t + 5000, here, None, here, "local_retry")
+                return
+            if outcome == TIMEOUT:
+                level = 3  # the expired-message cleaner's fixed level
+            elif cfg.next_level == 0:
+                level = 3 + rt
+            else:
+                level = cfg.next_level
+            if rt >= cfg.max_retries:
+                self.leave(t, dv, "max_reconsume_times", k=3)
+            elif level < 0:
+                self.leave(t, dv, "delay_level_negative", k=3)
+            else:
+                level = min(level, len(cfg.levels))
+                due = t + cfg.levels[level - 1]
+                schedule = (SCHEDULE_TOPIC, level - 1)
+                retry_queue = (cfg.retry_topic_4x, 0)
+                self.retry(t, dv, why, due, schedule, level, retry_queue, "retry_due")
+        elif cfg.kind == "local":
+            if rt >= cfg.max_retries:
+                self.leave(t, dv, "max_reconsume_times", k=3)
+            else:
+                self.retry(t, dv, why, t + cfg.suspend, here, None, here, "local_retry")
+        else:  # after backoff: the interval of retry n = rt + 1
+            base = dv.start_ms if cfg.from_start else t
+            due = base + cfg.interval_of(rt + 1)
+            if rt >= cfg.max_retries:
+                dv.result_state = "WaitingRetry"
+                dv.ends.append((3, "WaitingRetry", t, dv.topic, dv.queue, None, why))
+                if due < cfg.horizon:
+                    self.push(due, 0, "leave", (dv, "max_reconsume_times"))
+            elif cfg.path == "revive":
+                self.retry(t, dv, why, due, here, None, (cfg.retry_topic_5x, 0), "retry_due")
+            else:
+                self.retry(t, dv, why, due, here, None, here, "visible_again")
+
+    def retry(
+        self,
+        t: int,
+        dv: _Delivery,
+        why: str,
+        due: int,
+        wait_at: tuple[str, int],
+        level: int | None,
+        ready_at: tuple[str, int],
+        reason: str,
+    ) -> None:
+        """WaitingRetry at t on ``wait_at``; delivery d + 1 Ready at ``due`` on ``ready_at``."""
+        dv.result_state, dv.delay_level, dv.next_ready_ms = "WaitingRetry", level, due
+        dv.ends.append((3, "WaitingRetry", t, *wait_at, level, why))
+        self.schedule_ready(due, (dv.msg, dv.d + 1, dv.rt + 1, *ready_at, reason))
+
+    def leave(self, t: int, dv: _Delivery, why: str, k: int, discard: bool = False) -> None:
+        cfg = self.cfg
+        if discard or not cfg.dlq_enabled:
+            dv.result_state = "Discard"
+            dv.ends.append((k, "Discard", t, dv.topic, dv.queue, None, why))
+        else:
+            dv.result_state = "DLQ"
+            dv.ends.append((k, "DLQ", t, cfg.dlq_topic, 0, None, why))
+            if not dv.msg.replayed:
+                dv.msg.dlq_ms = t
+                self.dead_letters.append(dv.msg)
+        dv.settled_ms = t
+        self.settled(t, dv)
+
+    def settled(self, t: int, dv: _Delivery) -> None:
+        if self.cfg.blocking:
+            lane = self.lanes[dv.lane]
+            if lane.head is dv.msg:
+                lane.head, lane.release = None, t
+                self.touched.add(dv.lane)
+
+    # -- blocking lanes
+    def choose_heads(self, t: int) -> None:
+        if not self.touched:
+            return
+        for key in sorted(self.touched):
+            lane = self.lanes[key]
+            if lane.head is None and lane.pending:
+                dv = heapq.heappop(lane.pending)[3]
+                lane.head = dv.msg
+                eligible = max(dv.ready_ms + self.cfg.ready_wait, lane.release)
+                self.push(eligible, 1, "eligible", dv)
+        self.touched.clear()
+
+    # -- phase 1 and dispatch
+    def make_waiting(self, t: int, dv: _Delivery) -> None:
+        entry = (t, dv.msg.msg_id, dv.d, dv)
+        heapq.heappush(self.waiting, entry)
+        if self.cfg.batch > 1:
+            heapq.heappush(self.lane_waiting.setdefault(dv.lane, []), entry)
+
+    def dispatch(self, t: int) -> None:
+        cfg = self.cfg
+        waiting = self.waiting
+        while waiting and self.free > 0:
+            dv = heapq.heappop(waiting)[3]
+            if dv.started:
+                continue
+            members = [dv]
+            if cfg.batch > 1:
+                lane_heap = self.lane_waiting[dv.lane]
+                while lane_heap and len(members) < cfg.batch:
+                    other = lane_heap[0][3]
+                    if other.started or other is dv:
+                        heapq.heappop(lane_heap)
+                        continue
+                    heapq.heappop(lane_heap)
+                    members.append(other)
+            self.start(t, members)
+
+    def start(self, t: int, members: list[_Delivery]) -> None:
+        cfg = self.cfg
+        total, outcome = 0, SUCCESS
+        for dv in members:
+            dv.started = True
+            kind, proc = self.listen(dv.msg, dv.d, t)
+            total += proc
+            if outcome == SUCCESS and kind != SUCCESS:
+                outcome = kind
+        end = t + total
+        if cfg.timeout is not None and total > cfg.timeout:
+            if not cfg.periodic:
+                outcome, end = TIMEOUT, t + cfg.timeout
+            else:
+                check = cfg.timeout * ((t + cfg.timeout) // cfg.timeout + 1)
+                if t + total > check:
+                    outcome, end = TIMEOUT, check
+        for dv in members:
+            dv.start_ms, dv.processing_ms, dv.batch_size = t, total, len(members)
+            dv.result_state = "Inflight"
+        self.free -= 1
+        self.push(t + total, 0, "free")
+        if end < cfg.horizon:
+            self.push(end, 0, "end", (members, outcome))
+
+    def listen(self, msg: _Msg, d: int, start: int) -> tuple[str, int]:
+        """model.md §3: the listener's result kind and processing_ms for delivery d at start."""
+        cfg = self.cfg
+        u, m = self.u, msg.msg_id
+        p = cfg.fail_p
+        dist = cfg.processing
+        windows = [w for w in cfg.outages if w.start <= start < w.end]
+        if windows:
+            p = max(w.fail_probability for w in windows)
+            for w in windows:
+                if w.processing is not None:
+                    dist = w.processing
+        poisoned = msg.poisoned and not (msg.replayed and cfg.poison_fixed)
+        # u is in (0, 1): p <= 0 never fails, p >= 1 always does (no draw needed)
+        fails = poisoned or d <= cfg.fail_first or (p > 0 and (p >= 1 or u("fail", m, d) < p))
+        kind = SUCCESS
+        if fails:
+            rl, ex, nr = cfg.mix
+            total = rl + ex + nr
+            k = u("kind", m, d)
+            if k < rl / total:
+                kind = "RECONSUME_LATER"
+            elif k < (rl + ex) / total:
+                kind = "EXCEPTION"
+            else:
+                kind = "NULL_RETURN"
+        if dist.kind == "constant" or dist.mean == 0:
+            proc = dist.mean
+        else:
+            proc = dist.sample(u("time_a", m, d), u("time_b", m, d))
+        return kind, proc
+
+    # -- rows
+    def rows(self) -> tuple[list[dict], list[dict], list[dict]]:
+        cfg = self.cfg
+        g = cfg.name
+        messages = [
+            {
+                "group": g,
+                "topic": cfg.topic,
+                "msg_id": m.msg_id,
+                "queue_id": m.queue_id,
+                "born_ms": m.born_ms,
+                "size_bytes": cfg.size_bytes,
+            }
+            for m in self.messages
+        ]
+        attempts, transitions = [], []
+        for dv in sorted(self.deliveries, key=lambda x: (x.msg.msg_id, x.d)):
+            finished = dv.ended
+            attempts.append(
+                {
+                    "group": g,
+                    "msg_id": dv.msg.msg_id,
+                    "delivery": dv.d,
+                    "reconsume_times": dv.rt,
+                    "source_topic": dv.topic,
+                    "queue_id": dv.queue,
+                    "ready_ms": dv.ready_ms,
+                    "start_ms": dv.start_ms,
+                    "processing_ms": dv.processing_ms,
+                    "end_ms": dv.end_ms if finished else None,
+                    "outcome": dv.outcome if finished else None,
+                    "result_state": dv.result_state,
+                    "delay_level": dv.delay_level,
+                    "next_ready_ms": dv.next_ready_ms,
+                    "settled_ms": dv.settled_ms,
+                    "batch_size": dv.batch_size,
+                }
+            )
+            steps = [(1, "Ready", dv.ready_ms, dv.topic, dv.queue, None, dv.reason)]
+            if dv.started:
+                steps.append((2, "Inflight", dv.start_ms, dv.topic, dv.queue, None, "delivered"))
+            steps.extend(dv.ends)
+            for k, state, at, topic, queue, level, why in steps:
+                transitions.append(
+                    {
+                        "group": g,
+                        "msg_id": dv.msg.msg_id,
+                        "delivery": dv.d,
+                        "seq": 4 * (dv.d - 1) + k,
+                        "state": state,
+                        "at_ms": at,
+                        "topic": topic,
+                        "queue_id": queue,
+                        "delay_level": level,
+                        "reason": why,
+                    }
+                )
+        return messages, attempts, transitions
+
+
+def simulate_scenario(scenario: dict) -> dict[str, list[dict]]:
+    """A raw scenario mapping (as yaml.safe_load gives it; durations are strings like "10s",
+    "1500ms", "2h" or the integer 0) -> {"messages": [...], "attempts": [...], "transitions": [...]}
+    for all groups."""
+    out: dict[str, list[dict]] = {"messages": [], "attempts": [], "transitions": []}
+    for g in scenario.get("groups") or []:
+        sim = _GroupSim(_group_config(scenario, g))
+        sim.run()
+        messages, attempts, transitions = sim.rows()
+        out["messages"].extend(messages)
+        out["attempts"].extend(attempts)
+        out["transitions"].extend(transitions)
+    return out
