@@ -51,9 +51,7 @@ FRONTIER_COLUMNS = (
     "ready_reason",
     "poison_fixed",
 )
-_AFTER_READY = tuple(
-    f.name for f in STAGE.fields if f.name not in FRONTIER_COLUMNS and f.name != "batch_size"
-)
+_AFTER_READY = tuple(f.name for f in STAGE.fields if f.name not in FRONTIER_COLUMNS)
 _AFTER_START = ("end_ms", "outcome", "delay_level", "next_ready_ms", "settled_ms") + tuple(
     name for name in _AFTER_READY if name.startswith(("end_", "leave_", "next_"))
 )

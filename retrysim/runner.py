@@ -179,15 +179,17 @@ def _run_sequential(
 
 
 def _lanes_are_independent(plan: GroupPlan) -> bool:
-    """Ordered queues are independent when the pool can never be full (each queue runs one
-    consume request at a time) and no replay moves messages between them."""
+    """Ordered queues are independent when the pool can never be full and no replay moves
+    messages between them. A queue runs one consume request at a time, so a pool with a
+    thread per queue never fills up -- unless a timeout lets the queue move on while the
+    timed-out listener still holds its thread."""
     policy = plan.policy
     pool = policy.pool_size
     return (
         policy.blocking
         and policy.batch_size == 1
         and policy.replay is None
-        and (pool is None or pool >= plan.group.workload.queues)
+        and (pool is None or (policy.timeout_ms is None and pool >= plan.group.workload.queues))
     )
 
 

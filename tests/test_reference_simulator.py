@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference.simulator import parse_duration_ms, simulate_scenario
+from reference.strategies import FLAVORS, group_configs, pool_size
 
 from retrysim.rng import uniform_np
 
@@ -1041,125 +1042,17 @@ def check_blocking(r, horizon):
                     assert e1 <= s2 or e2 <= s1, (m1, m2)
 
 
-FLAVORS = [
-    ("rocketmq4.concurrently", False),
-    ("rocketmq4.orderly", True),
-    ("rocketmq4.broadcasting", False),
-    ("http.unordered", False),
-    ("http.ordered", True),
-    ("rocketmq5.push", False),
-    ("rocketmq5.push+ordered", True),
-    ("rocketmq5.simple", False),
-    ("exponential", False),
-    ("customized", False),
-    ("sqs", False),
-    ("pubsub", False),
-]
-
-
 @st.composite
 def scenarios(draw):
-    flavor, blocking = draw(st.sampled_from(FLAVORS))
-    n = draw(st.integers(1, 12))
-    proc = draw(
-        st.one_of(
-            st.sampled_from([0, "5ms", "300ms", "2s", "20s", "70s"]),
-            st.builds(
-                lambda d, m: {"dist": d, "mean": m},
-                st.just("exponential"),
-                st.sampled_from(["10ms", "1s", "30s"]),
-            ),
-            st.just({"dist": "lognormal", "mean": "500ms", "p99": "5s"}),
-        )
-    )
-    g = {
-        "name": "g",
-        "flavor": flavor.split("+")[0],
-        "workload": {
-            "messages": n,
-            "over": draw(st.sampled_from(["1ms", "10s", "5m"])),
-            "arrival": draw(st.sampled_from(["uniform", "poisson"])),
-            "queues": draw(st.integers(1, 3)),
-        },
-        "consumers": draw(
-            st.sampled_from(
-                [
-                    "unlimited",
-                    {"instances": 1, "threads": 1},
-                    {"instances": 1, "threads": 2},
-                    {"instances": 2, "threads": 2},
-                ]
-            )
-        ),
-        "behavior": {
-            "fail_probability": draw(st.sampled_from([0.0, 0.3, 0.7, 1.0])),
-            "poison_fraction": draw(st.sampled_from([0.0, 0.2])),
-            "fail_first": draw(st.integers(0, 3)),
-            "processing_time": proc,
-            "ready_wait": draw(st.sampled_from([0, "100ms", "3s"])),
-            "outcome_mix": {"reconsume_later": 1, "exception": 1, "null_return": 1},
-            "send_back_failure_probability": draw(st.sampled_from([0.0, 0.3])),
-        },
-    }
-    if "+ordered" in flavor:
-        g["ordered"] = True
-    if flavor in ("rocketmq4.orderly", "rocketmq5.push+ordered"):
-        g["suspend_current_queue_time"] = draw(st.sampled_from(["10ms", "1s", "5s"]))
-    if not flavor.startswith("http") and flavor not in ("sqs", "pubsub"):
-        g["max_reconsume_times"] = draw(st.sampled_from([-1, 0, 1, 3]))
-        if g.get("suspend_current_queue_time") == "10ms" and g["max_reconsume_times"] == -1:
-            # an orderly poison message retried every 10 ms for an hour: too slow for a test
-            g["max_reconsume_times"] = 200
-    if flavor == "rocketmq4.concurrently":
-        g["consume_message_batch_max_size"] = draw(st.sampled_from([1, 1, 3]))
-        g["ack_index"] = draw(st.sampled_from([None, 0, 1]))
-        g["pull_interval"] = draw(st.sampled_from([0, 0, "500ms"]))
-        g["delay_level_when_next_consume"] = draw(st.sampled_from([0, 0, 1, -1]))
-        g["consume_timeout_check"] = draw(st.sampled_from(["exact", "periodic"]))
-    if flavor.startswith("rocketmq4.c") or flavor.startswith("rocketmq4.b"):
-        g["consume_timeout"] = draw(st.sampled_from(["15m", "1s", "10s"]))
-    if flavor == "rocketmq5.simple":
-        g["invisible_duration"] = draw(st.sampled_from(["10s", "30s"]))
-    if flavor == "sqs":
-        g["retry_policy"] = {
-            "kind": "sqs",
-            "visibility_timeout": draw(st.sampled_from([0, "1s", "30s"])),
-            "max_receive_count": draw(st.integers(1, 4)),
-        }
-    if flavor == "pubsub":
-        g["retry_policy"] = {
-            "kind": "pubsub",
-            "minimum_backoff": draw(st.sampled_from([0, "1s", "10s"])),
-            "max_delivery_attempts": 5,
-        }
-    if flavor == "exponential":
-        g["retry_policy"] = {"kind": "exponential", "initial": "1s", "max": "20s"}
-    if flavor == "customized":
-        g["retry_policy"] = {"kind": "customized", "intervals": ["1s", "3s"]}
-    if flavor == "rocketmq5.push" and draw(st.booleans()):
-        g["retry_policy"] = {"kind": "grpc_client"}
-    if draw(st.booleans()):
-        g["dlq_enabled"] = False
-    if draw(st.booleans()):
-        g["replay"] = {
-            "at": draw(st.sampled_from(["30s", "5m"])),
-            "rate": draw(st.sampled_from(["1/s", 1000, "60/m"])),
-            "poison_fixed": draw(st.booleans()),
-        }
-    horizon = draw(st.sampled_from(["1m", "10m", "1h"]))
-    threads = (
-        None
-        if g["consumers"] == "unlimited"
-        else (g["consumers"]["instances"] * g["consumers"]["threads"])
-    )
+    group, blocking = draw(group_configs())
     scenario = {
         "name": "p",
         "seed": draw(st.integers(0, 5)),
-        "horizon": horizon,
+        "horizon": draw(st.sampled_from(["1m", "10m", "1h"])),
         "broker": {"message_delay_level": "1s 2s 5s 10s"},
-        "groups": [g],
+        "groups": [group],
     }
-    return scenario, blocking, threads
+    return scenario, blocking, pool_size(group)
 
 
 @settings(

@@ -47,10 +47,11 @@ Interpretations (where the docs are silent or ambiguous, the reading chosen here
     ``delay_level_when_next_consume: -1`` is retried at level 3, not dead-lettered (unless
     ``rt >= M``). ``consume_timeout_check: periodic`` applies to the 4.x flavors with a
     timeout (concurrently, broadcasting); every other flavor checks exactly.
- 6. ``send_back_failure_probability`` (concurrently only) is drawn for every member that is
-    sent back -- failures, timeouts and ``beyond_ack_index`` members alike -- *before* the
-    DLQ check: a failed send-back is a local retry (reason ``send_back_failed``) even when
-    ``rt >= M`` or the level is negative (the broker never sees the message).
+ 6. ``send_back_failure_probability`` (concurrently only) is drawn for every member that the
+    consume service sends back -- failures and ``beyond_ack_index`` members, not timeouts
+    (the expired-message cleaner does not resubmit; flavors.md) -- *before* the DLQ check: a
+    failed send-back is a local retry (reason ``send_back_failed``) even when ``rt >= M`` or
+    the level is negative (the broker never sees the message).
  7. Reason precedence when both hold: ``max_reconsume_times`` over ``delay_level_negative``.
  8. Batches (``consume_message_batch_max_size > 1``, ``ack_index``) only for
     ``rocketmq4.concurrently`` (model.md §4); other flavors dispatch one delivery per request.
@@ -630,7 +631,8 @@ class _GroupSim:
         if cfg.kind == "broadcasting":
             self.leave(t, dv, "broadcast_no_retry", k=3, discard=True)
         elif cfg.kind == "concurrently":
-            if cfg.send_back_p > 0 and self.u("send_back", dv.msg.msg_id, dv.d) < cfg.send_back_p:
+            send_back_p = cfg.send_back_p if outcome != TIMEOUT else 0
+            if send_back_p > 0 and self.u("send_back", dv.msg.msg_id, dv.d) < send_back_p:
                 # send-back RPC and fallback failed: the client retries locally after 5 s
                 self.retry(t, dv, "send_back_failed", t + 5000, here, None, here, "local_retry")
                 return
