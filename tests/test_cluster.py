@@ -17,6 +17,7 @@ start is a failure with the script's message and the daemons' log lines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,7 +75,7 @@ def cluster_script(action: str, env: dict[str, str]) -> subprocess.CompletedProc
 def processes_under(state: Path) -> dict[int, str]:
     """Processes whose command line or working directory lies in ``state``: the daemons,
     and the executors and Python workers the workers started in their work dirs."""
-    found = {}
+    found, inside = {}, f"{state}/"
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -83,7 +84,7 @@ def processes_under(state: Path) -> dict[int, str]:
             cwd = os.readlink(entry / "cwd")
         except OSError:
             continue
-        if str(state) in args or cwd.startswith(str(state)):
+        if inside in args or f"{cwd}/".startswith(inside):
             found[int(entry.name)] = args[:200]
     return found
 
@@ -106,34 +107,51 @@ def cluster_env(state: Path, master_port: int, ui_port: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("cluster")
-    master_port, ui_port = free_ports(2)
-    env = cluster_env(state, master_port, ui_port)
-    info = Cluster(f"spark://{HOST}:{master_port}", f"http://{HOST}:{ui_port}", state, env)
+    env: dict[str, str] = {}
     try:
-        started = cluster_script("start", env)
+        for _attempt in range(3):  # a port picked free may be taken before the master binds
+            master_port, ui_port = free_ports(2)
+            env = cluster_env(state, master_port, ui_port)
+            started = cluster_script("start", env)
+            if started.returncode == 0 or "is in use" not in started.stderr:
+                break
         if started.returncode != 0:
             pytest.fail(
                 f"scripts/local-cluster.sh start failed (exit {started.returncode}):\n"
                 f"{started.stdout}\n{started.stderr}",
                 pytrace=False,
             )
-        yield info
+        yield Cluster(f"spark://{HOST}:{master_port}", f"http://{HOST}:{ui_port}", state, env)
     finally:
-        stopped = cluster_script("stop", env)
-        deadline = time.monotonic() + 30  # executors exit after their worker
-        while (left := processes_under(state)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        for pid in left:  # only processes in this test's own cluster folder
+        if env:  # never run stop without this test's own RETRYSIM_CLUSTER_DIR
+            stop_and_check(state, env)
+
+
+def stop_and_check(state: Path, env: dict[str, str]) -> None:
+    """Stop the cluster; nothing started in its folder may be left running."""
+    stopped = cluster_script("stop", env)
+    deadline = time.monotonic() + 30  # executors exit after their worker
+    while (left := processes_under(state)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:  # only processes in this test's own cluster folder
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        assert not left, f"still running after stop: {left}"
-        status = cluster_script("status", env)
-        assert status.returncode == 3, status.stdout
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert not left, f"still running after stop: {left}"
+    status = cluster_script("status", env)
+    assert status.returncode == 3, status.stdout
 
 
-def master_json(cluster: Cluster) -> dict:
-    with urllib.request.urlopen(f"{cluster.ui}/json/", timeout=10) as reply:
-        return json.load(reply)
+def completed_apps(cluster: Cluster, expected: int) -> list[dict]:
+    """The master's completed applications, once there are ``expected`` of them (a driver
+    that just exited may take a moment to be marked finished)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"{cluster.ui}/json/", timeout=10) as reply:
+            apps = json.load(reply)["completedapps"]
+        if len(apps) >= expected or time.monotonic() > deadline:
+            return apps
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
@@ -164,7 +182,7 @@ def test_cluster_gives_the_same_tables_as_local_mode(spark, cluster, tmp_path):
     assert masters == {"cl": cluster.url, "cl-job": cluster.url}
     for log in ("cl.log", "cl-job.log"):
         assert "shipping the package to executors" in (tmp_path / log).read_text()
-    apps = master_json(cluster)["completedapps"]
+    apps = completed_apps(cluster, 2)
     assert len(apps) == 2, apps
     for worker in ("worker-1", "worker-2"):  # both workers ran executors of both apps
         shipped = list((cluster.state / "work" / worker).glob("app-*/*/retrysim-*.zip"))
