@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Launcher: bootstraps .venv on first use, then runs the venv's spark-submit with the
 # settings every retrysim job needs. Usage: ./spark-submit.sh [spark-submit options] jobs/simulate.py [job options]
+#
+# With a non-local master (spark-submit's --master or --conf spark.master=..., or the job's
+# own --master option, which wins) the retrysim package is zipped and shipped to the
+# executors with --py-files (added to any --py-files given), executors run PYSPARK_PYTHON
+# (default: this venv's python, which must exist at the same path on every node), and a
+# loopback master (spark://127.0.0.1 or localhost) makes the driver bind to 127.0.0.1 too.
+# Local masters run exactly as without this logic. See docs/cluster.md.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$ROOT/scripts/bootstrap.sh"
@@ -9,6 +16,116 @@ export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$ROOT/.venv/bin/python}"
 export SPARK_HOME="${SPARK_HOME:-$("$ROOT/.venv/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')}"
 export SPARK_CONF_DIR="${SPARK_CONF_DIR:-$ROOT/conf/spark}"
 cd "$ROOT"
+
+# Split the arguments into spark-submit options, the application file and the job's options
+# (spark-submit's own rule: the first argument that is neither an option nor an option's
+# value is the application), noting the master and any --py-files on the way.
+args=("$@")
+submit=()
+app=""
+job=()
+submit_master="${MASTER:-}"
+py_files_at=-1
+i=0
+while [ "$i" -lt "${#args[@]}" ]; do
+  arg="${args[$i]}"
+  case "$arg" in
+    -h | --help | -v | --verbose | --version | --supervise | --usage-error | --load-spark-defaults)
+      submit+=("$arg") ;;
+    --master=*) submit_master="${arg#--master=}"; submit+=("$arg") ;;
+    --conf=spark.master=*) submit_master="${arg#--conf=spark.master=}"; submit+=("$arg") ;;
+    --py-files=*) submit+=("--py-files" "${arg#--py-files=}"); py_files_at=$((${#submit[@]} - 1)) ;;
+    -*=*) submit+=("$arg") ;;
+    -*)
+      value="${args[$((i + 1))]:-}"
+      case "$arg" in
+        --master) submit_master="$value" ;;
+        --conf | -c) [[ "$value" != spark.master=* ]] || submit_master="${value#spark.master=}" ;;
+      esac
+      submit+=("$arg" "$value")
+      [ "$arg" != --py-files ] || py_files_at=$((${#submit[@]} - 1))
+      i=$((i + 1))
+      ;;
+    *)
+      app="$arg"
+      job=("${args[@]:$((i + 1))}")
+      break
+      ;;
+  esac
+  i=$((i + 1))
+done
+
+# The job's --master wins over spark-submit's (the session builder sets it last).
+master="$submit_master"
+for ((j = 0; j < ${#job[@]}; j++)); do
+  case "${job[$j]}" in
+    --master) master="${job[$((j + 1))]:-}" ;;
+    --master=*) master="${job[$j]#--master=}" ;;
+  esac
+done
+
+if [ -n "$app" ] && [ -n "$master" ] && [[ "$master" != local* ]]; then
+  # A zip of the package, named by a hash of its sources so concurrent launches of the same
+  # code share one file (written to a temporary name and renamed into place).
+  zip="$("$ROOT/.venv/bin/python" - "$ROOT" <<'PY'
+import hashlib, os, sys, tempfile, zipfile
+root = sys.argv[1]
+files = sorted(
+    os.path.relpath(os.path.join(folder, name), root)
+    for folder, dirs, names in os.walk(os.path.join(root, "retrysim"))
+    if "__pycache__" not in folder
+    for name in names
+    if not name.endswith((".pyc", ".pyo"))
+)
+digest = hashlib.sha256()
+for name in files:
+    with open(os.path.join(root, name), "rb") as handle:
+        digest.update(name.encode() + b"\0" + handle.read() + b"\0")
+target_dir = os.path.join(root, "build", "spark-submit")
+os.makedirs(target_dir, exist_ok=True)
+target = os.path.join(target_dir, f"retrysim-{digest.hexdigest()[:16]}.zip")
+if not os.path.exists(target):
+    fd, temp = tempfile.mkstemp(suffix=".zip.tmp", dir=target_dir)
+    with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in files:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            with open(os.path.join(root, name), "rb") as handle:
+                archive.writestr(info, handle.read(), zipfile.ZIP_DEFLATED)
+    os.replace(temp, target)
+print(target)
+PY
+)"
+  find "$ROOT/build/spark-submit" -name 'retrysim-*.zip' ! -path "$zip" -mmin +1440 -delete \
+    2>/dev/null || true
+  if [ "$py_files_at" -ge 0 ]; then
+    submit[$py_files_at]="${submit[$py_files_at]},$zip"
+  else
+    submit+=(--py-files "$zip")
+  fi
+  # --py-files also puts the zip first on the driver's PYTHONPATH; the driver keeps importing
+  # the source tree (as in local runs: paths such as conf/default.yaml are found from it)
+  # through this wrapper, which puts the repository before the zip.
+  wrapper="$ROOT/build/spark-submit/driver-python"
+  if [ ! -x "$wrapper" ]; then
+    temp="$(mktemp "$wrapper.XXXXXX")"
+    printf '%s\n' '#!/bin/sh' \
+      '# Written by spark-submit.sh: the driver imports retrysim from the source tree.' \
+      'PYTHONPATH="$RETRYSIM_SOURCE_ROOT${PYTHONPATH:+:$PYTHONPATH}"' \
+      'export PYTHONPATH' \
+      'exec "$RETRYSIM_DRIVER_PYTHON" "$@"' >"$temp"
+    chmod 755 "$temp"
+    mv -f "$temp" "$wrapper"
+  fi
+  export RETRYSIM_SOURCE_ROOT="$ROOT" RETRYSIM_DRIVER_PYTHON="$PYSPARK_DRIVER_PYTHON"
+  export PYSPARK_DRIVER_PYTHON="$wrapper"
+  if [[ "$master" =~ ^spark://(127\.0\.0\.1|localhost)(:|$) ]]; then
+    export SPARK_LOCAL_IP="${SPARK_LOCAL_IP:-127.0.0.1}"
+  fi
+  echo "retrysim: master $master: shipping the package to executors as ${zip#"$ROOT"/}" >&2
+  set -- "${submit[@]}" "$app" "${job[@]}"
+fi
+
 exec "$ROOT/.venv/bin/spark-submit" \
   --conf spark.ui.showConsoleProgress=false \
   "$@"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from deltalake import DeltaTable
 
 from retrysim.config import ScenarioError, load_scenario
+from retrysim.digest import add_digest_command, digest_command
 from retrysim.sinks import arrow_schema, table_path
 from retrysim.tables import SCHEMAS
 
@@ -45,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         help="auto: delta-spark when its JARs are on the classpath, else delta-rs commits",
     )
     sim.add_argument("--quiet", action="store_true", help="no per-round progress")
+    add_digest_command(commands)
     return parser
 
 
@@ -152,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return simulate_command(args)
+        if args.command == "digest":
+            return digest_command(args)
     except ScenarioError as error:
         print(f"retrysim: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
