@@ -27,8 +27,10 @@ Draws a scenario cannot need are skipped (a constant processing time needs no ti
 a pure ``reconsume_later`` mix no kind draw, ``poison_fraction: 0`` no poison draw): the
 result is the same because each draw is a pure function of its key.
 
-Anything outside that model (other flavors, batches, send-back failures, finite consumers
-once the engine honours them) is refused with a message rather than simulated wrongly.
+Anything outside that model (other flavors, batches, send-back failures, DLQ replay) is
+refused with a message rather than simulated wrongly. The ``consumers`` key is not read:
+the baseline always assumes ``consumers: unlimited`` (the engine in this branch ignores
+capacity too).
 
 Messages are processed in chunks of ``--chunk`` ids; each chunk is one Parquet row group,
 and the next chunk is computed on a second thread while the current one is written
@@ -63,7 +65,7 @@ from retrysim.config import ScenarioError, load_scenario  # noqa: E402
 from retrysim.rng import uniform_np  # noqa: E402
 
 DEFAULT_SCENARIO = ROOT / "bench" / "scenario.yaml"
-DEFAULT_CHUNK = 1_000_000
+DEFAULT_CHUNK = 500_000
 FLAVOR = "rocketmq4.concurrently"
 BROKER_FIRST_RETRY_LEVEL = 3  # AbstractSendMessageProcessor.consumerSendMsgBack: 3 + rt
 TIMEOUT_SEND_BACK_LEVEL = 3  # ProcessQueue.cleanExpiredMsg
@@ -163,9 +165,6 @@ class Model:
                 raise Unsupported(f"{key} > 0")
         if getattr(group, "replay", None):
             raise Unsupported("DLQ replay")
-        consumers = getattr(group, "consumers", None)
-        if consumers not in (None, "unlimited") and type(consumers).__name__ != "Consumers":
-            raise Unsupported(f"consumers {consumers!r}")
         mix = behavior.outcome_mix
         total = mix.reconsume_later + mix.exception + mix.null_return
         max_times = group.max_reconsume_times

@@ -1,7 +1,14 @@
-"""End-to-end benchmark: real ``spark-submit`` runs of bench/scenario.yaml at several sizes.
+"""The benchmark: retrysim end to end, beside a NumPy and a SimPy baseline, on one scenario.
 
-Each size runs ``./spark-submit.sh --conf spark.driver.memory=M jobs/simulate.py ...
---master local[2]`` as a subprocess into a fresh folder under bench/out/, and measures:
+One command runs, on bench/scenario.yaml and in this process tree:
+
+1. retrysim at each size: ``./spark-submit.sh --conf spark.driver.memory=M jobs/simulate.py
+   ... --master local[2]`` as a subprocess into a fresh folder under bench/out/;
+2. bench/baseline_numpy.py at each size (the vectorised lower bound, one Parquet file);
+3. bench/baseline_simpy.py once, on a subsample of the largest size (default 100k
+   messages), its rate extrapolated to every size.
+
+For retrysim it measures:
 
 * wall time of the whole job, and the simulation time the job reports
   ("retrysim: run <id> finished in <X>s over <N> rounds": rounds, staging and Delta commits);
@@ -16,14 +23,23 @@ Each size runs ``./spark-submit.sh --conf spark.driver.memory=M jobs/simulate.py
 * active files per Delta table (``len(DeltaTable(path).file_uris())``) and their bytes;
 * peak RSS of the process tree, polled every 0.2 s: the driver JVM (SparkSubmit), the Python
   driver, and any other Python processes (PySpark workers) separately, plus the tree total;
-  and the JVM heap setting in use (-Xmx of the driver JVM).
+  and the JVM heap setting in use (-Xmx of the driver JVM);
+* peak executor memory as Spark itself reports it: the job runs with the event log on and
+  ``spark.eventLog.logStageExecutorMetrics=true`` (metrics polled every 500 ms), and the
+  maximum of every metric over the stage and task executor-metrics events is taken (JVM
+  heap and off-heap used, execution and storage memory, direct pool, GC). In local mode the
+  only executor, ``driver``, lives in the driver JVM.
 
-Results are printed as tables and written to bench/results/latest.json. The output folder of
-a size is removed afterwards unless --keep (or the run failed).
+For each baseline: wall time, its own timing (compute and Parquet write), deliveries per
+second, peak RSS; and per size the delivery count of retrysim against the NumPy baseline
+(same draws, so they must be equal) and the ratio of retrysim's rate to each baseline's.
 
-    .venv/bin/python bench/run_bench.py --quick            # 1M messages only
-    .venv/bin/python bench/run_bench.py                    # 1M and 10M
-    .venv/bin/python bench/run_bench.py --sizes 100000     # a quick smoke run (~1 min)
+Results are printed as tables and written to bench/results/latest.json (rewritten after each
+size). Output folders are removed afterwards unless --keep (or the run failed).
+
+    .venv/bin/python bench/run_bench.py --quick            # 1M messages only, a few minutes
+    .venv/bin/python bench/run_bench.py                    # 1M, 10M and 50M
+    .venv/bin/python bench/run_bench.py --sizes 100k       # a smoke run (~1 min)
 """
 
 from __future__ import annotations
