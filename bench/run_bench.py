@@ -1,7 +1,14 @@
-"""End-to-end benchmark: real ``spark-submit`` runs of bench/scenario.yaml at several sizes.
+"""The benchmark: retrysim end to end, beside a NumPy and a SimPy baseline, on one scenario.
 
-Each size runs ``./spark-submit.sh --conf spark.driver.memory=M jobs/simulate.py ...
---master local[2]`` as a subprocess into a fresh folder under bench/out/, and measures:
+One command runs, on bench/scenario.yaml and in this process tree:
+
+1. retrysim at each size: ``./spark-submit.sh --conf spark.driver.memory=M jobs/simulate.py
+   ... --master local[2]`` as a subprocess into a fresh folder under bench/out/;
+2. bench/baseline_numpy.py at each size (the vectorised lower bound, one Parquet file);
+3. bench/baseline_simpy.py once, on a subsample of the largest size (default 100k
+   messages), its rate extrapolated to every size.
+
+For retrysim it measures:
 
 * wall time of the whole job, and the simulation time the job reports
   ("retrysim: run <id> finished in <X>s over <N> rounds": rounds, staging and Delta commits);
@@ -16,14 +23,23 @@ Each size runs ``./spark-submit.sh --conf spark.driver.memory=M jobs/simulate.py
 * active files per Delta table (``len(DeltaTable(path).file_uris())``) and their bytes;
 * peak RSS of the process tree, polled every 0.2 s: the driver JVM (SparkSubmit), the Python
   driver, and any other Python processes (PySpark workers) separately, plus the tree total;
-  and the JVM heap setting in use (-Xmx of the driver JVM).
+  and the JVM heap setting in use (-Xmx of the driver JVM);
+* peak executor memory as Spark itself reports it: the job runs with the event log on and
+  ``spark.eventLog.logStageExecutorMetrics=true`` (metrics polled every 500 ms), and the
+  maximum of every metric over the stage and task executor-metrics events is taken (JVM
+  heap and off-heap used, execution and storage memory, direct pool, GC). In local mode the
+  only executor, ``driver``, lives in the driver JVM.
 
-Results are printed as tables and written to bench/results/latest.json. The output folder of
-a size is removed afterwards unless --keep (or the run failed).
+For each baseline: wall time, its own timing (compute and Parquet write), deliveries per
+second, peak RSS; and per size the delivery count of retrysim against the NumPy baseline
+(same draws, so they must be equal) and the ratio of retrysim's rate to each baseline's.
 
-    .venv/bin/python bench/run_bench.py --quick            # 1M messages only
-    .venv/bin/python bench/run_bench.py                    # 1M and 10M
-    .venv/bin/python bench/run_bench.py --sizes 100000     # a quick smoke run (~1 min)
+Results are printed as tables and written to bench/results/latest.json (rewritten after each
+size). Output folders are removed afterwards unless --keep (or the run failed).
+
+    .venv/bin/python bench/run_bench.py --quick            # 1M messages only, a few minutes
+    .venv/bin/python bench/run_bench.py                    # 1M, 10M and 50M
+    .venv/bin/python bench/run_bench.py --sizes 100k       # a smoke run (~1 min)
 """
 
 from __future__ import annotations
@@ -49,6 +65,7 @@ BENCH = ROOT / "bench"
 TABLES = ("runs", "messages", "attempts", "transitions", "dead_letters", "load", "summary")
 PUBLISH_ORDER = ("messages", "attempts", "transitions", "dead_letters", "load", "summary", "runs")
 POLL_S = 0.2
+EXECUTOR_POLL = "500ms"  # spark.executor.metrics.pollingInterval for the peak executor memory
 MIB = 1024 * 1024
 
 FINISHED_RE = re.compile(r"retrysim: run (\S+) finished in ([0-9.]+)s over (\d+) rounds")
@@ -232,10 +249,19 @@ def run_size(args: argparse.Namespace, size: int) -> dict:
     run_id = f"bench-{size}"
     spark_opts = ["--conf", f"spark.driver.memory={args.driver_memory}"]
     events = folder / "eventlog"
-    if args.event_log:
+    if args.executor_metrics or args.event_log:
+        # Spark's event log, with each stage's peak executor memory (local mode: the one
+        # executor "driver" lives in the driver JVM), polled every EXECUTOR_POLL
         events.mkdir()
-        for item in ("enabled=true", f"dir={events}", "compress=false"):
-            spark_opts += ["--conf", f"spark.eventLog.{item}"]
+        for item in (
+            "spark.eventLog.enabled=true",
+            f"spark.eventLog.dir={events}",
+            "spark.eventLog.compress=false",
+            "spark.eventLog.logStageExecutorMetrics=true",
+            f"spark.executor.metrics.pollingInterval={EXECUTOR_POLL}",
+            "spark.executor.processTreeMetrics.enabled=true",
+        ):
+            spark_opts += ["--conf", item]
     for item in args.conf:
         spark_opts += ["--conf", item]
     overrides = [f"groups.0.workload.messages={size}", *args.set]
@@ -309,6 +335,8 @@ def run_size(args: argparse.Namespace, size: int) -> dict:
     result.update(_timeline(lines, sampler, wall_s))
     if args.event_log:
         result["sql_executions"] = _sql_executions(events, began_epoch)
+    if args.executor_metrics:
+        result["executor_memory"] = _executor_metrics(events)
     if returncode != 0:
         print(f"!! job failed with exit code {returncode}; logs kept in {folder}", flush=True)
         tail = (folder / "stderr.log").read_text(errors="replace").splitlines()[-30:]
@@ -422,6 +450,72 @@ def _sql_executions(events: Path, began_epoch: float) -> list[dict]:
     return [e for e in sorted(starts.values(), key=lambda e: e["id"]) if "seconds" in e]
 
 
+# Executor metrics (org.apache.spark.metrics.ExecutorMetricType) reported in MiB; the GC
+# counters and times are cumulative, so their maximum is the run's total.
+MEMORY_METRICS = {
+    "JVMHeapMemory": "jvm_heap",
+    "JVMOffHeapMemory": "jvm_off_heap",
+    "OnHeapExecutionMemory": "on_heap_execution",
+    "OffHeapExecutionMemory": "off_heap_execution",
+    "OnHeapStorageMemory": "on_heap_storage",
+    "OffHeapStorageMemory": "off_heap_storage",
+    "OnHeapUnifiedMemory": "on_heap_unified",
+    "DirectPoolMemory": "direct_pool",
+    "MappedPoolMemory": "mapped_pool",
+    "ProcessTreeJVMRSSMemory": "process_tree_jvm_rss",
+    "ProcessTreePythonRSSMemory": "process_tree_python_rss",
+}
+GC_METRICS = {
+    "MinorGCCount": "minor_gc_count",
+    "MinorGCTime": "minor_gc_ms",
+    "MajorGCCount": "major_gc_count",
+    "MajorGCTime": "major_gc_ms",
+    "TotalGCTime": "total_gc_ms",
+}
+
+
+def _executor_metrics(events: Path) -> dict:
+    """Peak executor memory from the event log: the maximum, over every stage's
+    ``SparkListenerStageExecutorMetrics`` and every task's ``Task Executor Metrics``, of each
+    metric, per executor (in local mode only ``driver``)."""
+    peaks: dict[str, dict[str, int]] = {}
+    for log in sorted(p for p in events.rglob("*") if p.is_file()):
+        with open(log, errors="replace") as handle:
+            for text in handle:
+                head = text[:80]
+                if "StageExecutorMetrics" in head:
+                    event = json.loads(text)
+                    executor, metrics = event.get("Executor ID"), event.get("Executor Metrics")
+                elif "SparkListenerTaskEnd" in head:
+                    event = json.loads(text)
+                    executor = event.get("Task Info", {}).get("Executor ID")
+                    metrics = event.get("Task Executor Metrics")
+                else:
+                    continue
+                if not metrics:
+                    continue
+                seen = peaks.setdefault(str(executor), {})
+                for key, value in metrics.items():
+                    if isinstance(value, (int, float)) and value > seen.get(key, -1):
+                        seen[key] = value
+    report: dict = {"source": "event log", "executors": {}}
+    for executor, seen in peaks.items():
+        entry = {
+            f"{name}_mib": round(seen[key] / MIB, 1) for key, name in MEMORY_METRICS.items()
+            if key in seen
+        }  # fmt: skip
+        entry |= {name: int(seen[key]) for key, name in GC_METRICS.items() if key in seen}
+        report["executors"][executor] = entry
+    if peaks:
+        report["peak_jvm_heap_mib"] = max(
+            e.get("jvm_heap_mib", 0) for e in report["executors"].values()
+        )
+        report["peak_jvm_off_heap_mib"] = max(
+            e.get("jvm_off_heap_mib", 0) for e in report["executors"].values()
+        )
+    return report
+
+
 def _first_commit(sampler: MemorySampler) -> float | None:
     """When the first table (messages) appeared: staging ends and publishing begins (±0.2 s)."""
     return sampler.delta_logs.get(PUBLISH_ORDER[0])
@@ -452,7 +546,7 @@ def _tables_report(output: Path, run_id: str) -> dict:
     }
 
 
-# --------------------------------------------------------------------------- report
+# --------------------------------------------------------------------------- formatting
 
 
 def _fmt_int(value) -> str:
@@ -471,8 +565,226 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def print_report(results: list[dict]) -> None:
-    print("\n== results")
+# --------------------------------------------------------------------------- baselines
+
+
+def _run_child(command: list[str], label: str) -> dict:
+    """Run a baseline script as a child process: its wall time, the peak RSS of its process
+    tree (same sampler as for spark-submit) and the JSON line it prints last."""
+    print(f"\n== {label}: {' '.join(command)}", flush=True)
+    began = time.monotonic()
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    sampler = MemorySampler(process.pid, began).start()
+    stdout, _ = process.communicate()
+    wall_s = time.monotonic() - began
+    sampler.stop()
+    report: dict = {"returncode": process.returncode, "wall_s": round(wall_s, 2)}
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if lines:
+        report.update(json.loads(lines[-1]))
+    report["peak_rss_mib"] = round(sampler.peaks.get("tree", 0) / MIB, 1)
+    report["command"] = command
+    if process.returncode != 0:
+        print(f"!! {label} exited with code {process.returncode}", flush=True)
+    return report
+
+
+def _scenario_args(args: argparse.Namespace) -> list[str]:
+    extra = ["--scenario", str(Path(args.scenario).resolve())]
+    for item in args.set:
+        extra += ["--set", item]
+    return extra
+
+
+def run_numpy(args: argparse.Namespace, size: int) -> dict:
+    """bench/baseline_numpy.py at the full size, writing its one Parquet file."""
+    folder = Path(args.out_dir) / f"numpy-{size}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    command = [
+        sys.executable,
+        str(BENCH / "baseline_numpy.py"),
+        *_scenario_args(args),
+        "--messages",
+        str(size),
+        "--output",
+        str(folder / "attempts.parquet"),
+        "--json",
+    ]
+    report = _run_child(command, f"NumPy baseline, {size:,} messages")
+    if report.get("deliveries"):
+        report["deliveries_per_wall_s"] = round(report["deliveries"] / report["wall_s"])
+    if args.keep:
+        report["kept"] = str(folder)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return report
+
+
+def run_simpy(args: argparse.Namespace, size: int) -> dict:
+    """bench/baseline_simpy.py on a subsample of ``size`` messages (its own NumPy check)."""
+    folder = Path(args.out_dir) / "simpy"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    command = [
+        sys.executable,
+        str(BENCH / "baseline_simpy.py"),
+        *_scenario_args(args),
+        "--messages",
+        str(size),
+        "--sample",
+        str(args.simpy_sample),
+        "--output",
+        str(folder / "attempts.parquet"),
+        "--json",
+    ]
+    report = _run_child(command, f"SimPy baseline, {args.simpy_sample:,} of {size:,} messages")
+    if not args.keep:
+        shutil.rmtree(folder, ignore_errors=True)
+    return report
+
+
+def compare(entry: dict, simpy: dict | None) -> None:
+    """Delivery-count check and the ratios of retrysim's rates to each baseline's.
+
+    A ratio is retrysim's deliveries per second divided by the baseline's (below 1: retrysim
+    is slower): ``wall`` uses retrysim's launch-to-exit time, ``sim`` its simulate() time.
+    The NumPy rate is its in-process time (``run_s``: compute + Parquet write); the SimPy rate
+    is the subsample's simulation time, which extrapolates linearly.
+    """
+    engine = entry.get("deliveries")
+    numpy = entry.get("numpy") or {}
+    if engine is not None and numpy.get("deliveries") is not None:
+        entry["delivery_check"] = {
+            "retrysim": engine,
+            "numpy": numpy["deliveries"],
+            "match": engine == numpy["deliveries"],
+        }
+    deliveries = engine if engine is not None else numpy.get("deliveries")
+    if simpy and simpy.get("deliveries_per_s"):
+        rate = simpy["deliveries_per_s"]
+        entry["simpy"] = {
+            "deliveries_per_s": rate,
+            "extrapolated_s": round(deliveries / rate, 1) if deliveries else None,
+        }
+    ratios: dict = {}
+    for name, rate in (
+        ("numpy", numpy.get("deliveries_per_s")),
+        ("simpy", (simpy or {}).get("deliveries_per_s")),
+    ):
+        if rate and entry.get("deliveries_per_wall_s"):
+            ratios[name] = {
+                "wall": round(entry["deliveries_per_wall_s"] / rate, 4),
+                "sim": round((entry.get("deliveries_per_sim_s") or 0) / rate, 4),
+            }
+    entry["ratios"] = ratios
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _mib(value) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _ratio(value) -> str:
+    """retrysim rate / baseline rate, as 1/N when retrysim is N times slower."""
+    if not value:
+        return "-"
+    return f"1/{1 / value:,.0f}" if value < 1 else f"{value:,.2f}"
+
+
+def print_report(results: list[dict], simpy: dict | None) -> None:
+    print("\n== throughput (deliveries per second; ratio = retrysim rate / baseline rate)")
+    rows = []
+    for r in results:
+        numpy, ratios = r.get("numpy") or {}, r.get("ratios") or {}
+        check = r.get("delivery_check")
+        rows.append(
+            [
+                _fmt_int(r["size"]),
+                _fmt_int(r.get("deliveries", numpy.get("deliveries"))),
+                "-" if check is None else ("yes" if check["match"] else "NO"),
+                _fmt(r.get("wall_s")),
+                _fmt(r.get("sim_s")),
+                _fmt_int(r.get("deliveries_per_wall_s")),
+                _fmt_int(r.get("deliveries_per_sim_s")),
+                _fmt(numpy.get("run_s"), 2),
+                _fmt(numpy.get("write_s"), 2),
+                _fmt_int(numpy.get("deliveries_per_s")),
+                _fmt_int((r.get("simpy") or {}).get("deliveries_per_s")),
+                _fmt((r.get("simpy") or {}).get("extrapolated_s"), 0),
+                _ratio(ratios.get("numpy", {}).get("wall")),
+                _ratio(ratios.get("numpy", {}).get("sim")),
+                _ratio(ratios.get("simpy", {}).get("wall")),
+                _ratio(ratios.get("simpy", {}).get("sim")),
+            ]
+        )
+    print(
+        _table(
+            ["messages", "deliveries", "count=", "rsim wall s", "rsim sim s", "rsim/s wall",
+             "rsim/s sim", "numpy s", "np write s", "numpy/s", "simpy/s", "simpy est s",
+             "vs numpy wall", "vs numpy sim", "vs simpy wall", "vs simpy sim"],
+            rows,
+        )
+    )  # fmt: skip
+    print("\n== memory (MiB) and files")
+    rows = []
+    for r in results:
+        numpy, executor = r.get("numpy") or {}, r.get("executor_memory") or {}
+        driver = (executor.get("executors") or {}).get("driver", {})
+        files, rss = r.get("files_per_table"), r.get("peak_rss_mib") or {}
+        rows.append(
+            [
+                _fmt_int(r["size"]),
+                _mib(rss.get("tree")),
+                _mib(rss.get("jvm")),
+                _mib(executor.get("peak_jvm_heap_mib")),
+                _mib(executor.get("peak_jvm_off_heap_mib")),
+                _mib(driver.get("on_heap_execution_mib")),
+                _mib(driver.get("on_heap_storage_mib")),
+                _fmt_int(driver.get("total_gc_ms")),
+                _mib(numpy.get("peak_rss_mib")),
+                "-" if not files else " ".join(str(files[t]) for t in TABLES),
+                _fmt(numpy.get("parquet_mib")),
+            ]
+        )
+    print(
+        _table(
+            ["messages", "rsim tree RSS", "driver JVM RSS", "exec heap", "exec off-heap",
+             "exec execution", "exec storage", "GC ms", "numpy RSS",
+             "files: " + " ".join(t[:3] for t in TABLES), "numpy parquet"],
+            rows,
+        )
+    )  # fmt: skip
+    if simpy:
+        print(
+            f"\nSimPy: {simpy.get('sample_messages', 0):,} of {simpy.get('of_messages', 0):,} "
+            f"messages (every {simpy.get('stride')}th), {_fmt_int(simpy.get('deliveries'))} "
+            f"deliveries in {_fmt(simpy.get('sim_s'), 2)} s = "
+            f"{_fmt_int(simpy.get('deliveries_per_s'))}/s (with its Parquet write "
+            f"{_fmt_int(simpy.get('deliveries_per_s_with_write'))}/s); same deliveries as "
+            f"NumPy on those ids: {simpy.get('delivery_count_match')}, rows differing in: "
+            f"{simpy.get('rows_differ') or 'none'}"
+        )
+    for r in results:
+        check = r.get("delivery_check")
+        if check and not check["match"]:
+            print(
+                f"\n!! DELIVERY COUNT MISMATCH at {r['size']:,} messages: retrysim "
+                f"{check['retrysim']:,}, NumPy baseline {check['numpy']:,}. The engine and "
+                "docs/model.md disagree (draw streams or order, or a rule); compare rows with "
+                "bench/baseline_numpy.py --compare-delta."
+            )
+    print_details(results)
+
+
+def print_details(results: list[dict]) -> None:
+    """The retrysim runs in detail: memory, CPU, files, phases and rounds."""
+    results = [r for r in results if "returncode" in r]
+    if not results:
+        return
+    print("\n== retrysim in detail")
     heap = sorted(
         {
             f"{r['driver_memory_conf']} (JVM -Xmx{r['driver_jvm_xmx'] or ' not seen'})"
@@ -551,7 +863,9 @@ def print_report(results: list[dict]) -> None:
                 print(f"  #{e['id']:<3} {e['at_s']:8.1f} {e['seconds']:7.2f}  {e['description']}")
 
 
-def write_json(path: Path, args: argparse.Namespace, results: list[dict]) -> None:
+def write_json(
+    path: Path, args: argparse.Namespace, results: list[dict], simpy: dict | None
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -568,8 +882,12 @@ def write_json(path: Path, args: argparse.Namespace, results: list[dict]) -> Non
             "extra_conf": args.conf,
             "overrides": args.set,
             "poll_s": POLL_S,
+            "executor_metrics_poll": EXECUTOR_POLL if args.executor_metrics else None,
+            "simpy_sample": args.simpy_sample,
+            "skip": sorted(args.skip),
         },
         "results": results,
+        "simpy": simpy,
     }
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(document, indent=2) + "\n")
@@ -589,16 +907,27 @@ def _mem_total_gib() -> float | None:
 
 
 def _sizes(text: str) -> list[int]:
-    """1000000,10000000 (also 1M, 10M, 100k, 1_000_000)."""
+    """1M,10M,50M (also 100M, 100k, 1000000, 1_000_000)."""
     sizes = []
     for item in text.split(","):
         item = item.strip().replace("_", "").lower()
-        scale = {"k": 1_000, "m": 1_000_000}.get(item[-1:], 1)
+        scale = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}.get(item[-1:], 1)
         number = item[:-1] if scale > 1 else item
         if not number.isdigit() or int(number) <= 0:
-            raise argparse.ArgumentTypeError(f"bad size {item!r}: use e.g. 1000000 or 1M")
+            raise argparse.ArgumentTypeError(f"bad size {item!r}: use e.g. 1M, 10M or 1000000")
         sizes.append(int(number) * scale)
     return sizes
+
+
+PARTS = ("retrysim", "numpy", "simpy")
+
+
+def _parts(text: str) -> set[str]:
+    parts = {item.strip() for item in text.split(",") if item.strip()}
+    unknown = parts - set(PARTS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {sorted(unknown)}; choose from {PARTS}")
+    return parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -606,8 +935,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sizes",
         type=_sizes,
-        default=_sizes("1000000,10000000"),
-        help="message counts, comma-separated (default 1000000,10000000; 1M, 100k work too)",
+        default=_sizes("1M,10M,50M"),
+        help="message counts, comma-separated: 1M,10M,50M (default), 100M, 100k, 1000000",
     )
     parser.add_argument("--quick", action="store_true", help="1M messages only")
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory (default 4g)")
@@ -621,22 +950,57 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep each size's output folder")
     parser.add_argument(
+        "--simpy-sample",
+        type=_sizes_one,
+        default=100_000,
+        help="messages in the SimPy subsample (default 100k)",
+    )
+    parser.add_argument(
+        "--skip", type=_parts, default=set(), help="leave out parts: retrysim,numpy,simpy"
+    )
+    parser.add_argument(
+        "--no-executor-metrics",
+        dest="executor_metrics",
+        action="store_false",
+        help="no Spark event log, so no peak executor memory",
+    )
+    parser.add_argument(
         "--event-log",
         action="store_true",
-        help="diagnostic: enable Spark's event log and report each SQL execution's time",
+        help="diagnostic: also report each Spark SQL execution's time from the event log",
     )
     parser.add_argument("--no-echo", dest="echo", action="store_false", help="hide job output")
     args = parser.parse_args(argv)
     sizes = [1_000_000] if args.quick else args.sizes
+    results_path = Path(args.results)
 
-    results = []
+    simpy = None
+    if "simpy" not in args.skip:
+        # one subsample of the largest size; its rate is extrapolated to every size
+        simpy = run_simpy(args, max(sizes))
+    results: list[dict] = []
     for size in sizes:
-        results.append(run_size(args, size))
-        write_json(Path(args.results), args, results)  # after each size: partial results survive
-    print_report(results)
+        entry = run_size(args, size) if "retrysim" not in args.skip else {"size": size}
+        if "numpy" not in args.skip:
+            entry["numpy"] = run_numpy(args, size)
+        compare(entry, simpy)
+        results.append(entry)
+        write_json(results_path, args, results, simpy)  # after each size: partial results survive
+    print_report(results, simpy)
     if not args.keep:
         _remove_if_empty(Path(args.out_dir))
-    return 0 if all(r["returncode"] == 0 for r in results) else 1
+    failed = [r for r in results if r.get("returncode", 0) != 0]
+    failed += [r for r in results if (r.get("numpy") or {}).get("returncode", 0) != 0]
+    mismatch = [r for r in results if not r.get("delivery_check", {}).get("match", True)]
+    simpy_bad = simpy is not None and (
+        simpy.get("returncode") != 0 or not simpy.get("delivery_count_match", False)
+    )
+    return 1 if failed or mismatch or simpy_bad else 0
+
+
+def _sizes_one(text: str) -> int:
+    (size,) = _sizes(text)
+    return size
 
 
 def _remove_if_empty(path: Path) -> None:
