@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from retrysim.config import ScenarioError, load_scenario
 from retrysim.digest import add_digest_command, digest_command
 from retrysim.sinks import arrow_schema, table_path
-from retrysim.tables import SCHEMAS
+from retrysim.tables import ALL_SCHEMAS
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -61,7 +61,7 @@ def check_output(output: str) -> str:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
         raise ScenarioError("--output", f"{existing} is not a writable folder")
-    for table, schema in SCHEMAS.items():
+    for table, schema in ALL_SCHEMAS.items():
         location = table_path(path, table)
         if DeltaTable.is_deltatable(location):
             found = [f.name for f in DeltaTable(location).schema().fields]

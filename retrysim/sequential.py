@@ -305,7 +305,10 @@ class _Simulation:
     def _replay(self, now: int) -> None:
         """docs/model.md §8: re-publish the dead letters so far, ``rate`` per second."""
         replay = self.policy.replay
-        for rank, (_, _, position) in enumerate(sorted(self.dead)):
+        # A dead letter is known when its last delivery settles, which for an after-backoff
+        # leave is before it reaches the DLQ: only those already there are replayed.
+        dead = sorted(entry for entry in self.dead if entry[0] < now)
+        for rank, (_, _, position) in enumerate(dead):
             ready = now + int(rank * 1000.0 / replay.rate)
             if ready >= self.horizon:
                 break

@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from retrysim.tables import PARTITION_COLUMN, SCHEMAS, data_schema
+from retrysim.tables import ALL_SCHEMAS, PARTITION_COLUMN, data_schema
 
 _ARROW_TYPES = {
     T.StringType: pa.string(),
@@ -94,7 +94,7 @@ class DeltaRsSink:
             target = partition / source.name
             os.replace(source, target)
             actions.append(_add_action(target, root, run_id))
-        schema = arrow_schema(SCHEMAS[table])
+        schema = arrow_schema(ALL_SCHEMAS[table])
         for attempt in range(_COMMIT_RETRIES):
             try:
                 _commit(str(root), schema, actions, run_id)
@@ -159,12 +159,12 @@ class DeltaSparkSink:
     def publish(
         self, spark: SparkSession, output: str, table: str, staged: str, run_id: str
     ) -> None:
-        schema = data_schema(SCHEMAS[table])
+        schema = data_schema(ALL_SCHEMAS[table])
         (
             spark.read.schema(schema)
             .parquet(staged)
             .withColumn(PARTITION_COLUMN, F.lit(run_id))
-            .select(*SCHEMAS[table].fieldNames())
+            .select(*ALL_SCHEMAS[table].fieldNames())
             .write.format("delta")
             .mode("overwrite")
             .option("replaceWhere", f"{PARTITION_COLUMN} = '{run_id}'")
@@ -188,7 +188,7 @@ def choose_sink(spark: SparkSession, preference: str = "auto") -> Sink:
 
 def read_table(spark: SparkSession, output: str, table: str) -> DataFrame:
     """A table as a Spark DataFrame, every run; filter on ``run_id`` for one run."""
-    schema = SCHEMAS[table]
+    schema = ALL_SCHEMAS[table]
     path = table_path(output, table)
     if not DeltaTable.is_deltatable(path):
         return spark.createDataFrame([], schema)

@@ -180,6 +180,40 @@ STAGE = _schema(
     ("poison_fixed", BooleanType()),
 )
 
+# A capacity plan (retrysim plan): one row per sweep point and group. Its run_id is the plan's
+# id; each point is a run of its own, named in point_run_id.
+PLAN = _schema(
+    ("run_id", StringType()),
+    ("point", IntegerType()),
+    ("point_run_id", StringType()),
+    ("group", StringType()),
+    ("settings_json", StringType()),
+    ("instances", IntegerType()),
+    ("threads", IntegerType()),
+    ("pool", IntegerType()),
+    ("messages", LongType()),
+    ("deliveries", LongType()),
+    ("commits", LongType()),
+    ("dlq", LongType()),
+    ("discards", LongType()),
+    ("pending", LongType()),
+    ("amplification", DoubleType()),
+    ("write_amplification", DoubleType()),
+    ("p50_time_to_commit_ms", DoubleType()),
+    ("p95_time_to_commit_ms", DoubleType()),
+    ("p99_time_to_commit_ms", DoubleType()),
+    ("p99_time_to_dlq_ms", DoubleType()),
+    ("max_ready_backlog", LongType()),
+    ("max_waiting_retry", LongType()),
+    ("max_oldest_ready_age_ms", LongType()),
+    ("peak_utilization", DoubleType()),
+    ("targets_json", StringType()),
+    ("meets_targets", BooleanType()),
+    ("failed_targets", StringType()),
+    ("recommended", BooleanType()),
+    ("binding_target", StringType()),
+)
+
 SCHEMAS: dict[str, StructType] = {
     "runs": RUNS,
     "messages": MESSAGES,
@@ -189,6 +223,8 @@ SCHEMAS: dict[str, StructType] = {
     "load": LOAD,
     "summary": SUMMARY,
 }
+# Every table a sink writes and a reader reads: the seven tables of a run, and plans.
+ALL_SCHEMAS: dict[str, StructType] = {**SCHEMAS, "plan": PLAN}
 # Publication order: runs last, so a run is listed only once all its rows are committed.
 TABLE_ORDER = ("messages", "attempts", "transitions", "dead_letters", "load", "summary", "runs")
 

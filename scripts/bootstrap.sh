@@ -11,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; 
   echo "retrysim: setting up $VENV with $($PY --version) (first run only, ~1-2 min)..." >&2
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test,bench]" >&2
   echo "$want" > "$STAMP"
   echo "retrysim: environment ready." >&2
 fi

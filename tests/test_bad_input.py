@@ -226,18 +226,13 @@ CASES = [
             "groups[0].flavor",
             "unknown flavor",
             "did you mean 'rocketmq4.concurrently'?",
-            "allowed: rocketmq4.concurrently",
+            "allowed: rocketmq4.concurrently, rocketmq4.orderly",
         ),
         edit(**{g0 + "flavor": "rocketmq4.concurent"}),
     ),
     Case(
-        "flavor-planned",
-        ("groups[0].flavor", "not simulated yet", "available now: rocketmq4.concurrently"),
-        edit(**{g0 + "flavor": "rocketmq5.push"}),
-    ),
-    Case(
         "flavor-missing",
-        ("groups[0].flavor", "is required", "allowed: rocketmq4.concurrently"),
+        ("groups[0].flavor", "is required", "allowed: rocketmq4.concurrently", "pubsub"),
         edit(**{g0 + "flavor": DELETE}),
     ),
     Case(
@@ -291,10 +286,102 @@ CASES = [
         ("groups[0].delay_level_when_next_consume", "value -2", ">= -1"),
         edit(**{g0 + "delay_level_when_next_consume": -2}),
     ),
+    # --- per-flavor ranges and keys (docs/flavors.md)
     Case(
-        "send-back-failure-not-supported",
-        ("groups[0].behavior.send_back_failure_probability", "0.1", "only 0 is supported"),
-        edit(**{b0 + "send_back_failure_probability": 0.1}),
+        "send-back-failure-on-5x",
+        ("groups[0].behavior.send_back_failure_probability", "applies only to rocketmq4.concurrently"),
+        edit(**{g0 + "flavor": "rocketmq5.push", b0 + "send_back_failure_probability": 0.1}),
+    ),
+    Case(
+        "send-back-failure-above-1",
+        ("groups[0].behavior.send_back_failure_probability", "value 1.5", "between 0 and 1"),
+        edit(**{b0 + "send_back_failure_probability": 1.5}),
+    ),
+    Case(
+        "max-retries-over-1000-on-5x",
+        ("groups[0].max_reconsume_times", "value 1001", "between -1 and 1,000 for rocketmq5.push"),
+        edit(**{g0 + "flavor": "rocketmq5.push", g0 + "max_reconsume_times": 1001}),
+    ),
+    Case(
+        "max-retries-on-http",
+        ("groups[0].max_reconsume_times", "must stay -1 for http.unordered", "fixed 288"),
+        edit(**{g0 + "flavor": "http.unordered", g0 + "max_reconsume_times": 5}),
+    ),
+    Case(
+        "invisible-under-10s",
+        ("groups[0].invisible_duration", "'5s'", "between 10s and 12h"),
+        edit(**{g0 + "flavor": "rocketmq5.simple", g0 + "consume_timeout": DELETE,
+                g0 + "invisible_duration": "5s"}),
+    ),  # fmt: skip
+    Case(
+        "invisible-over-12h",
+        ("groups[0].invisible_duration", "'13h'", "between 10s and 12h"),
+        edit(**{g0 + "flavor": "rocketmq5.simple", g0 + "consume_timeout": DELETE,
+                g0 + "invisible_duration": "13h"}),
+    ),  # fmt: skip
+    Case(
+        "invisible-on-push",
+        ("groups[0].invisible_duration", "applies only to rocketmq5.simple, not to rocketmq5.push"),
+        edit(**{g0 + "flavor": "rocketmq5.push", g0 + "invisible_duration": "30s"}),
+    ),
+    Case(
+        "consume-timeout-on-simple",
+        ("groups[0].consume_timeout", "does not apply to rocketmq5.simple", "invisible_duration"),
+        edit(**{g0 + "flavor": "rocketmq5.simple"}),
+    ),
+    Case(
+        "suspend-below-10ms",
+        ("groups[0].suspend_current_queue_time", "'5ms'", "between 10ms and 30s"),
+        edit(**{g0 + "flavor": "rocketmq4.orderly", g0 + "consume_timeout": DELETE,
+                g0 + "suspend_current_queue_time": "5ms"}),
+    ),  # fmt: skip
+    Case(
+        "suspend-above-30s",
+        ("groups[0].suspend_current_queue_time", "'31s'", "between 10ms and 30s"),
+        edit(**{g0 + "flavor": "rocketmq4.orderly", g0 + "consume_timeout": DELETE,
+                g0 + "suspend_current_queue_time": "31s"}),
+    ),  # fmt: skip
+    Case(
+        "suspend-on-concurrently",
+        ("groups[0].suspend_current_queue_time", "applies only to rocketmq4.orderly"),
+        edit(**{g0 + "suspend_current_queue_time": "1s"}),
+    ),
+    Case(
+        "retry-policy-unknown-kind",
+        ("groups[0].retry_policy.kind", "'linear'", "exponential, customized, grpc_client"),
+        edit(**{g0 + "flavor": "rocketmq5.push", g0 + "retry_policy": {"kind": "linear"}}),
+    ),
+    Case(
+        "retry-policy-on-4x",
+        ("groups[0].retry_policy", "does not apply to rocketmq4.concurrently", "takes none"),
+        edit(**{g0 + "retry_policy": {"kind": "exponential"}}),
+    ),
+    Case(
+        "exponential-max-below-initial",
+        ("groups[0].retry_policy", "max (1s) must be >= initial"),
+        edit(**{g0 + "flavor": "exponential",
+                g0 + "retry_policy": {"kind": "exponential", "initial": "5s", "max": "1s"}}),
+    ),  # fmt: skip
+    Case(
+        "pubsub-attempts-below-5",
+        ("groups[0].retry_policy.max_delivery_attempts", "value 4", "between 5 and 100"),
+        edit(**{g0 + "flavor": "pubsub", g0 + "consume_timeout": DELETE,
+                g0 + "retry_policy": {"kind": "pubsub", "max_delivery_attempts": 4}}),
+    ),  # fmt: skip
+    Case(
+        "consumers-not-a-pool",
+        ("groups[0].consumers", "'lots'", "{instances, threads} or 'unlimited'"),
+        edit(**{g0 + "consumers": "lots"}),
+    ),
+    Case(
+        "replay-rate-malformed",
+        ("groups[0].replay.rate", "'fast'", "100/s, 6000/m or 1/h"),
+        edit(**{g0 + "replay": {"at": "3h", "rate": "fast"}}),
+    ),
+    Case(
+        "replay-without-dlq",
+        ("groups[0].replay", "needs a dead-letter queue"),
+        edit(**{g0 + "dlq_enabled": False, g0 + "replay": {"at": "3h", "rate": "10/s"}}),
     ),
     # --- command-line arguments
     Case("set-without-equals", ("--set", "expected key=value, got 'foo'"), args=("--set", "foo")),

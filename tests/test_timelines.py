@@ -120,3 +120,101 @@ def test_five_level_table_clamps_every_retry_after_the_second(spark, tmp_path):
     # Retry 1 asks level 3 (3 s), retry 2 level 4 (4 s), retries 3.. level 5+ -> last (5 s).
     assert [r["ready_ms"] for r in rows] == [0, 3_000, 7_000, 12_000, 17_000, 22_000]
     assert [r["delay_level"] for r in rows] == [3, 4, 5, 5, 5, None]
+
+
+# --------------------------------------------------------------------------- issue 4 timelines
+# The worked examples of the seed documents and ROCKETMQ_SEMANTICS.md, for every flavor.
+
+ALWAYS = {"fail_probability": 1.0}
+
+
+@pytest.fixture(scope="module")
+def flavors_run(spark, tmp_path_factory):
+    return simulate(
+        spark,
+        scenario(
+            # ApsaraMQ: Ready at 0, pulled at 5 s, fails after 6 s, 10 s interval.
+            group("apsara", flavor="rocketmq5.push",
+                  behavior={"fail_first": 1, "processing_time": "6s", "ready_wait": "5s"}),
+            # Simple consumer, 30 s invisible: a failure after 10 s retries 20 s later.
+            group("simple-fail", flavor="rocketmq5.simple", invisible_duration="30s",
+                  behavior={"fail_first": 1, "processing_time": "10s"}),
+            # ... and a run past the invisible time (40 s) is retried at once.
+            group("simple-timeout", flavor="rocketmq5.simple", invisible_duration="30s",
+                  behavior={"fail_first": 1, "processing_time": "40s"}),
+            group("http", flavor="http.unordered", behavior=ALWAYS),
+            group("orderly", flavor="rocketmq4.orderly", behavior={"fail_first": 5},
+                  workload={"messages": 2, "over": "0s", "queues": 1}),
+            group("broadcast", flavor="rocketmq4.broadcasting", behavior=ALWAYS),
+            group("push-max3", flavor="rocketmq5.push", max_reconsume_times=3, behavior=ALWAYS),
+            group("push-default", flavor="rocketmq5.push", behavior=ALWAYS),
+            group("push-grpc", flavor="rocketmq5.push", retry_policy={"kind": "grpc_client"},
+                  behavior=ALWAYS),
+            horizon="2d",
+        ),
+        output=str(tmp_path_factory.mktemp("flavors")),
+        run_id="flavors",
+    )  # fmt: skip
+
+
+def _rows(result, name: str, *columns: str) -> list[tuple]:
+    frame = result.attempts.where(F.col("group") == name).orderBy("msg_id", "delivery")
+    return [tuple(row) for row in frame.select(*columns).collect()]
+
+
+def test_apsaramq_example_consumption_interval_is_21s(flavors_run):
+    rows = _rows(flavors_run, "apsara", "ready_ms", "start_ms", "end_ms", "next_ready_ms")
+    assert rows[0] == (0, 5_000, 11_000, 21_000)  # 6 s processing + 10 s interval
+    assert rows[1][:2] == (21_000, 26_000)  # 21 s after the first consumption started
+
+
+def test_simple_consumer_retry_interval_is_invisible_time_minus_processing(flavors_run):
+    failed = _rows(flavors_run, "simple-fail", "start_ms", "end_ms", "outcome", "next_ready_ms")
+    assert failed[0] == (0, 10_000, "RECONSUME_LATER", 30_000)  # 20 s after the failure
+    timed_out = _rows(flavors_run, "simple-timeout", "start_ms", "end_ms", "outcome",
+                      "next_ready_ms")  # fmt: skip
+    assert timed_out[0] == (0, 30_000, "TIMEOUT", 30_000)  # visible again at once
+    assert timed_out[1][0] == 30_000
+
+
+def test_http_unordered_retries_every_5_minutes_and_stops_after_288(flavors_run):
+    rows = _rows(flavors_run, "http", "delivery", "ready_ms", "result_state", "settled_ms")
+    assert len(rows) == 289
+    assert [r[1] for r in rows] == [n * 300_000 for n in range(289)]
+    assert rows[-1][2:] == ("DLQ", 289 * 300_000)  # one interval after the last failure
+
+
+def test_orderly_fails_5_times_then_succeeds_1s_apart_and_blocks_its_queue(flavors_run):
+    rows = _rows(flavors_run, "orderly", "msg_id", "delivery", "start_ms", "result_state")
+    first = [r for r in rows if r[0] == 0]
+    assert [r[2] for r in first] == [0, 1_000, 2_000, 3_000, 4_000, 5_000]
+    assert [r[3] for r in first] == ["WaitingRetry"] * 5 + ["Commit"]
+    assert [r for r in rows if r[0] == 1][0][2] == 5_000  # waited behind message 0
+    topics = {r["topic"] for r in flavors_run.transitions.where(F.col("group") == "orderly")
+              .select("topic").collect()}  # fmt: skip
+    assert topics == {"orderly"}  # local retries: no schedule, retry or DLQ topic
+
+
+def test_broadcasting_never_retries(flavors_run):
+    assert _rows(flavors_run, "broadcast", "delivery", "result_state") == [(1, "Discard")]
+    reasons = _rows_reasons(flavors_run, "broadcast")
+    assert reasons[-1] == "broadcast_no_retry"
+
+
+def _rows_reasons(result, name: str) -> list[str]:
+    frame = result.transitions.where(F.col("group") == name).orderBy("seq")
+    return [row["reason"] for row in frame.select("reason").collect()]
+
+
+def test_5x_max_retries_3_means_4_deliveries_then_dlq_after_backoff(flavors_run):
+    rows = _rows(flavors_run, "push-max3", "ready_ms", "result_state", "settled_ms")
+    assert [r[0] for r in rows] == [0, 10_000, 40_000, 100_000]
+    assert rows[-1][1:] == ("DLQ", 100_000 + 120_000)  # the 4th retry's 2 min, then DLQ
+
+
+def test_5x_default_ladder_and_the_grpc_client_index(flavors_run):
+    ladder = _rows(flavors_run, "push-default", "ready_ms", "settled_ms")
+    assert len(ladder) == 17 and ladder[-1] == (17_140_000, 17_140_000 + 7_200_000)
+    grpc = _rows(flavors_run, "push-grpc", "ready_ms", "settled_ms")
+    assert grpc[1][0] == 1_000 and grpc[-1][0] == 6_346_000  # 1h45m46s
+    assert grpc[-1][1] == 6_346_000 + 3_600_000  # DLQ at about 2h45m46s
