@@ -15,6 +15,8 @@ from deltalake import DeltaTable
 
 from retrysim.config import ScenarioError, load_scenario
 from retrysim.digest import add_digest_command, digest_command
+from retrysim.plan import add_plan_command, plan_command
+from retrysim.report import add_report_command, report_command, write_run_report
 from retrysim.sinks import arrow_schema, table_path
 from retrysim.tables import ALL_SCHEMAS
 
@@ -46,7 +48,10 @@ def _parser() -> argparse.ArgumentParser:
         help="auto: delta-spark when its JARs are on the classpath, else delta-rs commits",
     )
     sim.add_argument("--quiet", action="store_true", help="no per-round progress")
+    sim.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     add_digest_command(commands)
+    add_plan_command(commands)
+    add_report_command(commands)
     return parser
 
 
@@ -144,6 +149,8 @@ def simulate_command(args: argparse.Namespace) -> int:
             sink=args.delta_sink,
         )
         _print_summary(result)
+        if not args.no_report:
+            _say(f"report: {write_run_report(spark, output, result.run_id)}")
     finally:
         spark.stop()
     return EXIT_OK
@@ -156,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return simulate_command(args)
         if args.command == "digest":
             return digest_command(args)
+        if args.command in ("plan", "report"):
+            return {"plan": plan_command, "report": report_command}[args.command](args)
     except ScenarioError as error:
         print(f"retrysim: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
