@@ -154,7 +154,7 @@ def _events(attempts: DataFrame) -> DataFrame:
                         "schedule",
                         -1,
                         F.col("delay_level"),
-                    ),  # fmt: skip
+                    ),
                 )
             ).alias("e"),
         )
@@ -183,11 +183,12 @@ def _busy_ms(attempts: DataFrame, bucket_ms: int) -> DataFrame:
     )
 
 
-def _oldest_ready(attempts: DataFrame, bucket_ms: int, last_bucket: int) -> DataFrame:
-    """min(ready_ms) of the deliveries still Ready at each bucket's end (suffix minimum)."""
-    start_bucket = F.coalesce(
-        F.floor(F.col("start_ms") / F.lit(bucket_ms)), F.lit(last_bucket + 1)
-    ).cast("long")
+def _oldest_ready(attempts: DataFrame, bucket_ms: int, buckets: int) -> DataFrame:
+    """min(ready_ms) per start bucket of the deliveries that waited in Ready; a delivery never
+    started (still Ready at the horizon) counts as starting after the last bucket, so the
+    suffix minimum carries it through every bucket from its Ready moment to the end."""
+    started_in = F.floor(F.col("start_ms") / F.lit(bucket_ms))
+    start_bucket = F.coalesce(started_in, F.lit(buckets)).cast("long")
     waited = attempts.where(
         F.col("start_ms").isNull() | (F.col("start_ms") > F.col("ready_ms"))
     ).select("group", start_bucket.alias("start_bucket"), "ready_ms")

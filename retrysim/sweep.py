@@ -13,6 +13,7 @@ an error names the one ``--sweep`` key and value at fault, then every combinatio
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -125,6 +126,16 @@ def canonical_key(
                 f"e.g. groups.{names[0] if names else '<name>'}.{key}",
             )
         return f"groups.{names[0]}.{key}", names[0]
+    if head not in SCENARIO_KEYS:
+        allowed = sorted(SCENARIO_KEYS | GROUP_KEYS)
+        near = difflib.get_close_matches(head, allowed, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise ScenarioError(
+            flag,
+            f"{key}: unknown key {head!r}; {hint}allowed: a scenario key "
+            f"({', '.join(sorted(SCENARIO_KEYS))}), groups.<name or index>.<group key>, or a "
+            f"group key alone when there is one group ({', '.join(sorted(GROUP_KEYS))})",
+        )
     return key, None
 
 
