@@ -92,7 +92,7 @@ GROUPS = [
             "fail_probability": 0.1,
             "processing_time": {"dist": "exponential", "mean": "20s"},
         },
-    },  # fmt: skip
+    },
     {
         "name": "batch",
         "flavor": "rocketmq4.concurrently",
