@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 from retrysim.config import ScenarioError, load_scenario
 from retrysim.digest import add_digest_command, digest_command
 from retrysim.sinks import arrow_schema, table_path
-from retrysim.tables import ALL_SCHEMAS
+from retrysim.tables import ALL_SCHEMAS, TABLE_SETS
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=("auto", "delta-rs", "delta-spark"),
         default="auto",
         help="auto: delta-spark when its JARs are on the classpath, else delta-rs commits",
+    )
+    sim.add_argument(
+        "--tables",
+        choices=("full", "lean"),
+        default="full",
+        help="lean: skip the transitions and messages tables, derived when read (large runs)",
     )
     sim.add_argument("--quiet", action="store_true", help="no per-round progress")
     add_digest_command(commands)
@@ -95,10 +101,8 @@ def _print_summary(result) -> None:
             f"{_ms(row['p50_time_to_dlq_ms'])}; commitlog writes {row['commitlog_writes']:,} "
             f"(x{row['write_amplification']:.3f} per message)"
         )
-    _say(
-        f"tables ({result.sink}): {result.output}/"
-        "{runs,messages,attempts,transitions,dead_letters,load,summary}"
-    )
+    written = ",".join(sorted(TABLE_SETS[result.tables], key=list(ALL_SCHEMAS).index))
+    _say(f"tables ({result.sink}, {result.tables}): {result.output}/{{{written}}}")
 
 
 def _ms(value: float | None) -> str:
@@ -142,6 +146,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             run_id=args.run_id,
             progress=None if args.quiet else _say,
             sink=args.delta_sink,
+            tables=args.tables,
         )
         _print_summary(result)
     finally:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from retrysim import __version__
-from retrysim.config import Scenario, ScenarioError
+from retrysim import __version__, views
 from retrysim.capacity import peak_concurrency
+from retrysim.config import Scenario, ScenarioError, scenario_json
 from retrysim.engine import (
     TAIL_ROWS,
     GroupPlan,
@@ -34,13 +34,13 @@ from retrysim.engine import (
 )
 from retrysim.metrics import dead_letters_from_attempts, load_from_attempts, summary_from
 from retrysim.sequential import sequential_attempts
-from retrysim.sinks import Sink, choose_sink, read_table, remove_tree
+from retrysim.sinks import Sink, choose_sink, remove_tree
 from retrysim.tables import (
     ATTEMPTS,
-    PARTITION_COLUMN,
     RUNS,
     SCHEMAS,
     TABLE_ORDER,
+    TABLE_SETS,
     data_schema,
     select_schema,
 )
@@ -76,13 +76,13 @@ class Result:
     rounds: int
     sink: str
     elapsed_s: float
+    tables: str = "full"
     _cache: dict[str, DataFrame] = field(default_factory=dict, repr=False)
 
     def table(self, name: str) -> DataFrame:
+        """The run's rows of ``name``; a lean run's transitions and messages are derived."""
         if name not in self._cache:
-            self._cache[name] = read_table(self.spark, self.output, name).where(
-                F.col(PARTITION_COLUMN) == F.lit(self.run_id)
-            )
+            self._cache[name] = views.table(self.spark, self.output, name, self.run_id)
         return self._cache[name]
 
     runs = property(lambda self: self.table("runs"))
@@ -102,8 +102,12 @@ def simulate(
     progress: Progress | None = None,
     sink: str | Sink = "auto",
     tail_rows: int = TAIL_ROWS,
+    tables: str = "full",
 ) -> Result:
     """Simulate ``scenario`` and write all seven tables under ``output`` (a temp dir if None).
+
+    ``tables="lean"`` writes attempts, dead_letters, load, summary and runs only, for very
+    large runs: transitions and messages are derived when read (:mod:`retrysim.views`).
 
     ``tail_rows``: a round frontier of at most this many retrying messages is finished event
     by event in one stage (0: always one Spark stage per round).
@@ -112,6 +116,8 @@ def simulate(
     >>> result.summary.show()  # doctest: +SKIP
     """
     say = progress or (lambda _line: None)
+    if tables not in TABLE_SETS:
+        raise ScenarioError("--tables", f"value {tables!r}: use one of {', '.join(TABLE_SETS)}")
     output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
     run_id = check_run_id(run_id or default_run_id(scenario))
     chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
@@ -121,17 +127,18 @@ def simulate(
     try:
         rounds, engines = _simulate_attempts(spark, scenario, staging, say, tail_rows)
         say("staging tables ...")
-        staged = _stage_tables(spark, scenario, staging, engines)
-        runs_row = _runs_row(spark, scenario, run_id, started_at, rounds)
+        written = TABLE_SETS[tables]
+        staged = _stage_tables(spark, scenario, staging, engines, written)
+        runs_row = _runs_row(spark, scenario, run_id, started_at, rounds, tables)
         _write_parquet(runs_row, os.path.join(staging, "tables", "runs"))
         staged["runs"] = os.path.join(staging, "tables", "runs")
-        for table in TABLE_ORDER:
+        for table in written:
             chosen.publish(spark, output, table, staged[table], run_id)
-        say(f"committed {len(TABLE_ORDER)} tables with the {chosen.name} sink")
+        say(f"committed {len(written)} tables with the {chosen.name} sink")
     finally:
         remove_tree(staging)
         _remove_if_empty(os.path.join(output, "_staging"))
-    return Result(spark, output, run_id, rounds, chosen.name, time.monotonic() - began)
+    return Result(spark, output, run_id, rounds, chosen.name, time.monotonic() - began, tables)
 
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
@@ -200,10 +207,14 @@ def _write_parquet(df: DataFrame, path: str) -> str:
 
 
 def _stage_tables(
-    spark: SparkSession, scenario: Scenario, staging: str, engines: dict[str, str]
+    spark: SparkSession,
+    scenario: Scenario,
+    staging: str,
+    engines: dict[str, str],
+    written: tuple[str, ...] = TABLE_ORDER,
 ) -> dict[str, str]:
-    """Compute every table but ``runs`` into Parquet under ``staging/tables``; later tables
-    read earlier ones back so no plan is computed twice."""
+    """Compute the ``written`` tables but ``runs`` into Parquet under ``staging/tables``;
+    later tables read earlier ones back so no plan is computed twice."""
     tables = os.path.join(staging, "tables")
     path = {name: os.path.join(tables, name) for name in SCHEMAS}
     engine_of = F.create_map(*[x for item in engines.items() for x in map(F.lit, item)])
@@ -212,9 +223,11 @@ def _stage_tables(
         .where(F.col("engine") == engine_of[F.col("group")])  # rows of the engine in force
         .drop("round", "engine")
     )
-    _write_parquet(all_messages(spark, scenario), path["messages"])
+    if "messages" in written:
+        _write_parquet(all_messages(spark, scenario), path["messages"])
     _write_parquet(select_schema(attempts, data_schema(ATTEMPTS)), path["attempts"])
-    _write_parquet(transitions_from_attempts(attempts), path["transitions"])
+    if "transitions" in written:
+        _write_parquet(transitions_from_attempts(attempts), path["transitions"])
     _write_parquet(dead_letters_from_attempts(attempts, scenario), path["dead_letters"])
     load = load_from_attempts(spark, attempts, scenario).coalesce(1)
     _write_parquet(load, path["load"])
@@ -225,18 +238,24 @@ def _stage_tables(
 
 
 def _runs_row(
-    spark: SparkSession, scenario: Scenario, run_id: str, started_at: dt.datetime, rounds: int
+    spark: SparkSession,
+    scenario: Scenario,
+    run_id: str,
+    started_at: dt.datetime,
+    rounds: int,
+    tables: str,
 ) -> DataFrame:
     row = (
         scenario.name,
         scenario.seed,
-        scenario.model_dump_json(),
+        scenario_json(scenario),
         started_at,
         dt.datetime.now(dt.UTC),
         __version__,
         spark.sparkContext.master,
         STATUS_COMPLETE,
         rounds,
+        tables,
     )
     return spark.createDataFrame([row], data_schema(RUNS)).coalesce(1)
 

@@ -17,7 +17,7 @@ from support import group, scenario
 
 from retrysim.capacity import peak_concurrency
 from retrysim.engine import first_frontier, next_frontier, with_horizon_cut
-from retrysim.metrics import dead_letters_from_attempts, load_from_attempts
+from retrysim.metrics import dead_letters_from_attempts, exact_percentiles, load_from_attempts
 from retrysim.tables import DEAD_LETTERS, MESSAGES, STAGE, TRANSITIONS, data_schema
 from retrysim.transitions import transitions_from_attempts
 
@@ -345,3 +345,23 @@ def test_zero_length_requests_hold_their_thread_for_their_instant(spark):
     )
     assert peak_concurrency(attempts, {"g": 1}) == {"g": 2}
     assert peak_concurrency(attempts, {"g": 2}) == {}
+
+
+def test_exact_percentiles_equal_spark_percentile(spark):
+    """The histogram percentiles are bit for bit Spark's ``percentile``: ties, a single
+    value, two values, and spread-out values that need interpolation."""
+    import random
+
+    rng = random.Random(5)
+    rows = [("a", "Commit", rng.choice([50, 50, 50, 1_050, 6_050])) for _ in range(997)]
+    rows += [("a", "DLQ", 17_140_000)]
+    rows += [("b", "Commit", 10), ("b", "Commit", 11)]
+    rows += [("c", "Commit", rng.randrange(0, 10**9)) for _ in range(3_001)]
+    values = spark.createDataFrame(rows, "group string, kind string, value long")
+    shares = (0.5, 0.95, 0.99, 0.333)
+    expected = values.groupBy("group", "kind").agg(
+        F.percentile("value", list(shares)).alias("percentiles")
+    )
+    assert_df_equality(
+        sort(exact_percentiles(values, shares)), sort(expected), ignore_nullable=True
+    )
