@@ -16,7 +16,9 @@ from deltalake import DeltaTable
 from retrysim.config import ScenarioError, load_scenario
 from retrysim.digest import add_digest_command, digest_command
 from retrysim.sinks import arrow_schema, table_path
+from retrysim.sizing import check_size
 from retrysim.tables import ALL_SCHEMAS
+from retrysim.validate import ValidationError, add_validate_command, validate_command
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -46,7 +48,11 @@ def _parser() -> argparse.ArgumentParser:
         help="auto: delta-spark when its JARs are on the classpath, else delta-rs commits",
     )
     sim.add_argument("--quiet", action="store_true", help="no per-round progress")
+    sim.add_argument(
+        "--force", action="store_true", help="run even when the size estimate says it cannot fit"
+    )
     add_digest_command(commands)
+    add_validate_command(commands)
     return parser
 
 
@@ -123,6 +129,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     output = check_output(args.output)
     if args.run_id:
         check_run_id(args.run_id)
+    check_size(scenario, output, args.master, force=args.force)
     for group in scenario.groups:
         pool = group.consumers.pool_size
         threads = (
@@ -156,9 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return simulate_command(args)
         if args.command == "digest":
             return digest_command(args)
+        if args.command == "validate":
+            return validate_command(args)
     except ScenarioError as error:
         print(f"retrysim: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ValidationError as error:
+        print(f"retrysim: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_FAILED
 
 

@@ -1,14 +1,15 @@
 """One simulation run, end to end: rounds, tables, Delta commits, and the Result for notebooks.
 
-Everything is staged under ``<output>/_staging/<run>`` first (Parquet, invisible to readers)
-and only then published table by table, ``runs`` last, each as one Delta commit that
-replaces the run's partition. A run that fails before publishing leaves the tables as they
-were; its staging folder is removed either way.
+Everything is staged under ``<output>/_staging/<run>-<token>`` first (Parquet, invisible to
+readers) under a writer lease, then validated (:mod:`retrysim.validate`), and only then
+published table by table, each as one Delta commit that replaces the run's partition: the
+``runs`` row as ``publishing`` first, ``complete`` last, so readers see the run completely or
+not at all (:mod:`retrysim.recovery`). A run that fails before publishing leaves the tables
+as they were; its staging folder is removed either way.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import re
@@ -25,8 +26,9 @@ from retrysim.config import Scenario, ScenarioError
 from retrysim.capacity import peak_concurrency
 from retrysim.engine import GroupPlan, Progress, all_messages, group_plans, run_rounds
 from retrysim.metrics import dead_letters_from_attempts, load_from_attempts, summary_from
+from retrysim.recovery import acquire_lease, publish_run, recover
 from retrysim.sequential import KeySpec, sequential_attempts
-from retrysim.sinks import Sink, choose_sink, read_table, remove_tree
+from retrysim.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink, read_table
 from retrysim.tables import (
     ATTEMPTS,
     PARTITION_COLUMN,
@@ -39,7 +41,6 @@ from retrysim.tables import (
 from retrysim.transitions import transitions_from_attempts
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-STATUS_COMPLETE = "complete"
 
 
 def default_run_id(scenario: Scenario) -> str:
@@ -93,32 +94,45 @@ def simulate(
     run_id: str | None = None,
     progress: Progress | None = None,
     sink: str | Sink = "auto",
+    validate: bool = True,
 ) -> Result:
     """Simulate ``scenario`` and write all seven tables under ``output`` (a temp dir if None).
+
+    The staged tables are validated before anything is published; a broken invariant raises
+    :class:`retrysim.validate.ValidationError` and leaves the tables as they were.
 
     >>> result = simulate(spark, load_scenario("conf/default.yaml"))  # doctest: +SKIP
     >>> result.summary.show()  # doctest: +SKIP
     """
+    from retrysim.validate import check_staged
+
     say = progress or (lambda _line: None)
     output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
     run_id = check_run_id(run_id or default_run_id(scenario))
     chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
-    staging = os.path.join(output, "_staging", f"{run_id}-{uuid.uuid4().hex[:8]}")
+    lease = acquire_lease(output, run_id)
+    staging = lease.staging
     started_at = dt.datetime.now(dt.UTC)
     began = time.monotonic()
     try:
+        recover(output, say)
         rounds, engines = _simulate_attempts(spark, scenario, staging, say)
         say("staging tables ...")
         staged = _stage_tables(spark, scenario, staging, engines)
-        runs_row = _runs_row(spark, scenario, run_id, started_at, rounds)
-        _write_parquet(runs_row, os.path.join(staging, "tables", "runs"))
-        staged["runs"] = os.path.join(staging, "tables", "runs")
-        for table in TABLE_ORDER:
-            chosen.publish(spark, output, table, staged[table], run_id)
+        rows = {
+            status: _write_parquet(
+                _runs_row(spark, scenario, run_id, started_at, rounds, status),
+                os.path.join(staging, "tables", f"runs-{status}"),
+            )
+            for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
+        }
+        staged["runs"] = rows[STATUS_COMPLETE]
+        if validate:
+            check_staged(spark, staged, run_id, say)
+        publish_run(chosen, spark, output, staged, rows[STATUS_PUBLISHING], lease)
         say(f"committed {len(TABLE_ORDER)} tables with the {chosen.name} sink")
     finally:
-        remove_tree(staging)
-        _remove_if_empty(os.path.join(output, "_staging"))
+        lease.release()
     return Result(spark, output, run_id, rounds, chosen.name, time.monotonic() - began)
 
 
@@ -224,7 +238,12 @@ def _stage_tables(
 
 
 def _runs_row(
-    spark: SparkSession, scenario: Scenario, run_id: str, started_at: dt.datetime, rounds: int
+    spark: SparkSession,
+    scenario: Scenario,
+    run_id: str,
+    started_at: dt.datetime,
+    rounds: int,
+    status: str = STATUS_COMPLETE,
 ) -> DataFrame:
     row = (
         scenario.name,
@@ -234,12 +253,7 @@ def _runs_row(
         dt.datetime.now(dt.UTC),
         __version__,
         spark.sparkContext.master,
-        STATUS_COMPLETE,
+        status,
         rounds,
     )
     return spark.createDataFrame([row], data_schema(RUNS)).coalesce(1)
-
-
-def _remove_if_empty(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
