@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from retrysim.behavior import with_listener_draws
 from retrysim.config import Group, Scenario
+from retrysim.sequential import KeySpec, frontier_attempts
 from retrysim.policy import (
     DLQ,
     INFLIGHT,
@@ -37,6 +38,10 @@ from retrysim.tables import STAGE, select_schema
 from retrysim.workload import messages_df
 
 Progress = Callable[[str], None]
+
+# A frontier this thin is finished event by event in one stage (sequential.frontier_attempts)
+# rather than one Spark stage per remaining round.
+TAIL_ROWS = 200_000
 
 # What a frontier row carries into its round.
 FRONTIER_COLUMNS = (
@@ -205,28 +210,48 @@ def replay_frontier(attempts: DataFrame, plans: list[GroupPlan], horizon_ms: int
     return union_all(frames) if frames else None
 
 
+def key_specs(scenario: Scenario, plans: list[GroupPlan]) -> list[KeySpec]:
+    """What the sequential engine needs to simulate each of ``plans``' groups."""
+    return [
+        KeySpec(
+            group=plan.name,
+            topic=plan.group.source_topic,
+            policy=plan.policy,
+            behavior=plan.group.behavior,
+            seed=scenario.seed,
+            horizon_ms=scenario.horizon,
+            queues=plan.group.workload.queues,
+        )
+        for plan in plans
+    ]
+
+
 def run_rounds(
     spark: SparkSession,
     scenario: Scenario,
     plans: list[GroupPlan],
     staging_dir: str,
     progress: Progress = lambda _line: None,
-    max_rounds: int = 100_000,
+    tail_rows: int = TAIL_ROWS,
 ) -> int:
-    """Run every round for ``plans``, staging attempts under ``staging_dir/round=k``; then the
-    replay rounds, if any group replays its dead letters. Returns the number of rounds."""
+    """Run every round for ``plans``, staging attempts under ``staging_dir/round=k``, until
+    no delivery is left or the frontier is thin enough to finish event by event; then the
+    replay rounds, if any group replays its dead letters. Returns the number of rounds.
+
+    The driver sees only two counts per round.
+    """
     messages = all_messages(spark, scenario, [plan.group for plan in plans])
     frontier = first_frontier(messages, scenario.horizon).select(*FRONTIER_COLUMNS)
+    specs = key_specs(scenario, plans)
+    partitions = spark.sparkContext.defaultParallelism
     started = time.monotonic()
     round_no, replayed = 0, False
-    while round_no < max_rounds:
+    while True:
         round_no += 1
         path = f"{staging_dir}/round={round_no:05d}"
         attempts_of_round(frontier, plans, scenario.seed, scenario.horizon).write.parquet(path)
         staged = spark.read.parquet(path)
-        frontier = next_frontier(staged, scenario.horizon)
         counts = staged.agg(
-            F.count(F.lit(1)).alias("deliveries"),
             F.count(F.col("start_ms")).alias("started"),
             F.sum(
                 (
@@ -241,6 +266,17 @@ def run_rounds(
             f"round {round_no}{' (replay)' if replayed else ''}: {counts['started']:,} "
             f"deliveries, {retrying:,} to retry, {time.monotonic() - started:.1f}s elapsed"
         )
+        frontier = next_frontier(staged, scenario.horizon)
+        if 0 < retrying <= tail_rows:
+            round_no += 1
+            tail = f"{staging_dir}/round={round_no:05d}"
+            frontier_attempts(frontier, specs, partitions).write.parquet(tail)
+            finished = spark.read.parquet(tail).where(F.col("start_ms").isNotNull()).count()
+            progress(
+                f"rounds {round_no}+: {retrying:,} messages still retrying, finished event by "
+                f"event: {finished:,} deliveries, {time.monotonic() - started:.1f}s elapsed"
+            )
+            retrying = 0
         if retrying == 0:
             if replayed:
                 return round_no
@@ -248,4 +284,3 @@ def run_rounds(
             frontier = replay_frontier(spark.read.parquet(staging_dir), plans, scenario.horizon)
             if frontier is None or frontier.isEmpty():
                 return round_no
-    raise RuntimeError(f"more than {max_rounds} rounds; the scenario does not converge")

@@ -279,13 +279,19 @@ class Policy:
             "next_ready_ms": pick(null_long, null_long, resubmit_due, null_long, null_long, due),
             "settled_ms": pick(end, end, null_long, end, due, null_long),
             "end_state": pick(commit, discard, wr, state, wr, wr),
-            "end_topic": pick(here_topic, here_topic, here_topic, leave_topic, here_topic,
-                              wait_topic),  # fmt: skip
-            "end_queue_id": pick(here_queue, here_queue, here_queue, leave_queue, here_queue,
-                                 wait_queue),  # fmt: skip
+            "end_topic": pick(
+                here_topic, here_topic, here_topic, leave_topic, here_topic, wait_topic
+            ),  # fmt: skip
+            "end_queue_id": pick(
+                here_queue, here_queue, here_queue, leave_queue, here_queue, wait_queue
+            ),  # fmt: skip
             "end_reason": pick(
-                F.lit(CONSUME_SUCCESS), F.lit(REASON_BROADCAST), F.lit(REASON_SEND_BACK_FAILED),
-                leave_reason, F.col("outcome"), F.col("outcome"),
+                F.lit(CONSUME_SUCCESS),
+                F.lit(REASON_BROADCAST),
+                F.lit(REASON_SEND_BACK_FAILED),
+                leave_reason,
+                F.col("outcome"),
+                F.col("outcome"),
             ),  # fmt: skip
             "leave_state": pick(null_str, null_str, null_str, null_str, state, null_str),
             "leave_topic": pick(null_str, null_str, null_str, null_str, leave_topic, null_str),
@@ -293,8 +299,9 @@ class Policy:
             "leave_reason": pick(null_str, null_str, null_str, null_str, leave_reason, null_str),
             "next_topic": pick(null_str, null_str, here_topic, null_str, null_str, back_topic),
             "next_queue_id": pick(null_int, null_int, here_queue, null_int, null_int, back_queue),
-            "next_reason": pick(null_str, null_str, F.lit(READY_LOCAL), null_str, null_str,
-                                back_reason),  # fmt: skip
+            "next_reason": pick(
+                null_str, null_str, F.lit(READY_LOCAL), null_str, null_str, back_reason
+            ),  # fmt: skip
         }
 
     def _wait_and_back(self, level: Column) -> tuple[Column, Column, Column, Column]:

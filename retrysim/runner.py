@@ -24,10 +24,18 @@ from pyspark.sql import functions as F
 from retrysim import __version__
 from retrysim.config import Scenario, ScenarioError
 from retrysim.capacity import peak_concurrency
-from retrysim.engine import GroupPlan, Progress, all_messages, group_plans, run_rounds
+from retrysim.engine import (
+    TAIL_ROWS,
+    GroupPlan,
+    Progress,
+    all_messages,
+    group_plans,
+    key_specs,
+    run_rounds,
+)
 from retrysim.metrics import dead_letters_from_attempts, load_from_attempts, summary_from
 from retrysim.recovery import acquire_lease, publish_run, recover
-from retrysim.sequential import KeySpec, sequential_attempts
+from retrysim.sequential import sequential_attempts
 from retrysim.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink, read_table
 from retrysim.tables import (
     ATTEMPTS,
@@ -94,11 +102,14 @@ def simulate(
     run_id: str | None = None,
     progress: Progress | None = None,
     sink: str | Sink = "auto",
+    tail_rows: int = TAIL_ROWS,
     validate: bool = True,
 ) -> Result:
     """Simulate ``scenario`` and write all seven tables under ``output`` (a temp dir if None).
 
-    The staged tables are validated before anything is published; a broken invariant raises
+    ``tail_rows``: a round frontier of at most this many retrying messages is finished event
+    by event in one stage (0: always one Spark stage per round). The staged tables are
+    validated before anything is published; a broken invariant raises
     :class:`retrysim.validate.ValidationError` and leaves the tables as they were.
 
     >>> result = simulate(spark, load_scenario("conf/default.yaml"))  # doctest: +SKIP
@@ -116,7 +127,7 @@ def simulate(
     began = time.monotonic()
     try:
         recover(output, say)
-        rounds, engines = _simulate_attempts(spark, scenario, staging, say)
+        rounds, engines = _simulate_attempts(spark, scenario, staging, say, tail_rows)
         say("staging tables ...")
         staged = _stage_tables(spark, scenario, staging, engines)
         rows = {
@@ -140,14 +151,14 @@ ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 
 
 def _simulate_attempts(
-    spark: SparkSession, scenario: Scenario, staging: str, say: Progress
+    spark: SparkSession, scenario: Scenario, staging: str, say: Progress, tail_rows: int
 ) -> tuple[int, dict[str, str]]:
     """Stage every group's attempts under ``staging/attempts/engine=...``: by rounds where
     that is exact, else event by event; returns the round count and each group's engine."""
     plans = group_plans(scenario)
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
     rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
-    rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say) if by_rounds else 0
+    rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
     pools = {p.name: p.policy.pool_size for p in by_rounds if p.policy.pool_size is not None}
     full = peak_concurrency(spark.read.parquet(rounds_dir), pools) if by_rounds and pools else {}
     for name, peak in sorted(full.items()):
@@ -165,18 +176,7 @@ def _simulate_attempts(
 def _run_sequential(
     spark: SparkSession, scenario: Scenario, plans: list[GroupPlan], staging: str, say: Progress
 ) -> None:
-    specs = [
-        KeySpec(
-            group=plan.name,
-            topic=plan.group.source_topic,
-            policy=plan.policy,
-            behavior=plan.group.behavior,
-            seed=scenario.seed,
-            horizon_ms=scenario.horizon,
-            queues=plan.group.workload.queues,
-        )
-        for plan in plans
-    ]
+    specs = key_specs(scenario, plans)
     per_lane = {plan.name for plan in plans if _lanes_are_independent(plan)}
     keys = sum(p.group.workload.queues if p.name in per_lane else 1 for p in plans)
     say(

@@ -83,10 +83,12 @@ class _Simulation:
     """One key's event loop (docs/model.md §5-§8). Messages are addressed by their position
     in publish order, ``(born_ms, msg_id)``."""
 
-    def __init__(self, spec: KeySpec, msg_ids: np.ndarray, queue_ids: np.ndarray, born):
+    def __init__(self, spec: KeySpec, msg_ids: np.ndarray, queue_ids: np.ndarray, born,
+                 publish: bool = True):  # fmt: skip
         order = np.lexsort((msg_ids, born))
         self.msg_ids, self.queue_ids, self.born = msg_ids[order], queue_ids[order], born[order]
-        self.count = int(np.searchsorted(self.born, spec.horizon_ms))  # published in time
+        # messages published in time (none when continuing a frontier of retries)
+        self.count = int(np.searchsorted(self.born, spec.horizon_ms)) if publish else 0
         self.spec, self.policy, self.horizon = spec, spec.policy, spec.horizon_ms
         self.model = ListenerModel(spec.behavior, self.policy.send_back_failure_probability)
         self.draws = DrawCache(spec.seed, spec.group, self.msg_ids, spec.behavior.poison_fraction)
@@ -177,12 +179,28 @@ class _Simulation:
             self._wait(entry)
             self.next_arrival += 1
 
+    def continue_from(self, frontier: pd.DataFrame) -> None:
+        """Start from deliveries already Ready (a round run's frontier) instead of publishing:
+        each message's later deliveries are simulated from there."""
+        position_of = {msg_id: index for index, msg_id in enumerate(self.msg_ids.tolist())}
+        positions = [position_of[msg_id] for msg_id in frontier["msg_id"].tolist()]
+        columns = ("delivery", "reconsume_times", "source_topic", "queue_id", "ready_ms",
+                   "ready_reason", "poison_fixed")  # fmt: skip
+        values = zip(positions, *(frontier[c].tolist() for c in columns), strict=True)
+        for position, delivery, rt, topic, queue_id, ready, reason, fixed in values:
+            if fixed:
+                self.fixed.add(position)
+            self.last_delivery[position] = delivery - 1
+            entry = _Delivery(position, delivery, rt, topic, queue_id, ready, reason,
+                              self.policy.eligible_ms(ready))  # fmt: skip
+            self._push(entry.eligible_ms, _ELIGIBLE, entry)
+
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> Iterator[list[tuple]]:
         """Simulate to the horizon, yielding staged rows in chunks."""
         replay = self.policy.replay
-        if replay is not None and replay.at < self.horizon:
+        if replay is not None and replay.at < self.horizon and self.count:
             self._push(replay.at, _REPLAY, None)
         while True:
             arrival = self._next_arrival_ms()
@@ -419,3 +437,36 @@ def sequential_attempts(
 def _simulate_parts(spec: KeySpec, parts: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     data = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
     yield from simulate_key(spec, data["msg_id"], data["queue_id"], data["born_ms"])
+
+
+def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:
+    """The rest of the deliveries of a round run's frontier, in one stage.
+
+    For unordered consumption with a pool that is not full, messages do not interact, so a
+    thin frontier of long retry chains is finished event by event in one stage instead of
+    one Spark stage per remaining round (an always-failing HTTP message alone takes 289).
+    Messages are spread over tasks by id; each task simulates its messages' chains.
+    """
+    by_name = {spec.group: spec for spec in specs}
+
+    def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        data = [batch for batch in batches if len(batch)]
+        if not data:
+            return
+        rows = pd.concat(data, ignore_index=True)
+        for name, part in rows.groupby("group", sort=True):
+            spec = by_name[name]
+            messages = part.drop_duplicates("msg_id")
+            simulation = _Simulation(
+                spec,
+                messages["msg_id"].to_numpy(np.int64),
+                messages["queue_id"].to_numpy(np.int64),
+                messages["born_ms"].to_numpy(np.int64),
+                publish=False,
+            )
+            simulation.continue_from(part)
+            for chunk in simulation.run():
+                if chunk:
+                    yield pd.DataFrame.from_records(chunk, columns=_COLUMNS).astype(_PANDAS_TYPES)
+
+    return frontier.repartition(partitions, "group", "msg_id").mapInPandas(run, STAGE)

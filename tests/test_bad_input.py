@@ -289,7 +289,10 @@ CASES = [
     # --- per-flavor ranges and keys (docs/flavors.md)
     Case(
         "send-back-failure-on-5x",
-        ("groups[0].behavior.send_back_failure_probability", "applies only to rocketmq4.concurrently"),
+        (
+            "groups[0].behavior.send_back_failure_probability",
+            "applies only to rocketmq4.concurrently",
+        ),
         edit(**{g0 + "flavor": "rocketmq5.push", b0 + "send_back_failure_probability": 0.1}),
     ),
     Case(
@@ -310,14 +313,24 @@ CASES = [
     Case(
         "invisible-under-10s",
         ("groups[0].invisible_duration", "'5s'", "between 10s and 12h"),
-        edit(**{g0 + "flavor": "rocketmq5.simple", g0 + "consume_timeout": DELETE,
-                g0 + "invisible_duration": "5s"}),
+        edit(
+            **{
+                g0 + "flavor": "rocketmq5.simple",
+                g0 + "consume_timeout": DELETE,
+                g0 + "invisible_duration": "5s",
+            }
+        ),
     ),  # fmt: skip
     Case(
         "invisible-over-12h",
         ("groups[0].invisible_duration", "'13h'", "between 10s and 12h"),
-        edit(**{g0 + "flavor": "rocketmq5.simple", g0 + "consume_timeout": DELETE,
-                g0 + "invisible_duration": "13h"}),
+        edit(
+            **{
+                g0 + "flavor": "rocketmq5.simple",
+                g0 + "consume_timeout": DELETE,
+                g0 + "invisible_duration": "13h",
+            }
+        ),
     ),  # fmt: skip
     Case(
         "invisible-on-push",
@@ -332,14 +345,24 @@ CASES = [
     Case(
         "suspend-below-10ms",
         ("groups[0].suspend_current_queue_time", "'5ms'", "between 10ms and 30s"),
-        edit(**{g0 + "flavor": "rocketmq4.orderly", g0 + "consume_timeout": DELETE,
-                g0 + "suspend_current_queue_time": "5ms"}),
+        edit(
+            **{
+                g0 + "flavor": "rocketmq4.orderly",
+                g0 + "consume_timeout": DELETE,
+                g0 + "suspend_current_queue_time": "5ms",
+            }
+        ),
     ),  # fmt: skip
     Case(
         "suspend-above-30s",
         ("groups[0].suspend_current_queue_time", "'31s'", "between 10ms and 30s"),
-        edit(**{g0 + "flavor": "rocketmq4.orderly", g0 + "consume_timeout": DELETE,
-                g0 + "suspend_current_queue_time": "31s"}),
+        edit(
+            **{
+                g0 + "flavor": "rocketmq4.orderly",
+                g0 + "consume_timeout": DELETE,
+                g0 + "suspend_current_queue_time": "31s",
+            }
+        ),
     ),  # fmt: skip
     Case(
         "suspend-on-concurrently",
@@ -359,14 +382,23 @@ CASES = [
     Case(
         "exponential-max-below-initial",
         ("groups[0].retry_policy", "max (1s) must be >= initial"),
-        edit(**{g0 + "flavor": "exponential",
-                g0 + "retry_policy": {"kind": "exponential", "initial": "5s", "max": "1s"}}),
+        edit(
+            **{
+                g0 + "flavor": "exponential",
+                g0 + "retry_policy": {"kind": "exponential", "initial": "5s", "max": "1s"},
+            }
+        ),
     ),  # fmt: skip
     Case(
         "pubsub-attempts-below-5",
         ("groups[0].retry_policy.max_delivery_attempts", "value 4", "between 5 and 100"),
-        edit(**{g0 + "flavor": "pubsub", g0 + "consume_timeout": DELETE,
-                g0 + "retry_policy": {"kind": "pubsub", "max_delivery_attempts": 4}}),
+        edit(
+            **{
+                g0 + "flavor": "pubsub",
+                g0 + "consume_timeout": DELETE,
+                g0 + "retry_policy": {"kind": "pubsub", "max_delivery_attempts": 4},
+            }
+        ),
     ),  # fmt: skip
     Case(
         "consumers-not-a-pool",

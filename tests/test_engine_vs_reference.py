@@ -67,7 +67,11 @@ GROUPS = [
         "max_reconsume_times": 5,
         "suspend_current_queue_time": "2s",
         "workload": {"messages": 300, "over": "30m", "queues": 4},
-        "behavior": {"fail_probability": 0.1, "poison_fraction": 0.01, "processing_time": LOGNORMAL},
+        "behavior": {
+            "fail_probability": 0.1,
+            "poison_fraction": 0.01,
+            "processing_time": LOGNORMAL,
+        },
     },
     {
         "name": "push",
@@ -84,8 +88,10 @@ GROUPS = [
         "invisible_duration": "30s",
         "consumers": "unlimited",
         "workload": {"messages": 400, "over": "10m"},
-        "behavior": {"fail_probability": 0.1, "processing_time": {"dist": "exponential",
-                                                                  "mean": "20s"}},
+        "behavior": {
+            "fail_probability": 0.1,
+            "processing_time": {"dist": "exponential", "mean": "20s"},
+        },
     },  # fmt: skip
     {
         "name": "batch",
@@ -130,11 +136,14 @@ def compare(spark, result, reference: dict[str, list[dict]]) -> None:
 
 @pytest.fixture(scope="module")
 def run(spark, tmp_path_factory):
+    """Every round as its own Spark stage (tail_rows=0), so the column rules are exercised for
+    every retry; the random scenarios below use the default tail hand-off."""
     return simulate(
         spark,
         build_scenario(SCENARIO),
         output=str(tmp_path_factory.mktemp("reference")),
         run_id="ref",
+        tail_rows=0,
     )
 
 
@@ -170,7 +179,9 @@ def test_scenario_exercises_every_path(run):
         assert expected in seen, expected
     reasons = {r["reason"] for r in run.transitions.select("reason").distinct().collect()}
     assert {"send_back_failed", "replayed", "beyond_ack_index", "local_retry"} <= reasons
-    waited = run.attempts.where((F.col("group") == "pool") & (F.col("start_ms") > F.col("ready_ms")))
+    waited = run.attempts.where(
+        (F.col("group") == "pool") & (F.col("start_ms") > F.col("ready_ms"))
+    )
     assert waited.count() > 0, "the 2-thread pool should make messages wait in Ready"
     assert run.summary.where(F.col("pending") > 0).count() >= 1
 
@@ -180,9 +191,7 @@ def test_messages_attempts_transitions_equal_the_reference(spark, run, reference
     compare(spark, run, reference)
 
 
-@settings(
-    max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck)
-)
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(scenario=scenarios(groups=10, max_messages=15))
 def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario):
     result = simulate(

@@ -88,7 +88,9 @@ def test_consume_result_columns_equal_python(spark):
     starts = (0, 59_999, 60_000, 61_234, 3_600_000)
     processings = (0, 10_000, 29_999, 30_000, 30_001, 60_000, 119_999, 120_001, 900_001)
     cases = [(s, p, RECONSUME_LATER) for s in starts for p in processings]
-    frame = spark.createDataFrame(cases, "start_ms long, processing_ms long, listener_outcome string")
+    frame = spark.createDataFrame(
+        cases, "start_ms long, processing_ms long, listener_outcome string"
+    )
     actual, expected_rows = None, []
     for name in ("concurrently", "concurrently-periodic", "simple", "orderly", "pubsub"):
         policy = _policy(name)

@@ -135,7 +135,5 @@ def scenarios(draw, groups: int = 1, max_messages: int = 12) -> dict[str, Any]:
         "seed": draw(st.integers(0, 5)),
         "horizon": draw(st.sampled_from(["1m", "10m", "1h"])),
         "broker": {"message_delay_level": "1s 2s 5s 10s"},
-        "groups": [
-            draw(group_configs(f"g{index}", max_messages))[0] for index in range(groups)
-        ],
+        "groups": [draw(group_configs(f"g{index}", max_messages))[0] for index in range(groups)],
     }
