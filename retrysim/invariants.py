@@ -45,6 +45,7 @@ from retrysim.policy import (
     WAITING_RETRY,
 )
 from retrysim.tables import PARTITION_COLUMN
+from retrysim.transitions import SEQ_PER_DELIVERY
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,6 @@ _STATES = (READY, INFLIGHT, COMMIT, WAITING_RETRY, DLQ, DISCARD)
 _CODE = {state: index + 1 for index, state in enumerate(_STATES)}
 _END_STATES = (COMMIT, WAITING_RETRY, DLQ, DISCARD)
 _RETRY_REASONS = (READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE)
-_SEQ_PER_DELIVERY = 4
 _LEAVE_K, _END_K = 4, 3
 
 
@@ -110,7 +110,7 @@ def _text(template: str, *parts: str | Column) -> Column:
 
 
 def _k(seq: Column, delivery: Column) -> Column:
-    return seq - (delivery - 1) * F.lit(_SEQ_PER_DELIVERY)
+    return seq - (delivery - 1) * F.lit(SEQ_PER_DELIVERY)
 
 
 # --------------------------------------------------------------------------- path

@@ -1,11 +1,12 @@
 """One simulation run, end to end: rounds, tables, Delta commits, and the Result for notebooks.
 
 Everything is staged under ``<output>/_staging/<run>-<token>`` first (Parquet, invisible to
-readers) under a writer lease, then validated (:mod:`retrysim.validate`), and only then
-published table by table, each as one Delta commit that replaces the run's partition: the
-``runs`` row as ``publishing`` first, ``complete`` last, so readers see the run completely or
-not at all (:mod:`retrysim.recovery`). A run that fails before publishing leaves the tables
-as they were; its staging folder is removed either way.
+readers) under a writer lease (:mod:`retrysim.lease`), then validated
+(:mod:`retrysim.validate`), and only then published table by table, each as one Delta commit
+that replaces the run's partition: the ``runs`` row as ``publishing`` first, ``complete``
+last, so readers see the run completely or not at all (:mod:`retrysim.recovery`). A run that
+fails before publishing leaves the tables as they were; its staging folder is removed
+either way.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from retrysim import __version__
-from retrysim.config import Scenario, ScenarioError
 from retrysim.capacity import peak_concurrency
+from retrysim.config import Scenario, ScenarioError
 from retrysim.engine import (
     TAIL_ROWS,
     GroupPlan,
@@ -33,8 +34,9 @@ from retrysim.engine import (
     key_specs,
     run_rounds,
 )
+from retrysim.lease import acquire_lease
 from retrysim.metrics import dead_letters_from_attempts, load_from_attempts, summary_from
-from retrysim.recovery import acquire_lease, publish_run, recover
+from retrysim.recovery import publish_run, recover
 from retrysim.sequential import sequential_attempts
 from retrysim.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink, read_table
 from retrysim.tables import (

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from retrysim import invariants as inv
@@ -43,9 +43,12 @@ _TOLERANCE = 1e-9
 
 @dataclass(frozen=True)
 class Finding:
+    """One invariant over the checked runs: violations per run, a few examples per run."""
+
     invariant: Invariant
     violations: int
     examples: tuple[str, ...] = ()
+    by_run: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,15 @@ class Report:
     def broken(self) -> list[Finding]:
         return [finding for finding in self.findings if finding.violations]
 
+    def broken_by_run(self) -> dict[str, set[str]]:
+        """Run id -> names of the invariants it breaks (runs that break none are left out)."""
+        found: dict[str, set[str]] = {}
+        for finding in self.broken:
+            for run, count in finding.by_run:
+                if count:
+                    found.setdefault(run, set()).add(finding.invariant.name)
+        return found
+
     def format(self) -> str:
         """One line per invariant, ``ok`` or ``FAIL`` with examples, for the terminal."""
         width = max(len(invariant.name) for invariant in INVARIANTS)
@@ -72,7 +84,10 @@ class Report:
             if not finding.violations:
                 lines.append(f"  ok    {name:<{width}}  {rule}")
                 continue
-            lines.append(f"  FAIL  {name:<{width}}  {rule}: {finding.violations:,} violation(s)")
+            runs = ", ".join(f"{run}: {count:,}" for run, count in finding.by_run if count)
+            lines.append(
+                f"  FAIL  {name:<{width}}  {rule}: {finding.violations:,} violation(s) ({runs})"
+            )
             lines += [f"        {'':<{width}}  e.g. {example}" for example in finding.examples]
         return "\n".join(lines)
 
@@ -80,7 +95,7 @@ class Report:
         """The broken invariants, their counts and examples, on one line."""
         return " | ".join(
             f"{f.invariant.name} ({f.invariant.rule}): {f.violations:,} violation(s), e.g. "
-            + "; ".join(f.examples)
+            + "; ".join(f.examples[:EXAMPLES])
             for f in self.broken
         )
 
@@ -138,17 +153,32 @@ def _group_problems(values: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
-def _examples(frame: DataFrame, name: str, limit: int) -> list[str]:
-    """Up to ``limit`` violations of ``name`` in ``frame``, smallest keys first."""
+def _examples(frame: DataFrame, names: list[str], limit: int) -> dict[str, list[str]]:
+    """Up to ``limit`` violations per run of each of ``names`` in ``frame``, smallest keys
+    first, in one pass over ``frame``."""
     keys = [column for column in inv.DELIVERY if column in frame.columns]
     text = F.concat_ws(" ", *[F.concat(F.lit(f"{k}="), F.col(k).cast("string")) for k in keys])
+    flagged = [
+        F.when(
+            F.col(f"bad_{name}"),
+            F.struct(F.lit(name).alias("name"), F.col(f"why_{name}").alias("why")),
+        )
+        for name in names
+    ]
+    found = F.explode(F.filter(F.array(*flagged), lambda item: item.isNotNull()))
+    first = Window.partitionBy(PARTITION_COLUMN, "name").orderBy(*keys)
     rows = (
-        frame.where(F.col(f"bad_{name}"))
-        .select(*keys, F.concat(text, F.lit(": "), F.col(f"why_{name}")).alias("example"))
-        .orderBy(*keys)
-        .limit(limit)
+        frame.where(reduce(lambda a, b: a | b, [F.col(f"bad_{name}") for name in names]))
+        .select(*keys, text.alias("where"), found.alias("found"))
+        .select(*keys, "found.name", F.concat("where", F.lit(": "), "found.why").alias("example"))
+        .withColumn("rank", F.row_number().over(first))
+        .where(F.col("rank") <= F.lit(limit))
+        .orderBy("name", *keys)
     )
-    return [row["example"] for row in rows.collect()]
+    examples: dict[str, list[str]] = {name: [] for name in names}
+    for row in rows.collect():
+        examples[row["name"]].append(row["example"])
+    return examples
 
 
 # --------------------------------------------------------------------------- entry points
@@ -184,15 +214,20 @@ def validate_tables(tables: dict[str, DataFrame]) -> Report:
             groups.setdefault((row[PARTITION_COLUMN], row["group"]), {}).update(values)
     counts, examples = _tally(groups, runs)
     for prefix, names in _ROW_CHECKS:
-        for name in names:
-            wanted = EXAMPLES - len(examples[name])
-            if counts[name] and wanted > 0:
-                examples[name] += _examples(rows[prefix], name, wanted)
+        broken = [name for name in names if any(counts[name].values())]
+        if broken:
+            for name, found in _examples(rows[prefix], broken, EXAMPLES).items():
+                examples[name] += found
     findings = tuple(
-        Finding(invariant, counts[invariant.name], tuple(examples[invariant.name][:EXAMPLES]))
+        Finding(
+            invariant,
+            sum(counts[invariant.name].values()),
+            tuple(examples[invariant.name]),
+            tuple(sorted(counts[invariant.name].items())),
+        )
         for invariant in INVARIANTS
     )
-    return Report(tuple(sorted(runs)), findings)
+    return Report(tuple(sorted({run for run, _ in groups} | set(runs))), findings)
 
 
 _ROW_CHECKS = (
@@ -204,23 +239,31 @@ _ROW_CHECKS = (
 
 def _tally(
     groups: dict[tuple[str, str], dict[str, Any]], runs: dict[str, dict[str, Any]]
-) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """Violations per invariant, with examples of the group-level ones."""
-    counts = {invariant.name: 0 for invariant in INVARIANTS}
+) -> tuple[dict[str, dict[str, int]], dict[str, list[str]]]:
+    """Violations per invariant and run, with examples of the group-level ones (at most
+    :data:`EXAMPLES` per run)."""
+    counts: dict[str, dict[str, int]] = {invariant.name: {} for invariant in INVARIANTS}
     examples: dict[str, list[str]] = {invariant.name: [] for invariant in INVARIANTS}
+    shown: dict[tuple[str, str], int] = defaultdict(int)
+
+    def add(name: str, run: str, count: int, found: list[str]) -> None:
+        counts[name][run] = counts[name].get(run, 0) + count
+        room = EXAMPLES - shown[name, run]
+        examples[name] += found[:room]
+        shown[name, run] += len(found[:room])
+
     for (run, group), values in sorted(groups.items()):
         for prefix, names in _ROW_CHECKS:
             for name in names:
-                counts[name] += values.get(f"{prefix}_{name}", 0)
+                add(name, run, values.get(f"{prefix}_{name}", 0), [])
         for name, problems in _group_problems(values).items():
-            counts[name] += len(problems)
-            examples[name] += [f"run_id={run} group={group}: {problem}" for problem in problems]
+            add(name, run, len(problems), [f"run_id={run} group={group}: {p}" for p in problems])
     for run in sorted({run for run, _ in groups} | set(runs)):
         found = runs.get(run, {})
         rows, complete = found.get("rows", 0), found.get("complete", 0)
-        if rows != 1 or complete != 1:
-            counts["runs_row"] += 1
-            examples["runs_row"].append(f"run_id={run}: {rows} runs row(s), {complete} complete")
+        bad = rows != 1 or complete != 1
+        why = [f"run_id={run}: {rows} runs row(s), {complete} complete"] if bad else []
+        add("runs_row", run, int(bad), why)
     return counts, examples
 
 

@@ -9,17 +9,21 @@ thing and checks which invariants report it.
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 from argparse import Namespace
+from dataclasses import dataclass
 
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
 import retrysim.runner
 from retrysim import cli
 from retrysim.config import build_scenario
-from retrysim.digest import table_digests
-from retrysim.sinks import read_table
-from retrysim.tables import SCHEMAS
+from retrysim.sinks import arrow_schema, read_table, table_path
+from retrysim.tables import ALL_SCHEMAS, SCHEMAS, TABLE_ORDER
 from retrysim.validate import (
     INVARIANTS,
     Report,
@@ -81,21 +85,17 @@ HAND = {
 }  # fmt: skip
 
 
-def check(spark, tables: dict[str, list[dict]]) -> Report:
-    frames = {}
+def frames(spark, runs: dict[str, dict[str, list[dict]]]) -> dict:
+    """The seven tables holding every run of ``runs`` (run id -> rows per table)."""
+    found = {}
     for name, schema in SCHEMAS.items():
-        rows = [tuple({**row, "run_id": RUN}.get(f.name) for f in schema.fields)
-                for row in tables[name]]  # fmt: skip
-        frames[name] = spark.createDataFrame(rows, schema)
-    return validate_tables(frames)
-
-
-def broken(report: Report) -> set[str]:
-    return {finding.invariant.name for finding in report.broken}
-
-
-def examples(report: Report, name: str) -> str:
-    return " | ".join(next(f for f in report.findings if f.invariant.name == name).examples)
+        rows = [
+            tuple({**row, "run_id": run}.get(f.name) for f in schema.fields)
+            for run, tables in runs.items()
+            for row in tables[name]
+        ]
+        found[name] = spark.createDataFrame(rows, schema)
+    return found
 
 
 def edit(**tables) -> dict[str, list[dict]]:
@@ -104,83 +104,138 @@ def edit(**tables) -> dict[str, list[dict]]:
     return changed
 
 
-def test_hand_made_run_is_valid(spark):
-    report = check(spark, HAND)
-    assert report.ok, report.format()
-    assert report.runs == (RUN,)
-    assert [f.invariant for f in report.findings] == list(INVARIANTS)
-
-
-def test_illegal_transition(spark):
+def _illegal_first_ready():
     transitions = copy.deepcopy(HAND["transitions"])
     transitions[0]["reason"] = "retry_due"  # a first Ready that was never published
-    report = check(spark, edit(transitions=transitions))
-    assert "legal_path" in broken(report)
-    assert "msg_id=0" in examples(report, "legal_path")
-    assert "start -> Ready (reason retry_due)" in examples(report, "legal_path")
+    return edit(transitions=transitions)
 
 
-def test_commit_after_commit_is_illegal(spark):
-    transitions = [*HAND["transitions"], _transition(0, 2, 5, "Ready", 20, "t", 0, "retry_due")]
-    report = check(spark, edit(transitions=transitions))
-    assert "legal_path" in broken(report)
-    assert "Commit -> Ready (reason retry_due)" in examples(report, "legal_path")
+def _ready_after_commit():
+    return edit(
+        transitions=[*HAND["transitions"], _transition(0, 2, 5, "Ready", 20, "t", 0, "retry_due")]
+    )
 
 
-def test_delivery_gap(spark):
+def _delivery_gap():
     attempts = copy.deepcopy(HAND["attempts"])
     attempts[2].update(delivery=3, reconsume_times=2)
     transitions = copy.deepcopy(HAND["transitions"])
     for row in transitions[6:]:
         row.update(delivery=3, seq=row["seq"] + 4)
-    report = check(spark, edit(attempts=attempts, transitions=transitions))
-    assert broken(report) == {"deliveries_consecutive"}
-    assert "msg_id=1 delivery=3" in examples(report, "deliveries_consecutive")
+    return edit(attempts=attempts, transitions=transitions)
 
 
-def test_time_going_backwards(spark):
+def _time_backwards():
     attempts = copy.deepcopy(HAND["attempts"])
     attempts[2]["ready_ms"] = 12  # Ready again before it went WaitingRetry at 15
     transitions = copy.deepcopy(HAND["transitions"])
     transitions[6]["at_ms"] = 12
-    report = check(spark, edit(attempts=attempts, transitions=transitions))
-    assert broken(report) == {"time_order"}
-    assert "WaitingRetry -> Ready at seq 5 (delivery 2) at 12 ms, after 15 ms" in examples(
-        report, "time_order"
-    )
+    return edit(attempts=attempts, transitions=transitions)
 
 
-def test_summary_count_that_does_not_reconcile(spark):
+def _summary_off():
     summary = copy.deepcopy(HAND["summary"])
     summary[0]["commits"] = 1
-    report = check(spark, edit(summary=summary))
-    assert broken(report) == {"summary_counts"}
-    assert "summary.commits (final Commit states) = 1, expected 2" in examples(
-        report, "summary_counts"
-    )
+    return edit(summary=summary)
 
 
-def test_load_count_that_does_not_reconcile(spark):
+def _load_off():
     load = copy.deepcopy(HAND["load"])
     load[0].update(commits=1, inflight=1)
-    report = check(spark, edit(load=load))
-    assert broken(report) == {"load_totals", "load_gauges"}
-    assert "load.commits = 1, expected 2" in examples(report, "load_totals")
-    assert "final inflight = 1, expected 0" in examples(report, "load_gauges")
+    return edit(load=load)
 
 
-def test_dead_letter_without_a_dlq_delivery(spark):
+def _stray_dead_letter():
     dead = [dict(group=G, msg_id=0, dlq_topic="%DLQ%g", dlq_at_ms=5, deliveries=1,
                  origin_topic="t")]  # fmt: skip
-    report = check(spark, edit(dead_letters=dead))
-    assert broken(report) == {"dead_letters", "summary_counts"}
-    assert "msg_id=0 delivery=1: 1 dead letter(s)" in examples(report, "dead_letters")
+    return edit(dead_letters=dead)
 
 
-def test_run_without_runs_row(spark):
-    report = check(spark, edit(runs=[]))
-    assert broken(report) == {"runs_row"}
-    assert examples(report, "runs_row") == "run_id=hand: 0 runs row(s), 0 complete"
+@dataclass(frozen=True)
+class Broken:
+    """A hand-made run with one thing broken: what must be reported, and how."""
+
+    tables: dict[str, list[dict]]
+    broken: set[str]
+    examples: dict[str, str]
+    exact: bool = True  # broken is the whole set, not a subset
+
+
+RUNS = {
+    "hand": Broken(HAND, set(), {}),
+    "illegal": Broken(
+        _illegal_first_ready(),
+        {"legal_path"},
+        {"legal_path": "run_id=illegal group=g msg_id=0 delivery=1: start -> Ready (reason "
+                       "retry_due)"},
+        exact=False,
+    ),
+    "ready-after-commit": Broken(
+        _ready_after_commit(),
+        {"legal_path"},
+        {"legal_path": "Commit -> Ready (reason retry_due)"},
+        exact=False,
+    ),
+    "gap": Broken(
+        _delivery_gap(),
+        {"deliveries_consecutive"},
+        {"deliveries_consecutive": "run_id=gap group=g msg_id=1 delivery=3"},
+    ),
+    "backwards": Broken(
+        _time_backwards(),
+        {"time_order"},
+        {"time_order": "WaitingRetry -> Ready at seq 5 (delivery 2) at 12 ms, after 15 ms"},
+    ),
+    "summary": Broken(
+        _summary_off(),
+        {"summary_counts"},
+        {"summary_counts": "run_id=summary group=g: summary.commits (final Commit states) = 1, "
+                           "expected 2"},
+    ),
+    "load": Broken(
+        _load_off(),
+        {"load_totals", "load_gauges"},
+        {"load_totals": "load.commits = 1, expected 2",
+         "load_gauges": "final inflight = 1, expected 0"},
+    ),
+    "dead": Broken(
+        _stray_dead_letter(),
+        {"dead_letters", "summary_counts"},
+        {"dead_letters": "run_id=dead group=g msg_id=0 delivery=1: 1 dead letter(s)"},
+    ),
+    "no-runs-row": Broken(
+        edit(runs=[]), {"runs_row"}, {"runs_row": "run_id=no-runs-row: 0 runs row(s), 0 complete"}
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hand_report(spark) -> Report:
+    """All hand-made runs checked in one pass: each run is judged on its own."""
+    return validate_tables(frames(spark, {run: case.tables for run, case in RUNS.items()}))
+
+
+def test_report_covers_every_run_and_invariant(hand_report):
+    assert hand_report.runs == tuple(sorted(RUNS))
+    assert [f.invariant for f in hand_report.findings] == list(INVARIANTS)
+    assert not hand_report.ok
+    assert "hand" not in hand_report.broken_by_run(), hand_report.format()
+    assert "FAIL  legal_path" in hand_report.format()
+
+
+@pytest.mark.parametrize("run", [run for run in RUNS if run != "hand"])
+def test_broken_invariant_is_reported_with_examples(hand_report, run):
+    case = RUNS[run]
+    broken = hand_report.broken_by_run().get(run, set())
+    if case.exact:
+        assert broken == case.broken, hand_report.format()
+    else:
+        assert case.broken <= broken, hand_report.format()
+    for name, fragment in case.examples.items():
+        found = next(f for f in hand_report.findings if f.invariant.name == name)
+        mine = [example for example in found.examples if f"run_id={run} " in example
+                or f"run_id={run}:" in example]  # fmt: skip
+        assert any(fragment in example for example in mine), (fragment, mine)
 
 
 # --------------------------------------------------------------------------- real runs
@@ -224,13 +279,20 @@ def test_validator_passes_on_a_real_run(spark, real_run):
     assert report.ok, report.format()
     assert report.runs == ("real",)
     summary = {row["group"]: row for row in read_table(spark, real_run, "summary").collect()}
-    assert summary["conc"]["replayed"] > 0 and summary["conc"]["dlq"] > 0
+    assert summary["conc"]["replayed"] > 0  # dead letters replayed (and committed then)
     assert summary["push"]["discards"] > 0 and summary["cast"]["discards"] > 0
     assert summary["http"]["pending"] > 0  # poison messages still waiting at the horizon
 
 
+SMALL = {**SCENARIO, "groups": [{**SCENARIO["groups"][0], "workload": {"messages": 30}}]}
+
+
+def delta_versions(output: str) -> dict[str, int]:
+    return {table: DeltaTable(table_path(output, table)).version() for table in TABLE_ORDER}
+
+
 def test_a_run_failing_validation_publishes_nothing(spark, real_run, monkeypatch):
-    before = table_digests(spark, real_run, "real")
+    before = delta_versions(real_run)
     summary_from = retrysim.runner.summary_from
     monkeypatch.setattr(
         retrysim.runner,
@@ -238,8 +300,9 @@ def test_a_run_failing_validation_publishes_nothing(spark, real_run, monkeypatch
         lambda *args: summary_from(*args).withColumn("commits", F.col("commits") + 1),
     )
     with pytest.raises(ValidationError, match=r"run real failed validation.*summary_counts"):
-        retrysim.runner.simulate(spark, build_scenario(SCENARIO), output=real_run, run_id="real")
-    assert table_digests(spark, real_run, "real") == before, "the earlier version stays"
+        retrysim.runner.simulate(spark, build_scenario(SMALL), output=real_run, run_id="real")
+    assert delta_versions(real_run) == before, "nothing committed: the earlier version stays"
+    assert not os.path.exists(os.path.join(real_run, "_staging"))
 
 
 class _KeepSession:
@@ -262,6 +325,29 @@ def test_validate_command(spark, real_run, monkeypatch, capsys):
     assert "validating 1 run(s)" in out and out.count("  ok    ") == len(INVARIANTS)
     with pytest.raises(cli.ScenarioError, match="--run-id: no complete run 'nope'"):
         validate_command(Namespace(output=real_run, run_id="nope"))
+
+
+def test_validate_catches_a_row_appended_to_a_published_table(
+    spark, real_run, tmp_path, monkeypatch, capsys
+):
+    """A transition appended behind the simulator's back (a Commit after a Commit): the
+    command exits 1, names the invariants and the message."""
+    output = str(tmp_path / "copy")
+    shutil.copytree(real_run, output)
+    row = dict(run_id="real", group="conc", msg_id=7, delivery=9, seq=35, state="Commit",
+               at_ms=1, topic="t", queue_id=0, delay_level=None,
+               reason="CONSUME_SUCCESS")  # fmt: skip
+    schema = arrow_schema(ALL_SCHEMAS["transitions"])
+    write_deltalake(table_path(output, "transitions"), pa.Table.from_pylist([row], schema=schema),
+                    mode="append", partition_by=["run_id"])  # fmt: skip
+    monkeypatch.setattr("retrysim.session.build_session", lambda *a, **k: _KeepSession(spark))
+
+    assert cli.main(["validate", "--output", output, "--run-id", "real"]) == cli.EXIT_FAILED
+
+    out = capsys.readouterr().out
+    assert "FAIL  legal_path" in out and "FAIL  deliveries_consecutive" in out
+    assert "run_id=real group=conc msg_id=7 delivery=9: Commit -> Commit" in out
+    assert "invariant(s) broken" in out
 
 
 def test_cli_reports_a_failed_validation_with_exit_code_1(monkeypatch, capsys):
