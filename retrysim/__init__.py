@@ -13,6 +13,8 @@ from retrysim.config import Scenario, ScenarioError, load_scenario
 from retrysim.runner import Result, simulate
 from retrysim.session import build_session
 from retrysim.sinks import read_table
+from retrysim.transitions import transitions_from_attempts
+from retrysim.views import register_views
 
 __all__ = [
     "Result",
@@ -22,5 +24,7 @@ __all__ = [
     "build_session",
     "load_scenario",
     "read_table",
+    "register_views",
     "simulate",
+    "transitions_from_attempts",
 ]

@@ -15,10 +15,13 @@ from deltalake import DeltaTable
 
 from retrysim.config import ScenarioError, load_scenario
 from retrysim.digest import add_digest_command, digest_command
+from retrysim.engine import TAIL_ROWS
 from retrysim.plan import add_plan_command, plan_command
 from retrysim.report import add_report_command, report_command, write_run_report
 from retrysim.sinks import arrow_schema, table_path
-from retrysim.tables import ALL_SCHEMAS
+from retrysim.sizing import check_size
+from retrysim.tables import ALL_SCHEMAS, TABLE_SETS
+from retrysim.validate import ValidationError, add_validate_command, validate_command
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -47,12 +50,37 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: delta-spark when its JARs are on the classpath, else delta-rs commits",
     )
+    sim.add_argument(
+        "--tables",
+        choices=("full", "lean"),
+        default="full",
+        help="lean: skip the transitions and messages tables, derived when read (large runs)",
+    )
     sim.add_argument("--quiet", action="store_true", help="no per-round progress")
+    sim.add_argument(
+        "--tail-rows",
+        type=_non_negative,
+        default=TAIL_ROWS,
+        metavar="N",
+        help=f"finish a retry frontier of at most N messages event by event in one stage "
+        f"(default {TAIL_ROWS:,}; 0: one Spark stage per round)",
+    )
+    sim.add_argument(
+        "--force", action="store_true", help="run even when the size estimate says it cannot fit"
+    )
     sim.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     add_digest_command(commands)
+    add_validate_command(commands)
     add_plan_command(commands)
     add_report_command(commands)
     return parser
+
+
+def _non_negative(text: str) -> int:
+    """An argparse type: argparse reports the option and exits with code 2."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"value {text!r}: must be an integer >= 0")
+    return int(text)
 
 
 def check_output(output: str) -> str:
@@ -100,10 +128,8 @@ def _print_summary(result) -> None:
             f"{_ms(row['p50_time_to_dlq_ms'])}; commitlog writes {row['commitlog_writes']:,} "
             f"(x{row['write_amplification']:.3f} per message)"
         )
-    _say(
-        f"tables ({result.sink}): {result.output}/"
-        "{runs,messages,attempts,transitions,dead_letters,load,summary}"
-    )
+    written = ",".join(sorted(TABLE_SETS[result.tables], key=list(ALL_SCHEMAS).index))
+    _say(f"tables ({result.sink}, {result.tables}): {result.output}/{{{written}}}")
 
 
 def _ms(value: float | None) -> str:
@@ -128,14 +154,14 @@ def simulate_command(args: argparse.Namespace) -> int:
     output = check_output(args.output)
     if args.run_id:
         check_run_id(args.run_id)
+    check_size(scenario, output, args.master, force=args.force)
     for group in scenario.groups:
         pool = group.consumers.pool_size
         threads = (
             "unlimited consumer threads"
             if pool is None
-            else (
-                f"{group.consumers.instances} x {group.consumers.threads} = {pool:,} consumer threads"
-            )
+            else f"{group.consumers.instances} x {group.consumers.threads} = {pool:,} "
+            "consumer threads"
         )
         _say(f"group {group.name}: {group.flavor}, {group.workload.messages:,} messages, {threads}")
     spark = build_session(f"retrysim:{scenario.name}", args.master)
@@ -147,6 +173,8 @@ def simulate_command(args: argparse.Namespace) -> int:
             run_id=args.run_id,
             progress=None if args.quiet else _say,
             sink=args.delta_sink,
+            tables=args.tables,
+            tail_rows=args.tail_rows,
         )
         _print_summary(result)
         if not args.no_report:
@@ -163,11 +191,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return simulate_command(args)
         if args.command == "digest":
             return digest_command(args)
+        if args.command == "validate":
+            return validate_command(args)
         if args.command in ("plan", "report"):
             return {"plan": plan_command, "report": report_command}[args.command](args)
     except ScenarioError as error:
         print(f"retrysim: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ValidationError as error:
+        print(f"retrysim: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_FAILED
 
 

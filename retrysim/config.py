@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     ValidationError,
     model_validator,
 )
@@ -60,6 +61,11 @@ def parse_duration(value: Any) -> int:
         f"malformed duration {value!r}: use a number with a unit ms, s, m, h or d "
         "(e.g. 1500ms, 10s, 5m, 2h, 1d)"
     )
+
+
+def _delay_levels_text(levels: tuple[int, ...]) -> str:
+    """Per-level milliseconds back to RocketMQ's format (every level is a whole s, m, h, d)."""
+    return " ".join(duration_text(ms) for ms in levels)
 
 
 def parse_delay_levels(text: Any) -> tuple[int, ...]:
@@ -107,7 +113,19 @@ def _in_range(low: float | None, high: float | None, duration: bool = False):
     return AfterValidator(check)
 
 
-Duration = Annotated[int, BeforeValidator(parse_duration)]
+def duration_text(ms: int) -> str:
+    """Milliseconds in the largest unit that holds them exactly: 1800000 -> 30m."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+# Stored as milliseconds; written to JSON (runs.config_json) as text, so a run's stored
+# scenario loads again exactly (scenario_json).
+Duration = Annotated[
+    int, BeforeValidator(parse_duration), PlainSerializer(duration_text, when_used="json")
+]
 NonNegativeDuration = Annotated[Duration, _in_range(0, None, duration=True)]
 PositiveDuration = Annotated[Duration, _in_range(1, None, duration=True)]
 Probability = Annotated[float, _in_range(0.0, 1.0)]
@@ -531,9 +549,11 @@ class Group(_Model):
 
 
 class Broker(_Model):
-    message_delay_level: Annotated[tuple[int, ...], BeforeValidator(parse_delay_levels)] = (
-        parse_delay_levels(limits.DEFAULT_MESSAGE_DELAY_LEVEL)
-    )
+    message_delay_level: Annotated[
+        tuple[int, ...],
+        BeforeValidator(parse_delay_levels),
+        PlainSerializer(_delay_levels_text, when_used="json"),
+    ] = parse_delay_levels(limits.DEFAULT_MESSAGE_DELAY_LEVEL)
 
 
 def _unique_names(groups: tuple[Group, ...]) -> tuple[Group, ...]:
@@ -636,6 +656,12 @@ def build_scenario(data: Mapping[str, Any]) -> Scenario:
         return Scenario.model_validate(dict(data))
     except ValidationError as error:
         raise _friendly(error) from None
+
+
+def scenario_json(scenario: Scenario) -> str:
+    """The scenario as its author gave it (parsed, defaults left implicit): what the ``runs``
+    table stores, and what ``build_scenario(json.loads(...))`` turns back into it."""
+    return scenario.model_dump_json(exclude_unset=True)
 
 
 def load_scenario(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Scenario:

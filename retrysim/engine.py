@@ -23,7 +23,6 @@ from pyspark.sql import functions as F
 
 from retrysim.behavior import with_listener_draws
 from retrysim.config import Group, Scenario
-from retrysim.sequential import KeySpec, frontier_attempts
 from retrysim.policy import (
     DLQ,
     INFLIGHT,
@@ -34,14 +33,19 @@ from retrysim.policy import (
     Policy,
     policy_for,
 )
+from retrysim.sequential import KeySpec, frontier_attempts
 from retrysim.tables import STAGE, select_schema
 from retrysim.workload import messages_df
 
 Progress = Callable[[str], None]
 
 # A frontier this thin is finished event by event in one stage (sequential.frontier_attempts)
-# rather than one Spark stage per remaining round.
-TAIL_ROWS = 200_000
+# rather than one Spark stage per remaining round. The break-even, measured with bench/ on 2
+# cores: a round costs about 0.5-1 s however small its frontier, the event loop about 0.2-0.4
+# ms per delivery, and a thin frontier is mostly poison messages that stay for every round,
+# so the loop wins below a few thousand messages (an always-failing HTTP message alone takes
+# 289 rounds) and loses well above.
+TAIL_ROWS = 5_000
 
 # What a frontier row carries into its round.
 FRONTIER_COLUMNS = (

@@ -98,101 +98,154 @@ def dead_letters_from_attempts(attempts: DataFrame, scenario: Scenario) -> DataF
     )
 
 
-def _events(attempts: DataFrame) -> DataFrame:
-    """Per-delivery contributions: (at_ms, kind, amount[, level]) as exploded structs."""
+def _bucket_of(column: str, bucket_ms: int) -> Column:
+    return F.floor(F.col(column) / F.lit(bucket_ms)).cast("long")
+
+
+def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
+    """Attempts grouped by everything the load table reads from them: which events a delivery
+    has and the bucket of each. Deliveries that look alike in those respects add up, so the
+    table has a few rows per bucket and kind of delivery, however many messages run; every
+    later step of the load works on it, not on the attempts.
+
+    Busy time is kept exact as integer sums of start and end per row, so splitting a request
+    across the buckets it spans needs no per-delivery row either.
+    """
     state, reason = F.col("result_state"), F.col("ready_reason")
-    start, ready, end, settled = (
-        F.col(c) for c in ("start_ms", "ready_ms", "end_ms", "settled_ms")
-    )
-    started = start.isNotNull()
+    started = F.col("start_ms").isNotNull()
     waits_retry = F.col("end_state") == F.lit(WAITING_RETRY)
-    wr_until = F.coalesce(F.col("next_ready_ms"), settled)
-    scheduled = F.col("end_topic") == F.lit(limits.SCHEDULE_TOPIC)
-    writes = _flag(reason.isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE))
-
-    def event(when: Column, at: Column, kind: str, amount: Column | int = 1,
-              level: Column | None = None) -> Column:  # fmt: skip
-        value = amount if isinstance(amount, Column) else F.lit(amount)
-        return F.when(
-            when,
-            F.struct(
-                at.cast("long").alias("at_ms"),
-                F.lit(kind).alias("kind"),
-                value.cast("long").alias("amount"),
-                (level if level is not None else F.lit(None)).cast("int").alias("level"),
-            ),
-        )
-
-    delivered = F.col("delivery")
+    scheduled = waits_retry & (F.col("end_topic") == F.lit(limits.SCHEDULE_TOPIC))
+    busy = started & (F.col("processing_ms") > 0)
+    busy_end = F.col("start_ms") + F.col("processing_ms")
+    keys = {
+        "started": started,
+        "first": started & (F.col("delivery") == 1),
+        "retry": started & ~reason.isin(READY_PUBLISHED, READY_REPLAYED),
+        "replayed": reason == F.lit(READY_REPLAYED),
+        "written": reason.isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE),
+        "state": state,
+        "ended": F.col("end_state").isNotNull(),
+        "waits_retry": waits_retry,
+        "level": F.when(scheduled, F.col("delay_level")),
+        "b_ready": _bucket_of("ready_ms", bucket_ms),
+        "b_start": _bucket_of("start_ms", bucket_ms),
+        "b_end": _bucket_of("end_ms", bucket_ms),
+        "b_settled": _bucket_of("settled_ms", bucket_ms),
+        "b_wr_until": F.when(
+            waits_retry,
+            F.floor(F.coalesce(F.col("next_ready_ms"), F.col("settled_ms")) / F.lit(bucket_ms)),
+        ).cast("long"),
+        "b_next": F.when(scheduled, _bucket_of("next_ready_ms", bucket_ms)),
+        "b_busy_last": F.when(busy, F.floor((busy_end - 1) / F.lit(bucket_ms))).cast("long"),
+        "batch_size": F.col("batch_size"),
+    }
+    waited = F.col("start_ms").isNull() | (F.col("start_ms") > F.col("ready_ms"))
     return (
         attempts.select(
             "group",
+            *[c.alias(n) for n, c in keys.items()],
+            F.when(busy, F.col("start_ms")).alias("busy_start"),
+            F.when(busy, busy_end).alias("busy_end"),
+            F.when(waited, F.col("ready_ms")).alias("waited_ready"),
+        )
+        .groupBy("group", *keys)
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum("busy_start").alias("busy_start_sum"),
+            F.sum("busy_end").alias("busy_end_sum"),
+            F.min("waited_ready").alias("min_waited_ready"),
+        )
+    )
+
+
+def _events(compact: DataFrame) -> DataFrame:
+    """Contributions to the counts and gauges: (bucket, kind, amount[, level]) per compact row.
+
+    Counts land in the bucket of their moment; a gauge gets +n where its interval starts and
+    -n where it ends, and a running sum over buckets gives its value at each bucket's end.
+    """
+    state, n = F.col("state"), F.col("n")
+    started, waits_retry = F.col("started"), F.col("waits_retry")
+    scheduled = F.col("level").isNotNull()
+
+    def event(when: Column, bucket: str, kind: str, sign: int = 1, level: bool = False) -> Column:
+        return F.when(
+            when & F.col(bucket).isNotNull(),
+            F.struct(
+                F.col(bucket).alias("bucket"),
+                F.lit(kind).alias("kind"),
+                (n * F.lit(sign)).alias("amount"),
+                (F.col("level") if level else F.lit(None)).cast("int").alias("level"),
+            ),
+        )
+
+    return (
+        compact.select(
+            "group",
             F.explode(
                 F.array(
-                    event(started, start, "deliveries"),
-                    event(started & (delivered == 1), start, "first_deliveries"),
-                    event(
-                        started & ~reason.isin(READY_PUBLISHED, READY_REPLAYED), start, "retries"
-                    ),
-                    event(reason == F.lit(READY_REPLAYED), ready, "replays"),
-                    event(state == F.lit(COMMIT), settled, "commits"),
-                    event(state == F.lit(DLQ), settled, "dlq"),
-                    event(state == F.lit(DISCARD), settled, "discards"),
-                    event(writes == 1, ready, "commitlog_writes"),
-                    event(waits_retry & scheduled, end, "commitlog_writes"),
-                    event(state == F.lit(DLQ), settled, "commitlog_writes"),
-                    event(started, start, "inflight"),
-                    event(F.col("end_state").isNotNull(), end, "inflight", -1),
-                    event(waits_retry, end, "waiting_retry"),
-                    event(waits_retry & wr_until.isNotNull(), wr_until, "waiting_retry", -1),
-                    event(F.lit(True), ready, "ready_backlog"),
-                    event(started, start, "ready_backlog", -1),
-                    event(waits_retry & scheduled, end, "schedule", 1, F.col("delay_level")),
-                    event(
-                        waits_retry & scheduled,
-                        F.col("next_ready_ms"),
-                        "schedule",
-                        -1,
-                        F.col("delay_level"),
-                    ),
+                    event(started, "b_start", "deliveries"),
+                    event(F.col("first"), "b_start", "first_deliveries"),
+                    event(F.col("retry"), "b_start", "retries"),
+                    event(F.col("replayed"), "b_ready", "replays"),
+                    event(state == F.lit(COMMIT), "b_settled", "commits"),
+                    event(state == F.lit(DLQ), "b_settled", "dlq"),
+                    event(state == F.lit(DISCARD), "b_settled", "discards"),
+                    event(F.col("written"), "b_ready", "commitlog_writes"),
+                    event(scheduled, "b_end", "commitlog_writes"),
+                    event(state == F.lit(DLQ), "b_settled", "commitlog_writes"),
+                    event(started, "b_start", "inflight"),
+                    event(F.col("ended"), "b_end", "inflight", -1),
+                    event(waits_retry, "b_end", "waiting_retry"),
+                    event(waits_retry, "b_wr_until", "waiting_retry", -1),
+                    event(F.lit(True), "b_ready", "ready_backlog"),
+                    event(started, "b_start", "ready_backlog", -1),
+                    event(scheduled, "b_end", "schedule", 1, level=True),
+                    event(scheduled, "b_next", "schedule", -1, level=True),
                 )
             ).alias("e"),
         )
-        .where(F.col("e").isNotNull() & F.col("e.at_ms").isNotNull())
+        .where(F.col("e").isNotNull())
         .select("group", "e.*")
     )
 
 
-def _busy_ms(attempts: DataFrame, bucket_ms: int) -> DataFrame:
+def _busy_ms(compact: DataFrame, bucket_ms: int) -> DataFrame:
     """Thread-milliseconds busy per bucket, split exactly across the buckets a request spans
-    (a batch member carries its share of the batch's time)."""
+    (a batch member carries its share of the batch's time).
+
+    A compact row holds ``n`` requests from bucket ``b1`` to ``b2`` with start and end sums
+    ``S`` and ``E``: if ``b1 = b2`` they were busy ``E - S``; otherwise ``n (b1 + 1) B - S`` in
+    ``b1``, ``E - n b2 B`` in ``b2`` and ``n B`` in each bucket between.
+    """
     bucket = F.lit(bucket_ms)
-    busy = attempts.where(F.col("start_ms").isNotNull() & (F.col("processing_ms") > 0)).select(
-        "group",
-        F.col("start_ms").alias("s"),
-        (F.col("start_ms") + F.col("processing_ms")).alias("e"),
-        (F.lit(1.0) / F.col("batch_size")).alias("share"),
+    spans = compact.where(F.col("b_busy_last").isNotNull())
+    b, b1, b2, n = F.col("bucket"), F.col("b_start"), F.col("b_busy_last"), F.col("n")
+    starts, ends = F.col("busy_start_sum"), F.col("busy_end_sum")
+    busy = (
+        F.when(b1 == b2, ends - starts)
+        .when(b == b1, n * (b1 + 1) * bucket - starts)
+        .when(b == b2, ends - n * b2 * bucket)
+        .otherwise(n * bucket)
     )
-    first, last = F.floor(F.col("s") / bucket), F.floor((F.col("e") - 1) / bucket)
-    spread = busy.withColumn("bucket", F.explode(F.sequence(first, last)))
-    overlap = F.least(F.col("e"), (F.col("bucket") + 1) * bucket) - F.greatest(
-        F.col("s"), F.col("bucket") * bucket
-    )
-    return spread.groupBy("group", "bucket").agg(
-        F.sum(overlap * F.col("share")).alias("busy_thread_ms")
+    return (
+        spans.withColumn("bucket", F.explode(F.sequence(b1, b2)))
+        .groupBy("group", "bucket")
+        .agg(F.sum(busy.cast("double") / F.col("batch_size")).alias("busy_thread_ms"))
     )
 
 
-def _oldest_ready(attempts: DataFrame, bucket_ms: int, buckets: int) -> DataFrame:
-    """min(ready_ms) per start bucket of the deliveries that waited in Ready; a delivery never
-    started (still Ready at the horizon) counts as starting after the last bucket, so the
-    suffix minimum carries it through every bucket from its Ready moment to the end."""
-    started_in = F.floor(F.col("start_ms") / F.lit(bucket_ms))
-    start_bucket = F.coalesce(started_in, F.lit(buckets)).cast("long")
-    waited = attempts.where(
-        F.col("start_ms").isNull() | (F.col("start_ms") > F.col("ready_ms"))
-    ).select("group", start_bucket.alias("start_bucket"), "ready_ms")
-    return waited.groupBy("group", "start_bucket").agg(F.min("ready_ms").alias("min_ready"))
+def _oldest_ready(compact: DataFrame, buckets: int) -> DataFrame:
+    """min(ready_ms) of the deliveries that waited in Ready, by the bucket they started in; a
+    delivery never started (still Ready at the horizon) counts as starting in bucket
+    ``buckets``, just after the last one, so the suffix minimum over ``start_bucket - 1``
+    carries it through every bucket from its Ready moment to the end."""
+    start_bucket = F.coalesce(F.col("b_start"), F.lit(buckets))
+    return (
+        compact.where(F.col("min_waited_ready").isNotNull())
+        .groupBy("group", start_bucket.alias("start_bucket"))
+        .agg(F.min("min_waited_ready").alias("min_ready"))
+    )
 
 
 def load_from_attempts(spark: SparkSession, attempts: DataFrame, scenario: Scenario) -> DataFrame:
@@ -200,8 +253,8 @@ def load_from_attempts(spark: SparkSession, attempts: DataFrame, scenario: Scena
     schedule backlog per delay level, thread use and the oldest Ready message's age."""
     bucket_ms = scenario.load_bucket
     buckets = -(-scenario.horizon // bucket_ms)
-    bucket = F.floor(F.col("at_ms") / F.lit(bucket_ms))
-    events = _events(attempts).withColumn("bucket", bucket).where(F.col("bucket") < buckets)
+    compact = _compact(attempts, bucket_ms).localCheckpoint()
+    events = _events(compact).where(F.col("bucket") < buckets)
     names = (*_COUNTS, *_GAUGES)
     per_bucket = events.groupBy("group", "bucket").agg(
         *[F.sum(F.when(F.col("kind") == F.lit(n), F.col("amount"))).alias(n) for n in names]
@@ -220,12 +273,12 @@ def load_from_attempts(spark: SparkSession, attempts: DataFrame, scenario: Scena
         .orderBy(F.col("bucket").desc())
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    oldest = _oldest_ready(attempts, bucket_ms, buckets).select(
+    oldest = _oldest_ready(compact, buckets).select(
         "group", (F.col("start_bucket") - 1).alias("bucket"), "min_ready"
     )
     filled = (
         grid.join(per_bucket, ["group", "bucket"], "left")
-        .join(_busy_ms(attempts, bucket_ms), ["group", "bucket"], "left")
+        .join(_busy_ms(compact, bucket_ms), ["group", "bucket"], "left")
         .join(oldest, ["group", "bucket"], "left")
         .join(_schedule_backlog(events, groups, buckets), ["group", "bucket"], "left")
         .fillna(0, subset=[*names, "busy_thread_ms"])
@@ -283,6 +336,49 @@ def _schedule_backlog(events: DataFrame, groups: DataFrame, buckets: int) -> Dat
     )
 
 
+def exact_percentiles(values: DataFrame, shares: tuple[float, ...]) -> DataFrame:
+    """Spark's exact ``percentile`` of ``value`` per (group, kind), from a histogram.
+
+    ``percentile`` gathers every distinct value of a group in one task's hash map, which at
+    a hundred million messages with spread-out times is more than a task's memory. Counting
+    each distinct value first is a distributed aggregation; the ranks then come from a running
+    sum over the (far fewer) distinct values, and the result is the same number: the value at
+    rank ``(n - 1) p``, interpolated linearly between the two closest ranks, in the order of
+    operations ``percentile`` uses, so it is bit for bit what ``percentile`` returns.
+    """
+    keys = ["group", "kind"]
+    histogram = values.where(F.col("value").isNotNull()).groupBy(*keys, "value").count()
+    upto = (
+        Window.partitionBy(*keys)
+        .orderBy("value")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    ranked = histogram.withColumns(
+        {
+            "last_rank": F.sum("count").over(upto) - 1,
+            "total": F.sum("count").over(Window.partitionBy(*keys)),
+        }
+    )
+    positions = [(F.col("total") - 1).cast("double") * F.lit(share) for share in shares]
+    picks = []
+    for index, position in enumerate(positions):
+        for side, rank in (("lo", F.floor(position)), ("hi", F.ceil(position))):
+            picks.append(
+                F.min(F.when(F.col("last_rank") >= rank, F.col("value"))).alias(f"{side}{index}")
+            )
+    picked = ranked.groupBy(*keys).agg(F.first("total").alias("total"), *picks)
+    results = []
+    for index, position in enumerate(positions):
+        lo, hi = F.floor(position), F.ceil(position)
+        low, high = F.col(f"lo{index}").cast("double"), F.col(f"hi{index}").cast("double")
+        results.append(
+            F.when((lo == hi) | (low == high), low).otherwise(
+                (hi - position) * low + (position - lo) * high
+            )
+        )
+    return picked.select(*keys, F.array(*results).alias("percentiles"))
+
+
 def summary_from(
     spark: SparkSession,
     attempts: DataFrame,
@@ -292,7 +388,6 @@ def summary_from(
 ) -> DataFrame:
     """The ``summary`` table: one row per group, from staged attempts and the load table."""
     state, reason = F.col("result_state"), F.col("ready_reason")
-    shares = ", ".join(str(p) for p in _PERCENTILES)
     per_group = attempts.groupBy("group").agg(
         F.count(F.col("start_ms")).alias("deliveries"),
         F.sum(
@@ -302,14 +397,22 @@ def summary_from(
         F.sum(_flag(state == F.lit(DLQ)) - _flag(reason == F.lit(READY_REPLAYED))).alias("dlq"),
         F.sum(_flag(state == F.lit(DISCARD))).alias("discards"),
         F.sum(_flag(reason == F.lit(READY_REPLAYED))).alias("replayed"),
-        F.expr(
-            f"percentile(CASE WHEN result_state = '{COMMIT}' THEN settled_ms - born_ms END, "
-            f"array({shares}))"
-        ).alias("ttc"),
-        F.expr(
-            f"percentile(CASE WHEN result_state = '{DLQ}' THEN settled_ms - born_ms END, "
-            f"array({shares}))"
-        ).alias("ttd"),
+    )
+    per_group = per_group.join(
+        exact_percentiles(
+            attempts.where(state.isin(COMMIT, DLQ)).select(
+                "group",
+                state.alias("kind"),
+                (F.col("settled_ms") - F.col("born_ms")).alias("value"),
+            ),
+            _PERCENTILES,
+        )
+        .groupBy("group")
+        .pivot("kind", [COMMIT, DLQ])
+        .agg(F.first("percentiles"))
+        .withColumnsRenamed({COMMIT: "ttc", DLQ: "ttd"}),
+        on="group",
+        how="left",
     )
     from_load = load.groupBy("group").agg(
         F.sum("commitlog_writes").alias("commitlog_writes"),

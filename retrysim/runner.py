@@ -1,14 +1,16 @@
 """One simulation run, end to end: rounds, tables, Delta commits, and the Result for notebooks.
 
-Everything is staged under ``<output>/_staging/<run>`` first (Parquet, invisible to readers)
-and only then published table by table, ``runs`` last, each as one Delta commit that
-replaces the run's partition. A run that fails before publishing leaves the tables as they
-were; its staging folder is removed either way.
+Everything is staged under ``<output>/_staging/<run>-<token>`` first (Parquet, invisible to
+readers) under a writer lease (:mod:`retrysim.lease`), then validated
+(:mod:`retrysim.validate`), and only then published table by table, each as one Delta commit
+that replaces the run's partition: the ``runs`` row as ``publishing`` first, ``complete``
+last, so readers see the run completely or not at all (:mod:`retrysim.recovery`). A run that
+fails before publishing leaves the tables as they were; its staging folder is removed
+either way.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import re
@@ -20,9 +22,9 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from retrysim import __version__
-from retrysim.config import Scenario, ScenarioError
+from retrysim import __version__, views
 from retrysim.capacity import peak_concurrency
+from retrysim.config import Scenario, ScenarioError, scenario_json
 from retrysim.engine import (
     TAIL_ROWS,
     GroupPlan,
@@ -32,22 +34,23 @@ from retrysim.engine import (
     key_specs,
     run_rounds,
 )
+from retrysim.lease import acquire_lease
 from retrysim.metrics import dead_letters_from_attempts, load_from_attempts, summary_from
+from retrysim.recovery import publish_run, recover
 from retrysim.sequential import sequential_attempts
-from retrysim.sinks import Sink, choose_sink, read_table, remove_tree
+from retrysim.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
 from retrysim.tables import (
     ATTEMPTS,
-    PARTITION_COLUMN,
     RUNS,
     SCHEMAS,
     TABLE_ORDER,
+    TABLE_SETS,
     data_schema,
     select_schema,
 )
 from retrysim.transitions import transitions_from_attempts
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-STATUS_COMPLETE = "complete"
 
 
 def default_run_id(scenario: Scenario) -> str:
@@ -76,13 +79,13 @@ class Result:
     rounds: int
     sink: str
     elapsed_s: float
+    tables: str = "full"
     _cache: dict[str, DataFrame] = field(default_factory=dict, repr=False)
 
     def table(self, name: str) -> DataFrame:
+        """The run's rows of ``name``; a lean run's transitions and messages are derived."""
         if name not in self._cache:
-            self._cache[name] = read_table(self.spark, self.output, name).where(
-                F.col(PARTITION_COLUMN) == F.lit(self.run_id)
-            )
+            self._cache[name] = views.table(self.spark, self.output, name, self.run_id)
         return self._cache[name]
 
     runs = property(lambda self: self.table("runs"))
@@ -102,36 +105,56 @@ def simulate(
     progress: Progress | None = None,
     sink: str | Sink = "auto",
     tail_rows: int = TAIL_ROWS,
+    tables: str = "full",
+    validate: bool = True,
 ) -> Result:
     """Simulate ``scenario`` and write all seven tables under ``output`` (a temp dir if None).
 
+    ``tables="lean"`` writes attempts, dead_letters, load, summary and runs only, for very
+    large runs: transitions and messages are derived when read (:mod:`retrysim.views`).
+
     ``tail_rows``: a round frontier of at most this many retrying messages is finished event
-    by event in one stage (0: always one Spark stage per round).
+    by event in one stage (0: always one Spark stage per round). The staged tables are
+    validated before anything is published; a broken invariant raises
+    :class:`retrysim.validate.ValidationError` and leaves the tables as they were.
 
     >>> result = simulate(spark, load_scenario("conf/default.yaml"))  # doctest: +SKIP
     >>> result.summary.show()  # doctest: +SKIP
     """
+    from retrysim.validate import check_staged
+
     say = progress or (lambda _line: None)
+    if tables not in TABLE_SETS:
+        raise ScenarioError("--tables", f"value {tables!r}: use one of {', '.join(TABLE_SETS)}")
     output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
     run_id = check_run_id(run_id or default_run_id(scenario))
     chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
-    staging = os.path.join(output, "_staging", f"{run_id}-{uuid.uuid4().hex[:8]}")
+    lease = acquire_lease(output, run_id)
+    staging = lease.staging
     started_at = dt.datetime.now(dt.UTC)
     began = time.monotonic()
     try:
+        recover(output, say)
         rounds, engines = _simulate_attempts(spark, scenario, staging, say, tail_rows)
         say("staging tables ...")
-        staged = _stage_tables(spark, scenario, staging, engines)
-        runs_row = _runs_row(spark, scenario, run_id, started_at, rounds)
-        _write_parquet(runs_row, os.path.join(staging, "tables", "runs"))
-        staged["runs"] = os.path.join(staging, "tables", "runs")
-        for table in TABLE_ORDER:
-            chosen.publish(spark, output, table, staged[table], run_id)
-        say(f"committed {len(TABLE_ORDER)} tables with the {chosen.name} sink")
+        written = TABLE_SETS[tables]
+        staged = _stage_tables(spark, scenario, staging, engines, written)
+        rows = {
+            status: _write_parquet(
+                _runs_row(spark, scenario, run_id, started_at, rounds, status, tables),
+                os.path.join(staging, "tables", f"runs-{status}"),
+            )
+            for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
+        }
+        staged["runs"] = rows[STATUS_COMPLETE]
+        if validate:
+            derived = _derived_for_lean(spark, scenario, staged)
+            check_staged(spark, staged, run_id, say, derived)
+        publish_run(chosen, spark, output, staged, rows[STATUS_PUBLISHING], lease)
+        say(f"committed {len(written)} tables with the {chosen.name} sink")
     finally:
-        remove_tree(staging)
-        _remove_if_empty(os.path.join(output, "_staging"))
-    return Result(spark, output, run_id, rounds, chosen.name, time.monotonic() - began)
+        lease.release()
+    return Result(spark, output, run_id, rounds, chosen.name, time.monotonic() - began, tables)
 
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
@@ -200,10 +223,14 @@ def _write_parquet(df: DataFrame, path: str) -> str:
 
 
 def _stage_tables(
-    spark: SparkSession, scenario: Scenario, staging: str, engines: dict[str, str]
+    spark: SparkSession,
+    scenario: Scenario,
+    staging: str,
+    engines: dict[str, str],
+    written: tuple[str, ...] = TABLE_ORDER,
 ) -> dict[str, str]:
-    """Compute every table but ``runs`` into Parquet under ``staging/tables``; later tables
-    read earlier ones back so no plan is computed twice."""
+    """Compute the ``written`` tables but ``runs`` into Parquet under ``staging/tables``;
+    later tables read earlier ones back so no plan is computed twice."""
     tables = os.path.join(staging, "tables")
     path = {name: os.path.join(tables, name) for name in SCHEMAS}
     engine_of = F.create_map(*[x for item in engines.items() for x in map(F.lit, item)])
@@ -212,9 +239,11 @@ def _stage_tables(
         .where(F.col("engine") == engine_of[F.col("group")])  # rows of the engine in force
         .drop("round", "engine")
     )
-    _write_parquet(all_messages(spark, scenario), path["messages"])
+    if "messages" in written:
+        _write_parquet(all_messages(spark, scenario), path["messages"])
     _write_parquet(select_schema(attempts, data_schema(ATTEMPTS)), path["attempts"])
-    _write_parquet(transitions_from_attempts(attempts), path["transitions"])
+    if "transitions" in written:
+        _write_parquet(transitions_from_attempts(attempts), path["transitions"])
     _write_parquet(dead_letters_from_attempts(attempts, scenario), path["dead_letters"])
     load = load_from_attempts(spark, attempts, scenario).coalesce(1)
     _write_parquet(load, path["load"])
@@ -224,23 +253,39 @@ def _stage_tables(
     return path
 
 
+def _derived_for_lean(
+    spark: SparkSession, scenario: Scenario, staged: dict[str, str]
+) -> dict[str, DataFrame]:
+    """The staged data tables a lean run does not write, derived, so that validation checks
+    them as readers will see them (data columns only, like the staged Parquet)."""
+    derived: dict[str, DataFrame] = {}
+    if "transitions" not in staged:
+        staged_attempts = spark.read.schema(data_schema(ATTEMPTS)).parquet(staged["attempts"])
+        derived["transitions"] = transitions_from_attempts(staged_attempts)
+    if "messages" not in staged:
+        derived["messages"] = all_messages(spark, scenario)
+    return derived
+
+
 def _runs_row(
-    spark: SparkSession, scenario: Scenario, run_id: str, started_at: dt.datetime, rounds: int
+    spark: SparkSession,
+    scenario: Scenario,
+    run_id: str,
+    started_at: dt.datetime,
+    rounds: int,
+    status: str = STATUS_COMPLETE,
+    tables: str = "full",
 ) -> DataFrame:
     row = (
         scenario.name,
         scenario.seed,
-        scenario.model_dump_json(),
+        scenario_json(scenario),
         started_at,
         dt.datetime.now(dt.UTC),
         __version__,
         spark.sparkContext.master,
-        STATUS_COMPLETE,
+        status,
         rounds,
+        tables,
     )
     return spark.createDataFrame([row], data_schema(RUNS)).coalesce(1)
-
-
-def _remove_if_empty(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.rmdir(path)

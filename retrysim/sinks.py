@@ -13,13 +13,15 @@ the run's partition of each table in a single Delta commit per table, ``runs`` l
 
 Readers go through :func:`read_table`: Delta through Spark where it can, else Parquet over
 the table's *active* files as the Delta log lists them. Never the folder as plain Parquet:
-files an overwrite removed stay on disk until vacuum.
+files an overwrite removed stay on disk until vacuum. The reader shows only rows of runs whose
+``runs`` row says ``complete`` (see :mod:`retrysim.recovery` for the publish protocol).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import time
 from pathlib import Path
@@ -29,12 +31,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from retrysim.tables import ALL_SCHEMAS, PARTITION_COLUMN, data_schema
+from retrysim.tables import ALL_SCHEMAS, PARTITION_COLUMN, SCHEMAS, data_schema
 
 _ARROW_TYPES = {
     T.StringType: pa.string(),
@@ -44,7 +47,14 @@ _ARROW_TYPES = {
     T.BooleanType: pa.bool_(),
     T.TimestampType: pa.timestamp("us", tz="UTC"),
 }
-_COMMIT_RETRIES = 5
+# A run's status in ``runs``: readers show only complete runs; ``publishing`` hides a run
+# while its tables are being replaced (retrysim.recovery).
+STATUS_COMPLETE, STATUS_PUBLISHING = "complete", "publishing"
+# Concurrent writers: a commit that lost a race (a newer table version, the table created
+# by another writer in between) is retried with exponential backoff and jitter.
+COMMIT_RETRIES = 12
+COMMIT_BACKOFF_S, COMMIT_BACKOFF_MAX_S = 0.1, 3.0
+_RACE_SIGNS = ("onflict", "already exists", "not allowed for create", "changed since last")
 
 
 def _arrow_type(dtype: T.DataType) -> pa.DataType:
@@ -95,14 +105,25 @@ class DeltaRsSink:
             os.replace(source, target)
             actions.append(_add_action(target, root, run_id))
         schema = arrow_schema(ALL_SCHEMAS[table])
-        for attempt in range(_COMMIT_RETRIES):
-            try:
-                _commit(str(root), schema, actions, run_id)
-                return
-            except Exception as error:  # concurrent writers: retry on commit conflicts
-                if attempt == _COMMIT_RETRIES - 1 or "onflict" not in str(error):
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        with_commit_retries(lambda: _commit(str(root), schema, actions, run_id))
+
+
+def lost_commit_race(error: Exception) -> bool:
+    """A commit another writer got in first: a conflict, or two writers creating version 0."""
+    return isinstance(error, CommitFailedError) or any(s in str(error) for s in _RACE_SIGNS)
+
+
+def with_commit_retries(commit) -> None:
+    """Run ``commit`` (which re-reads the table each time), retrying lost commit races."""
+    for attempt in range(COMMIT_RETRIES):
+        try:
+            commit()
+            return
+        except Exception as error:
+            if attempt == COMMIT_RETRIES - 1 or not lost_commit_race(error):
+                raise
+            pause = min(COMMIT_BACKOFF_MAX_S, COMMIT_BACKOFF_S * 2**attempt)
+            time.sleep(pause * random.uniform(0.5, 1.0))
 
 
 def _commit(uri: str, schema: pa.Schema, actions: list[AddAction], run_id: str) -> None:
@@ -186,15 +207,38 @@ def choose_sink(spark: SparkSession, preference: str = "auto") -> Sink:
     return DeltaSparkSink() if available else DeltaRsSink()
 
 
-def read_table(spark: SparkSession, output: str, table: str) -> DataFrame:
-    """A table as a Spark DataFrame, every run; filter on ``run_id`` for one run."""
+def complete_run_ids(output: str) -> list[str]:
+    """Run ids whose ``runs`` row says complete (the runs table is one small row per run)."""
+    path = table_path(output, "runs")
+    if not DeltaTable.is_deltatable(path):
+        return []
+    runs = DeltaTable(path).to_pyarrow_table(columns=[PARTITION_COLUMN, "status"]).to_pydict()
+    pairs = zip(runs[PARTITION_COLUMN], runs["status"], strict=True)
+    return sorted({run for run, status in pairs if status == STATUS_COMPLETE})
+
+
+def read_table(
+    spark: SparkSession, output: str, table: str, complete_only: bool = True
+) -> DataFrame:
+    """A table as a Spark DataFrame, every complete run; filter on ``run_id`` for one run.
+
+    Rows of runs that are not complete (being published, or left by a writer that died) are
+    hidden unless ``complete_only=False``. The table's snapshot is taken before the list of
+    complete runs is read, so a run being re-published is never shown half replaced."""
     schema = ALL_SCHEMAS[table]
     path = table_path(output, table)
     if not DeltaTable.is_deltatable(path):
         return spark.createDataFrame([], schema)
+    hide = complete_only and table in SCHEMAS
     if delta_classes_available(spark):
-        return spark.read.format("delta").load(path).select(*schema.fieldNames())
-    files = DeltaTable(path).file_uris()
+        df = spark.read.format("delta").load(path).select(*schema.fieldNames())
+        return df.where(F.col(PARTITION_COLUMN).isin(complete_run_ids(output))) if hide else df
+    snapshot = DeltaTable(path)
+    runs = complete_run_ids(output) if hide else None
+    if runs is None:
+        files = snapshot.file_uris()
+    else:
+        files = snapshot.file_uris(file_pruning_predicate=[(PARTITION_COLUMN, "in", runs)])
     if not files:
         return spark.createDataFrame([], schema)
     return (

@@ -39,6 +39,7 @@ RUNS = _schema(
     ("spark_master", StringType()),
     ("status", StringType()),
     ("rounds", IntegerType()),
+    ("tables", StringType()),
 )
 
 MESSAGES = _schema(
@@ -69,7 +70,22 @@ ATTEMPTS = _schema(
     ("next_ready_ms", LongType()),
     ("settled_ms", LongType()),
     ("batch_size", IntegerType()),
+    # How the delivery entered Ready and left Inflight (and, for after-backoff moves, its
+    # WaitingRetry): enough to derive its transitions (transitions.transitions_from_attempts)
+    # when a lean run does not store them.
+    ("ready_reason", StringType()),
+    ("end_state", StringType()),
+    ("end_topic", StringType()),
+    ("end_queue_id", IntegerType()),
+    ("end_reason", StringType()),
+    ("leave_state", StringType()),
+    ("leave_topic", StringType()),
+    ("leave_queue_id", IntegerType()),
+    ("leave_reason", StringType()),
 )
+
+# The attempts columns that exist so transitions can be derived from attempts.
+DERIVATION_COLUMNS = tuple(ATTEMPTS.fieldNames()[ATTEMPTS.fieldNames().index("ready_reason") :])
 
 TRANSITIONS = _schema(
     ("run_id", StringType()),
@@ -227,6 +243,10 @@ SCHEMAS: dict[str, StructType] = {
 ALL_SCHEMAS: dict[str, StructType] = {**SCHEMAS, "plan": PLAN}
 # Publication order: runs last, so a run is listed only once all its rows are committed.
 TABLE_ORDER = ("messages", "attempts", "transitions", "dead_letters", "load", "summary", "runs")
+# What a run writes: every table, or (``--tables lean``, for very large runs) all but the
+# two that are derivable: transitions from attempts, messages from the scenario.
+TABLE_SETS = {"full": TABLE_ORDER, "lean": ("attempts", "dead_letters", "load", "summary", "runs")}
+DERIVED_IN_LEAN = ("messages", "transitions")
 
 
 def data_schema(schema: StructType) -> StructType:

@@ -12,7 +12,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from retrysim.policy import INFLIGHT, READY, WAITING_RETRY
-from retrysim.tables import TRANSITIONS, data_schema, select_schema
+from retrysim.tables import PARTITION_COLUMN, TRANSITIONS, data_schema, select_schema
 
 SEQ_PER_DELIVERY = 4
 REASON_DELIVERED = "delivered"
@@ -40,7 +40,11 @@ def _transition(
 
 
 def transitions_from_attempts(attempts: DataFrame) -> DataFrame:
-    """Explode staged attempts into transition rows (``transitions`` shape, no run_id)."""
+    """Explode attempts into transition rows: staged attempts give the ``transitions`` table's
+    data columns; rows of the ``attempts`` table (with ``run_id``) give the table's rows, which
+    is how a lean run's transitions are read (``Result.transitions``, ``register_views``)."""
+    keep_run = PARTITION_COLUMN in attempts.columns
+    keys = [PARTITION_COLUMN] if keep_run else []
     null_int = F.lit(None).cast("int")
     here = (F.col("source_topic"), F.col("queue_id"))
     ready = _transition(1, F.lit(READY), F.col("ready_ms"), *here, null_int, F.col("ready_reason"))
@@ -74,8 +78,11 @@ def transitions_from_attempts(attempts: DataFrame) -> DataFrame:
         ),
     )
     exploded = attempts.select(
-        "group", "msg_id", "delivery", F.explode(F.array(ready, inflight, end, leave)).alias("t")
+        *keys,
+        "group",
+        "msg_id",
+        "delivery",
+        F.explode(F.array(ready, inflight, end, leave)).alias("t"),
     ).where(F.col("t").isNotNull())
-    return select_schema(
-        exploded.select("group", "msg_id", "delivery", "t.*"), data_schema(TRANSITIONS)
-    )
+    schema = TRANSITIONS if keep_run else data_schema(TRANSITIONS)
+    return select_schema(exploded.select(*keys, "group", "msg_id", "delivery", "t.*"), schema)

@@ -187,6 +187,7 @@ CASES = [
         edit(**{b0 + "outages__0__start": 600}),
     ),
     Case("horizon-zero", ("horizon", "'0s'", "between 1ms and 366d"), edit(horizon="0s")),
+    Case("horizon-negative", ("horizon", "'-1h'"), edit(horizon="-1h")),
     Case("load-bucket-tiny", ("load_bucket", ">= 100ms"), edit(load_bucket="1ms")),
     Case(
         "consume-timeout-too-small",
@@ -320,7 +321,7 @@ CASES = [
                 g0 + "invisible_duration": "5s",
             }
         ),
-    ),  # fmt: skip
+    ),
     Case(
         "invisible-over-12h",
         ("groups[0].invisible_duration", "'13h'", "between 10s and 12h"),
@@ -331,7 +332,7 @@ CASES = [
                 g0 + "invisible_duration": "13h",
             }
         ),
-    ),  # fmt: skip
+    ),
     Case(
         "invisible-on-push",
         ("groups[0].invisible_duration", "applies only to rocketmq5.simple, not to rocketmq5.push"),
@@ -352,7 +353,7 @@ CASES = [
                 g0 + "suspend_current_queue_time": "5ms",
             }
         ),
-    ),  # fmt: skip
+    ),
     Case(
         "suspend-above-30s",
         ("groups[0].suspend_current_queue_time", "'31s'", "between 10ms and 30s"),
@@ -363,7 +364,7 @@ CASES = [
                 g0 + "suspend_current_queue_time": "31s",
             }
         ),
-    ),  # fmt: skip
+    ),
     Case(
         "suspend-on-concurrently",
         ("groups[0].suspend_current_queue_time", "applies only to rocketmq4.orderly"),
@@ -388,7 +389,7 @@ CASES = [
                 g0 + "retry_policy": {"kind": "exponential", "initial": "5s", "max": "1s"},
             }
         ),
-    ),  # fmt: skip
+    ),
     Case(
         "pubsub-attempts-below-5",
         ("groups[0].retry_policy.max_delivery_attempts", "value 4", "between 5 and 100"),
@@ -399,7 +400,7 @@ CASES = [
                 g0 + "retry_policy": {"kind": "pubsub", "max_delivery_attempts": 4},
             }
         ),
-    ),  # fmt: skip
+    ),
     Case(
         "consumers-not-a-pool",
         ("groups[0].consumers", "'lots'", "{instances, threads} or 'unlimited'"),
@@ -414,6 +415,37 @@ CASES = [
         "replay-without-dlq",
         ("groups[0].replay", "needs a dead-letter queue"),
         edit(**{g0 + "dlq_enabled": False, g0 + "replay": {"at": "3h", "rate": "10/s"}}),
+    ),
+    # --- the size guard (retrysim.sizing): estimated from the scenario before Spark starts
+    Case(
+        "size-disk",
+        (
+            "groups[0].workload.messages",
+            "the run needs about",
+            "TiB of disk at",
+            "free)",
+            "10,000,000,000 messages x ~",
+            "deliveries each",
+            "pass --force to run anyway",
+        ),
+        edit(**{g0 + "workload__messages": 10_000_000_000, g0 + "consumers": "unlimited"}),
+    ),
+    Case(
+        "size-memory-of-one-ordered-queue",
+        (
+            "groups[0].workload.messages",
+            "GiB of memory in one Python task for group g",
+            "10,000,000,000 messages in one key of the sequential engine",
+            "--force",
+        ),
+        edit(
+            **{
+                g0 + "workload__messages": 10_000_000_000,
+                g0 + "workload__queues": 1,
+                g0 + "flavor": "rocketmq4.orderly",
+                g0 + "consume_timeout": DELETE,
+            }
+        ),
     ),
     # --- command-line arguments
     Case("set-without-equals", ("--set", "expected key=value, got 'foo'"), args=("--set", "foo")),
@@ -548,3 +580,28 @@ def test_output_holding_delta_table_of_another_schema(tmp_path):
     after = deltalake.DeltaTable(str(table))
     assert after.version() == version
     assert after.to_pyarrow_table().to_pydict() == {"x": [1]}
+
+
+def test_size_guard_force_only_warns_and_a_normal_scenario_passes_silently(tmp_path):
+    """``--force`` turns the refusal into a warning; the default scenario needs neither."""
+    from retrysim.config import build_scenario, load_scenario
+    from retrysim.sizing import check_size
+
+    huge = build_scenario(yaml.safe_load(edit(**{g0 + "workload__messages": 10_000_000_000})))
+    warnings: list[str] = []
+    groups = check_size(huge, str(tmp_path / "out"), "local[2]", force=True, warn=warnings.append)
+    assert len(warnings) == 1 and warnings[0].startswith("groups[0].workload.messages: the run")
+    assert warnings[0].endswith("running anyway (--force)")
+    assert groups[0].deliveries > 10_000_000_000
+
+    check_size(load_scenario(None), str(tmp_path / "out"), "local[2]", warn=warnings.append)
+    assert len(warnings) == 1
+
+
+def test_validate_without_tables(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "retrysim", "validate", "--output", str(tmp_path / "none")],
+        cwd=PROJECT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert_one_error(result, ("--output", "no retrysim tables in", "none"))
+    assert not (tmp_path / "none").exists()

@@ -131,8 +131,8 @@ def test_after_backoff_leave_waits_one_more_interval():
 
 
 def test_exponential_intervals_round_half_up_and_cap():
-    assert exponential_intervals(1_000, 20_000, 1.5, 16) == (1_000, 1_500, 2_250, 3_375, 5_063,
-                                                             7_594, 11_391, 17_086, 20_000)  # fmt: skip
+    expected = (1_000, 1_500, 2_250, 3_375, 5_063, 7_594, 11_391, 17_086, 20_000)
+    assert exponential_intervals(1_000, 20_000, 1.5, 16) == expected
     assert exponential_intervals(5_000, 7_200_000, 2.0, 2) == (5_000, 10_000, 20_000)
 
 

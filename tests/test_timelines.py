@@ -190,7 +190,7 @@ def test_orderly_fails_5_times_then_succeeds_1s_apart_and_blocks_its_queue(flavo
     first = [r for r in rows if r[0] == 0]
     assert [r[2] for r in first] == [0, 1_000, 2_000, 3_000, 4_000, 5_000]
     assert [r[3] for r in first] == ["WaitingRetry"] * 5 + ["Commit"]
-    assert [r for r in rows if r[0] == 1][0][2] == 5_000  # waited behind message 0
+    assert next(r for r in rows if r[0] == 1)[2] == 5_000  # waited behind message 0
     topics = {r["topic"] for r in flavors_run.transitions.where(F.col("group") == "orderly")
               .select("topic").collect()}  # fmt: skip
     assert topics == {"orderly"}  # local retries: no schedule, retry or DLQ topic

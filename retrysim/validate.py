@@ -1,0 +1,363 @@
+"""Validation of a run's tables: every invariant of :mod:`retrysim.invariants`, with a report.
+
+Every run is validated on its staged tables before anything of it is published
+(:func:`check_staged`, called by :func:`retrysim.runner.simulate`): a broken invariant
+raises :class:`ValidationError`, which names the invariant and a few example keys, and the
+run publishes nothing (its ``runs`` row is not written either: the tables stay as they
+were, including an earlier version of the same run id). ``retrysim validate --output DIR
+[--run-id ID]`` checks complete runs already written (:func:`validate_output`).
+
+The driver collects one row per run and group from each pass, compares the counts (summary
+and load against the rows), and fetches example rows only for an invariant that broke.
+
+>>> report = validate_output(spark, "out")  # doctest: +SKIP
+>>> print(report.format())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from retrysim import invariants as inv
+from retrysim.config import ScenarioError
+from retrysim.invariants import INVARIANTS, Invariant
+from retrysim.sinks import STATUS_COMPLETE, complete_run_ids, table_path
+from retrysim.tables import PARTITION_COLUMN, SCHEMAS, data_schema
+
+__all__ = ["INVARIANTS", "Finding", "Report", "ValidationError", "check_staged",
+           "validate_output", "validate_tables"]  # fmt: skip
+
+EXAMPLES = 3
+_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One invariant over the checked runs: violations per run, a few examples per run."""
+
+    invariant: Invariant
+    violations: int
+    examples: tuple[str, ...] = ()
+    by_run: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Report:
+    """Per-invariant results over ``runs``; ``ok`` when no invariant is broken."""
+
+    runs: tuple[str, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken
+
+    @property
+    def broken(self) -> list[Finding]:
+        return [finding for finding in self.findings if finding.violations]
+
+    def broken_by_run(self) -> dict[str, set[str]]:
+        """Run id -> names of the invariants it breaks (runs that break none are left out)."""
+        found: dict[str, set[str]] = {}
+        for finding in self.broken:
+            for run, count in finding.by_run:
+                if count:
+                    found.setdefault(run, set()).add(finding.invariant.name)
+        return found
+
+    def format(self) -> str:
+        """One line per invariant, ``ok`` or ``FAIL`` with examples, for the terminal."""
+        width = max(len(invariant.name) for invariant in INVARIANTS)
+        lines = []
+        for finding in self.findings:
+            rule, name = finding.invariant.rule, finding.invariant.name
+            if not finding.violations:
+                lines.append(f"  ok    {name:<{width}}  {rule}")
+                continue
+            runs = ", ".join(f"{run}: {count:,}" for run, count in finding.by_run if count)
+            lines.append(
+                f"  FAIL  {name:<{width}}  {rule}: {finding.violations:,} violation(s) ({runs})"
+            )
+            lines += [f"        {'':<{width}}  e.g. {example}" for example in finding.examples]
+        return "\n".join(lines)
+
+    def failure(self) -> str:
+        """The broken invariants, their counts and examples, on one line."""
+        return " | ".join(
+            f"{f.invariant.name} ({f.invariant.rule}): {f.violations:,} violation(s), e.g. "
+            + "; ".join(f.examples[:EXAMPLES])
+            for f in self.broken
+        )
+
+
+class ValidationError(RuntimeError):
+    """A run broke an invariant; raised before anything of it is published."""
+
+    def __init__(self, run_id: str, report: Report) -> None:
+        super().__init__(f"run {run_id} failed validation, nothing published: {report.failure()}")
+        self.run_id = run_id
+        self.report = report
+
+
+# --------------------------------------------------------------------------- comparisons
+
+
+def _group_problems(values: dict[str, Any]) -> dict[str, list[str]]:
+    """Counts of one run and group that must agree: invariant -> mismatches."""
+    v = defaultdict(int, {key: value for key, value in values.items() if value is not None})
+    messages, final = v["message_rows"], (v["final_commit"], v["final_dlq"], v["final_discard"])
+    summed = v["s_commits"] + v["s_dlq"] + v["s_discards"] + v["s_pending"]
+    summary = [
+        ("summary rows", v["summary_rows"], 1),
+        ("summary.messages", v["s_messages"], messages),
+        ("summary.commits (final Commit states)", v["s_commits"], final[0]),
+        ("summary.dlq (final DLQ states)", v["s_dlq"], final[1]),
+        ("summary.discards (final Discard states)", v["s_discards"], final[2]),
+        ("summary.pending (messages not settled)", v["s_pending"], messages - sum(final)),
+        ("commits + dlq + discards + pending", summed, v["s_messages"]),
+        ("summary.deliveries", v["s_deliveries"], v["t_deliveries"]),
+        ("summary.retries", v["s_retries"], v["t_retries"]),
+        ("summary.replayed", v["s_replayed"], v["t_replays"]),
+        ("summary.dlq (dead_letters - replays)", v["s_dlq"],
+         v["dead_letter_rows"] - v["dead_letters_replayed"]),
+        ("summary.commitlog_writes", v["s_commitlog_writes"], v["t_commitlog_writes"]),
+    ]  # fmt: skip
+    amplification = v["t_deliveries"] / messages if messages else 0.0
+    if abs(v["s_amplification"] - amplification) > _TOLERANCE:
+        summary.append(("summary.amplification", v["s_amplification"], amplification))
+    totals = [(f"load.{name}", v[f"load_{name}"], v[f"t_{name}"]) for name in inv.LOAD_SUMS[:-1]]
+    bytes_ = v["load_commitlog_writes"] * v["size_bytes"]
+    totals.append(("load.commitlog_bytes", v["load_commitlog_bytes"], bytes_))
+    bucket = v["bucket_ms"] or 1
+    gauges = [
+        ("load rows (distinct buckets)", v["load_rows"], v["load_buckets"]),
+        ("first bucket_start_ms", v["load_first_ms"], 0),
+        ("smallest bucket_ms (largest)", v["bucket_ms_min"], v["bucket_ms"]),
+        ("load buckets (up to the last)", v["load_buckets"], v["load_end_ms"] // bucket),
+        *[(f"final {gauge}", v[f"load_end_{gauge}"], v[f"end_{gauge}"]) for gauge in inv.GAUGES],
+    ]  # fmt: skip
+    checks = {"summary_counts": summary, "load_totals": totals, "load_gauges": gauges}
+    return {
+        name: [f"{label} = {got}, expected {want}" for label, got, want in pairs if got != want]
+        for name, pairs in checks.items()
+    }
+
+
+def _examples(frame: DataFrame, names: list[str], limit: int) -> dict[str, list[str]]:
+    """Up to ``limit`` violations per run of each of ``names`` in ``frame``, smallest keys
+    first, in one pass over ``frame``."""
+    keys = [column for column in inv.DELIVERY if column in frame.columns]
+    text = F.concat_ws(" ", *[F.concat(F.lit(f"{k}="), F.col(k).cast("string")) for k in keys])
+    flagged = [
+        F.when(
+            F.col(f"bad_{name}"),
+            F.struct(F.lit(name).alias("name"), F.col(f"why_{name}").alias("why")),
+        )
+        for name in names
+    ]
+    found = F.explode(F.filter(F.array(*flagged), lambda item: item.isNotNull()))
+    first = Window.partitionBy(PARTITION_COLUMN, "name").orderBy(*keys)
+    rows = (
+        frame.where(reduce(lambda a, b: a | b, [F.col(f"bad_{name}") for name in names]))
+        .select(*keys, text.alias("where"), found.alias("found"))
+        .select(*keys, "found.name", F.concat("where", F.lit(": "), "found.why").alias("example"))
+        .withColumn("rank", F.row_number().over(first))
+        .where(F.col("rank") <= F.lit(limit))
+        .orderBy("name", *keys)
+    )
+    examples: dict[str, list[str]] = {name: [] for name in names}
+    for row in rows.collect():
+        examples[row["name"]].append(row["example"])
+    return examples
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def validate_tables(tables: dict[str, DataFrame]) -> Report:
+    """Check every invariant over ``tables`` (the seven tables, each with its ``run_id``
+    column, any number of runs). One Spark job reduces them to a few rows per run and
+    group; examples are fetched only for a broken invariant."""
+    load = inv.load_counts(tables["load"])
+    rows = {
+        "path": inv.path_rows(tables["transitions"]),
+        "delivery": inv.delivery_rows(tables, load.select(*inv.GROUP, "load_end_ms")),
+        "message": inv.message_rows(tables),
+    }
+    parts = {
+        "load": load,
+        "summary": inv.summary_counts(tables["summary"]),
+        "path": inv.path_counts(rows["path"]),
+        "delivery": inv.delivery_counts(rows["delivery"]),
+        "message": inv.message_counts(rows["message"]),
+        "runs": inv.runs_counts(tables["runs"], STATUS_COMPLETE),
+    }
+    tagged = [frame.withColumn("_part", F.lit(name)) for name, frame in parts.items()]
+    combined = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    runs: dict[str, dict[str, Any]] = {}
+    for row in combined.collect():
+        values = {key: value for key, value in row.asDict().items() if value is not None}
+        if row["_part"] == "runs":
+            runs[row[PARTITION_COLUMN]] = values
+        else:
+            groups.setdefault((row[PARTITION_COLUMN], row["group"]), {}).update(values)
+    counts, examples = _tally(groups, runs)
+    for prefix, names in _ROW_CHECKS:
+        broken = [name for name in names if any(counts[name].values())]
+        if broken:
+            for name, found in _examples(rows[prefix], broken, EXAMPLES).items():
+                examples[name] += found
+    findings = tuple(
+        Finding(
+            invariant,
+            sum(counts[invariant.name].values()),
+            tuple(examples[invariant.name]),
+            tuple(sorted(counts[invariant.name].items())),
+        )
+        for invariant in INVARIANTS
+    )
+    return Report(tuple(sorted({run for run, _ in groups} | set(runs))), findings)
+
+
+_ROW_CHECKS = (
+    ("path", inv.PATH_CHECKS),
+    ("delivery", inv.DELIVERY_CHECKS),
+    ("message", inv.MESSAGE_CHECKS),
+)
+
+
+def _tally(
+    groups: dict[tuple[str, str], dict[str, Any]], runs: dict[str, dict[str, Any]]
+) -> tuple[dict[str, dict[str, int]], dict[str, list[str]]]:
+    """Violations per invariant and run, with examples of the group-level ones (at most
+    :data:`EXAMPLES` per run)."""
+    counts: dict[str, dict[str, int]] = {invariant.name: {} for invariant in INVARIANTS}
+    examples: dict[str, list[str]] = {invariant.name: [] for invariant in INVARIANTS}
+    shown: dict[tuple[str, str], int] = defaultdict(int)
+
+    def add(name: str, run: str, count: int, found: list[str]) -> None:
+        counts[name][run] = counts[name].get(run, 0) + count
+        room = EXAMPLES - shown[name, run]
+        examples[name] += found[:room]
+        shown[name, run] += len(found[:room])
+
+    for (run, group), values in sorted(groups.items()):
+        for prefix, names in _ROW_CHECKS:
+            for name in names:
+                add(name, run, values.get(f"{prefix}_{name}", 0), [])
+        for name, problems in _group_problems(values).items():
+            add(name, run, len(problems), [f"run_id={run} group={group}: {p}" for p in problems])
+    for run in sorted({run for run, _ in groups} | set(runs)):
+        found = runs.get(run, {})
+        rows, complete = found.get("rows", 0), found.get("complete", 0)
+        bad = rows != 1 or complete != 1
+        why = [f"run_id={run}: {rows} runs row(s), {complete} complete"] if bad else []
+        add("runs_row", run, int(bad), why)
+    return counts, examples
+
+
+def staged_tables(
+    spark: SparkSession,
+    staged: dict[str, str],
+    run_id: str,
+    derived: dict[str, DataFrame] | None = None,
+) -> dict[str, DataFrame]:
+    """A run's staged Parquet tables (without run_id inside) as frames with their run_id;
+    ``derived`` gives the data frames of tables a lean run does not stage."""
+    frames = dict(derived or {})
+    frames.update(
+        {
+            name: spark.read.schema(data_schema(schema)).parquet(staged[name])
+            for name, schema in SCHEMAS.items()
+            if name in staged
+        }
+    )
+    return {name: frames[name].withColumn(PARTITION_COLUMN, F.lit(run_id)) for name in SCHEMAS}
+
+
+def check_staged(
+    spark: SparkSession,
+    staged: dict[str, str],
+    run_id: str,
+    say: Callable[[str], None] = lambda _line: None,
+    derived: dict[str, DataFrame] | None = None,
+) -> Report:
+    """Validate a staged run; raise :class:`ValidationError` naming what broke."""
+    began = time.monotonic()
+    report = validate_tables(staged_tables(spark, staged, run_id, derived))
+    if not report.ok:
+        raise ValidationError(run_id, report)
+    say(f"validated: {len(INVARIANTS)} invariants hold ({time.monotonic() - began:.1f}s)")
+    return report
+
+
+def published_tables(
+    spark: SparkSession, output: str, run_id: str | None = None
+) -> dict[str, DataFrame]:
+    """The complete runs' tables under ``output`` (one run when ``run_id`` is given), with a
+    lean run's transitions and messages derived as readers see them."""
+    from retrysim import views
+
+    return {name: views.table(spark, output, name, run_id) for name in SCHEMAS}
+
+
+def validate_output(spark: SparkSession, output: str, run_id: str | None = None) -> Report:
+    """Validate the complete runs under ``output`` (or only ``run_id``)."""
+    return validate_tables(published_tables(spark, output, run_id))
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_validate_command(commands: argparse._SubParsersAction) -> None:
+    """``retrysim validate --output DIR [--run-id ID]`` (wired into retrysim.cli)."""
+    command = commands.add_parser(
+        "validate",
+        help="check the invariants of the runs in an output folder",
+        description="Remove what writers that died left behind, then check the tables of "
+        "every complete run (or of one) against the model's invariants. Exit code 1 when an "
+        "invariant is broken.",
+    )
+    command.add_argument("--output", required=True, help="folder of the Delta tables")
+    command.add_argument("--run-id", help="the run to check (default: every complete run)")
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from retrysim.recovery import recover
+    from retrysim.session import build_session
+
+    output = os.path.abspath(args.output)
+    runs = table_path(output, "runs")
+    if not os.path.isdir(runs):
+        raise ScenarioError("--output", f"no retrysim tables in {output} (no table {runs})")
+
+    def say(line: str) -> None:
+        print(f"retrysim: {line}", flush=True)
+
+    recover(output, say)
+    complete = complete_run_ids(output)
+    if args.run_id is not None and args.run_id not in complete:
+        listed = ", ".join(complete) or "none"
+        raise ScenarioError("--run-id", f"no complete run {args.run_id!r} in {runs} ({listed})")
+    chosen = [args.run_id] if args.run_id else complete
+    say(f"validating {len(chosen)} run(s) in {output}: {', '.join(chosen) or '-'}")
+    spark = build_session("retrysim:validate", conf={"spark.ui.enabled": "false"})
+    try:
+        report = validate_output(spark, output, args.run_id)
+    finally:
+        spark.stop()
+    print(report.format(), flush=True)
+    broken = len(report.broken)
+    say(f"{broken} invariant(s) broken" if broken else "all invariants hold")
+    return 1 if broken else 0

@@ -1,0 +1,361 @@
+"""retrysim.validate: passes on real runs, catches each broken invariant on tiny tables.
+
+The hand-made run has one group and two messages over a one-bucket horizon: message 0
+commits at its first delivery; message 1 fails (RECONSUME_LATER, level 3 on the schedule
+topic), is Ready again on the retry topic 10 s later and commits. Each test breaks one
+thing and checks which invariants report it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from argparse import Namespace
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import functions as F
+
+import retrysim.runner
+from retrysim import cli
+from retrysim.config import build_scenario
+from retrysim.sinks import arrow_schema, read_table, table_path
+from retrysim.tables import ALL_SCHEMAS, SCHEMAS, TABLE_ORDER
+from retrysim.validate import (
+    INVARIANTS,
+    Report,
+    ValidationError,
+    validate_command,
+    validate_output,
+    validate_tables,
+)
+
+RUN, G = "hand", "g"
+SCHEDULE, RETRY = "SCHEDULE_TOPIC_XXXX", "%RETRY%g"
+OK, LATER = "CONSUME_SUCCESS", "RECONSUME_LATER"
+
+
+def _attempt(msg, delivery, rt, topic, queue, ready, end, outcome, state, **rest):
+    row = dict(group=G, msg_id=msg, delivery=delivery, reconsume_times=rt, source_topic=topic,
+               queue_id=queue, ready_ms=ready, start_ms=ready, processing_ms=end - ready,
+               end_ms=end, outcome=outcome, result_state=state, batch_size=1)  # fmt: skip
+    return {**row, "settled_ms": end if state == "Commit" else None, **rest}
+
+
+def _transition(msg, delivery, seq, state, at, topic, queue, reason, level=None):
+    return dict(group=G, msg_id=msg, delivery=delivery, seq=seq, state=state, at_ms=at,
+                topic=topic, queue_id=queue, delay_level=level, reason=reason)  # fmt: skip
+
+
+HAND = {
+    "runs": [dict(scenario="hand", seed=1, config_json='{"horizon": 60000}',
+                  engine_version="0", spark_master="local", status="complete", rounds=2)],
+    "messages": [dict(group=G, topic="t", msg_id=m, queue_id=m, born_ms=10 * m, size_bytes=100)
+                 for m in (0, 1)],
+    "attempts": [
+        _attempt(0, 1, 0, "t", 0, 0, 5, OK, "Commit"),
+        _attempt(1, 1, 0, "t", 1, 10, 15, LATER, "WaitingRetry", delay_level=3,
+                 next_ready_ms=10_015),
+        _attempt(1, 2, 1, RETRY, 0, 10_015, 10_020, OK, "Commit"),
+    ],
+    "transitions": [
+        _transition(0, 1, 1, "Ready", 0, "t", 0, "published"),
+        _transition(0, 1, 2, "Inflight", 0, "t", 0, "delivered"),
+        _transition(0, 1, 3, "Commit", 5, "t", 0, OK),
+        _transition(1, 1, 1, "Ready", 10, "t", 1, "published"),
+        _transition(1, 1, 2, "Inflight", 10, "t", 1, "delivered"),
+        _transition(1, 1, 3, "WaitingRetry", 15, SCHEDULE, 2, LATER, level=3),
+        _transition(1, 2, 5, "Ready", 10_015, RETRY, 0, "retry_due"),
+        _transition(1, 2, 6, "Inflight", 10_015, RETRY, 0, "delivered"),
+        _transition(1, 2, 7, "Commit", 10_020, RETRY, 0, OK),
+    ],
+    "dead_letters": [],
+    "load": [dict(group=G, bucket_start_ms=0, bucket_ms=60_000, deliveries=3, first_deliveries=2,
+                  retries=1, commits=2, dlq=0, discards=0, inflight=0, waiting_retry=0,
+                  ready_backlog=0, commitlog_writes=4, commitlog_bytes=400, replays=0,
+                  schedule_backlog=[0, 0, 0], busy_thread_ms=15.0, utilization=0.0,
+                  oldest_ready_age_ms=0)],
+    "summary": [dict(group=G, messages=2, deliveries=3, retries=1, commits=2, dlq=0, discards=0,
+                     pending=0, replayed=0, amplification=1.5, commitlog_writes=4,
+                     write_amplification=2.0, max_ready_backlog=0, max_waiting_retry=1,
+                     peak_utilization=0.0, engine="rounds")],
+}  # fmt: skip
+
+
+def frames(spark, runs: dict[str, dict[str, list[dict]]]) -> dict:
+    """The seven tables holding every run of ``runs`` (run id -> rows per table)."""
+    found = {}
+    for name, schema in SCHEMAS.items():
+        rows = [
+            tuple({**row, "run_id": run}.get(f.name) for f in schema.fields)
+            for run, tables in runs.items()
+            for row in tables[name]
+        ]
+        found[name] = spark.createDataFrame(rows, schema)
+    return found
+
+
+def edit(**tables) -> dict[str, list[dict]]:
+    changed = copy.deepcopy(HAND)
+    changed.update(tables)
+    return changed
+
+
+def _illegal_first_ready():
+    transitions = copy.deepcopy(HAND["transitions"])
+    transitions[0]["reason"] = "retry_due"  # a first Ready that was never published
+    return edit(transitions=transitions)
+
+
+def _ready_after_commit():
+    return edit(
+        transitions=[*HAND["transitions"], _transition(0, 2, 5, "Ready", 20, "t", 0, "retry_due")]
+    )
+
+
+def _delivery_gap():
+    attempts = copy.deepcopy(HAND["attempts"])
+    attempts[2].update(delivery=3, reconsume_times=2)
+    transitions = copy.deepcopy(HAND["transitions"])
+    for row in transitions[6:]:
+        row.update(delivery=3, seq=row["seq"] + 4)
+    return edit(attempts=attempts, transitions=transitions)
+
+
+def _time_backwards():
+    attempts = copy.deepcopy(HAND["attempts"])
+    attempts[2]["ready_ms"] = 12  # Ready again before it went WaitingRetry at 15
+    transitions = copy.deepcopy(HAND["transitions"])
+    transitions[6]["at_ms"] = 12
+    return edit(attempts=attempts, transitions=transitions)
+
+
+def _summary_off():
+    summary = copy.deepcopy(HAND["summary"])
+    summary[0]["commits"] = 1
+    return edit(summary=summary)
+
+
+def _load_off():
+    load = copy.deepcopy(HAND["load"])
+    load[0].update(commits=1, inflight=1)
+    return edit(load=load)
+
+
+def _stray_dead_letter():
+    dead = [dict(group=G, msg_id=0, dlq_topic="%DLQ%g", dlq_at_ms=5, deliveries=1,
+                 origin_topic="t")]  # fmt: skip
+    return edit(dead_letters=dead)
+
+
+@dataclass(frozen=True)
+class Broken:
+    """A hand-made run with one thing broken: what must be reported, and how."""
+
+    tables: dict[str, list[dict]]
+    broken: set[str]
+    examples: dict[str, str]
+    exact: bool = True  # broken is the whole set, not a subset
+
+
+RUNS = {
+    "hand": Broken(HAND, set(), {}),
+    "illegal": Broken(
+        _illegal_first_ready(),
+        {"legal_path"},
+        {"legal_path": "run_id=illegal group=g msg_id=0 delivery=1: start -> Ready (reason "
+                       "retry_due)"},
+        exact=False,
+    ),
+    "ready-after-commit": Broken(
+        _ready_after_commit(),
+        {"legal_path"},
+        {"legal_path": "Commit -> Ready (reason retry_due)"},
+        exact=False,
+    ),
+    "gap": Broken(
+        _delivery_gap(),
+        {"deliveries_consecutive"},
+        {"deliveries_consecutive": "run_id=gap group=g msg_id=1 delivery=3"},
+    ),
+    "backwards": Broken(
+        _time_backwards(),
+        {"time_order"},
+        {"time_order": "WaitingRetry -> Ready at seq 5 (delivery 2) at 12 ms, after 15 ms"},
+    ),
+    "summary": Broken(
+        _summary_off(),
+        {"summary_counts"},
+        {"summary_counts": "run_id=summary group=g: summary.commits (final Commit states) = 1, "
+                           "expected 2"},
+    ),
+    "load": Broken(
+        _load_off(),
+        {"load_totals", "load_gauges"},
+        {"load_totals": "load.commits = 1, expected 2",
+         "load_gauges": "final inflight = 1, expected 0"},
+    ),
+    "dead": Broken(
+        _stray_dead_letter(),
+        {"dead_letters", "summary_counts"},
+        {"dead_letters": "run_id=dead group=g msg_id=0 delivery=1: 1 dead letter(s)"},
+    ),
+    "no-runs-row": Broken(
+        edit(runs=[]), {"runs_row"}, {"runs_row": "run_id=no-runs-row: 0 runs row(s), 0 complete"}
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hand_report(spark) -> Report:
+    """All hand-made runs checked in one pass: each run is judged on its own."""
+    return validate_tables(frames(spark, {run: case.tables for run, case in RUNS.items()}))
+
+
+def test_report_covers_every_run_and_invariant(hand_report):
+    assert hand_report.runs == tuple(sorted(RUNS))
+    assert [f.invariant for f in hand_report.findings] == list(INVARIANTS)
+    assert not hand_report.ok
+    assert "hand" not in hand_report.broken_by_run(), hand_report.format()
+    assert "FAIL  legal_path" in hand_report.format()
+
+
+@pytest.mark.parametrize("run", [run for run in RUNS if run != "hand"])
+def test_broken_invariant_is_reported_with_examples(hand_report, run):
+    case = RUNS[run]
+    broken = hand_report.broken_by_run().get(run, set())
+    if case.exact:
+        assert broken == case.broken, hand_report.format()
+    else:
+        assert case.broken <= broken, hand_report.format()
+    for name, fragment in case.examples.items():
+        found = next(f for f in hand_report.findings if f.invariant.name == name)
+        mine = [example for example in found.examples if f"run_id={run} " in example
+                or f"run_id={run}:" in example]  # fmt: skip
+        assert any(fragment in example for example in mine), (fragment, mine)
+
+
+# --------------------------------------------------------------------------- real runs
+
+SCENARIO = {
+    "name": "validate",
+    "seed": 5,
+    "horizon": "2h",
+    "load_bucket": "7m",  # the horizon is not a whole number of buckets
+    "groups": [
+        {"name": "conc", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 2,
+         "consumers": "unlimited", "workload": {"messages": 150, "over": "2m", "queues": 2},
+         "behavior": {"fail_probability": 0.3, "poison_fraction": 0.05, "processing_time": "1s",
+                      "send_back_failure_probability": 0.2},
+         "replay": {"at": "40m", "rate": "1/s"}},
+        {"name": "fifo", "flavor": "rocketmq4.orderly", "max_reconsume_times": 2,
+         "workload": {"messages": 40, "over": "1m", "queues": 2},
+         "behavior": {"fail_probability": 0.2, "processing_time": "100ms"}},
+        {"name": "http", "flavor": "http.unordered", "consumers": "unlimited",
+         "workload": {"messages": 60, "over": "1m", "queues": 2},
+         "behavior": {"fail_probability": 0.2, "poison_fraction": 0.05, "processing_time": "1s"}},
+        {"name": "push", "flavor": "rocketmq5.push", "max_reconsume_times": 1,
+         "dlq_enabled": False, "consumers": {"instances": 1, "threads": 2},
+         "workload": {"messages": 60, "over": "1m", "queues": 2},
+         "behavior": {"fail_probability": 0.3, "processing_time": "50ms"}},
+        {"name": "cast", "flavor": "rocketmq4.broadcasting", "consumers": "unlimited",
+         "workload": {"messages": 40, "over": "1m"}, "behavior": {"fail_probability": 0.2}},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def real_run(spark, tmp_path_factory):
+    output = str(tmp_path_factory.mktemp("validate") / "out")
+    retrysim.runner.simulate(spark, build_scenario(SCENARIO), output=output, run_id="real")
+    return output
+
+
+def test_validator_passes_on_a_real_run(spark, real_run):
+    report = validate_output(spark, real_run)
+    assert report.ok, report.format()
+    assert report.runs == ("real",)
+    summary = {row["group"]: row for row in read_table(spark, real_run, "summary").collect()}
+    assert summary["conc"]["replayed"] > 0  # dead letters replayed (and committed then)
+    assert summary["push"]["discards"] > 0 and summary["cast"]["discards"] > 0
+    assert summary["http"]["pending"] > 0  # poison messages still waiting at the horizon
+
+
+SMALL = {**SCENARIO, "groups": [{**SCENARIO["groups"][0], "workload": {"messages": 30}}]}
+
+
+def delta_versions(output: str) -> dict[str, int]:
+    return {table: DeltaTable(table_path(output, table)).version() for table in TABLE_ORDER}
+
+
+def test_a_run_failing_validation_publishes_nothing(spark, real_run, monkeypatch):
+    before = delta_versions(real_run)
+    summary_from = retrysim.runner.summary_from
+    monkeypatch.setattr(
+        retrysim.runner,
+        "summary_from",
+        lambda *args: summary_from(*args).withColumn("commits", F.col("commits") + 1),
+    )
+    with pytest.raises(ValidationError, match=r"run real failed validation.*summary_counts"):
+        retrysim.runner.simulate(spark, build_scenario(SMALL), output=real_run, run_id="real")
+    assert delta_versions(real_run) == before, "nothing committed: the earlier version stays"
+    assert not os.path.exists(os.path.join(real_run, "_staging"))
+
+
+class _KeepSession:
+    """The test session, for a command that stops its session when done."""
+
+    def __init__(self, spark) -> None:
+        self._spark = spark
+
+    def __getattr__(self, name):
+        return getattr(self._spark, name)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_validate_command(spark, real_run, monkeypatch, capsys):
+    monkeypatch.setattr("retrysim.session.build_session", lambda *a, **k: _KeepSession(spark))
+    assert validate_command(Namespace(output=real_run, run_id="real")) == 0
+    out = capsys.readouterr().out
+    assert "validating 1 run(s)" in out and out.count("  ok    ") == len(INVARIANTS)
+    with pytest.raises(cli.ScenarioError, match="--run-id: no complete run 'nope'"):
+        validate_command(Namespace(output=real_run, run_id="nope"))
+
+
+def test_validate_catches_a_row_appended_to_a_published_table(
+    spark, real_run, tmp_path, monkeypatch, capsys
+):
+    """A transition appended behind the simulator's back (a Commit after a Commit): the
+    command exits 1, names the invariants and the message."""
+    output = str(tmp_path / "copy")
+    shutil.copytree(real_run, output)
+    row = dict(run_id="real", group="conc", msg_id=7, delivery=9, seq=35, state="Commit",
+               at_ms=1, topic="t", queue_id=0, delay_level=None,
+               reason="CONSUME_SUCCESS")  # fmt: skip
+    schema = arrow_schema(ALL_SCHEMAS["transitions"])
+    write_deltalake(table_path(output, "transitions"), pa.Table.from_pylist([row], schema=schema),
+                    mode="append", partition_by=["run_id"])  # fmt: skip
+    monkeypatch.setattr("retrysim.session.build_session", lambda *a, **k: _KeepSession(spark))
+
+    assert cli.main(["validate", "--output", output, "--run-id", "real"]) == cli.EXIT_FAILED
+
+    out = capsys.readouterr().out
+    assert "FAIL  legal_path" in out and "FAIL  deliveries_consecutive" in out
+    assert "run_id=real group=conc msg_id=7 delivery=9: Commit -> Commit" in out
+    assert "invariant(s) broken" in out
+
+
+def test_cli_reports_a_failed_validation_with_exit_code_1(monkeypatch, capsys):
+    report = Report((RUN,), ())
+
+    def failing(args):
+        raise ValidationError(RUN, report)
+
+    monkeypatch.setattr(cli, "simulate_command", failing)
+    assert cli.main(["simulate"]) == cli.EXIT_FAILED
+    assert "retrysim: error: run hand failed validation" in capsys.readouterr().err
