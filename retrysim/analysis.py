@@ -22,6 +22,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from retrysim.config import Scenario, build_scenario
 from retrysim.sinks import read_table
 from retrysim.tables import PARTITION_COLUMN
 
@@ -233,22 +234,25 @@ def message_timeline(source: Any, group: str, msg_id: int) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class RunData:
-    """Everything a run's report shows, already on the driver (all aggregated)."""
+    """Everything a run's report shows, already on the driver (all aggregated). ``config`` is
+    the scenario as its author gave it (``runs.config_json``), ``scenario`` the same with
+    every default filled in."""
 
     run_id: str
     run: dict[str, Any]
     config: dict[str, Any]
+    scenario: Scenario
     summary: pd.DataFrame
     load: pd.DataFrame
     retries: pd.DataFrame
 
     def flavor(self, group: str) -> str:
-        found = [g for g in self.config.get("groups", []) if g.get("name") == group]
-        return found[0].get("flavor", "?") if found else "?"
+        found = [g.flavor for g in self.scenario.groups if g.name == group]
+        return found[0] if found else "?"
 
     @property
     def delay_levels_ms(self) -> list[int]:
-        return list(self.config.get("broker", {}).get("message_delay_level", []))
+        return list(self.scenario.broker.message_delay_level)
 
 
 def run_data(spark: SparkSession, output: str, run_id: str) -> RunData | None:
@@ -264,6 +268,7 @@ def run_data(spark: SparkSession, output: str, run_id: str) -> RunData | None:
         run_id=run_id,
         run=run.asDict(),
         config=json.loads(run["config_json"]),
+        scenario=build_scenario(json.loads(run["config_json"])),
         summary=summary_frame(rows("summary")),
         load=load_frame(rows("load")),
         retries=retries_by_level(rows("attempts")),

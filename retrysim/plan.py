@@ -421,6 +421,9 @@ def add_plan_command(commands: argparse._SubParsersAction) -> None:
         default="auto",
         help="as for simulate",
     )
+    command.add_argument(
+        "--force", action="store_true", help="run even when a point's size estimate cannot fit"
+    )
     command.add_argument("--quiet", action="store_true", help="one progress line per point only")
     command.add_argument("--no-report", action="store_true", help="do not write the HTML report")
 
@@ -429,10 +432,13 @@ def plan_command(args: argparse.Namespace) -> int:
     from retrysim.cli import check_output
     from retrysim.report import write_plan_report
     from retrysim.session import build_session
+    from retrysim.sizing import check_size
 
     spec = prepare_plan(args.scenario, args.overrides, args.sweeps, args.targets)
     output = check_output(args.output)
     plan_id = check_plan_id(args.plan_id or default_plan_id(spec.base))
+    for point in spec.points:  # each point's tables stay, so each must fit on its own
+        check_size(point.scenario, output, args.master, force=args.force)
 
     def say(line: str) -> None:
         print(f"retrysim: {line}", flush=True)

@@ -152,8 +152,8 @@ def run_report_html(data: analysis.RunData) -> str:
     body = [
         f"<p>run <b>{html.escape(data.run_id)}</b> of scenario "
         f"<b>{html.escape(str(run.get('scenario')))}</b>, seed {run.get('seed')}, "
-        f"horizon {format_duration(int(data.config.get('horizon', 0)))}, "
-        f"load bucket {format_duration(int(data.config.get('load_bucket', 0)))}; "
+        f"horizon {format_duration(data.scenario.horizon)}, "
+        f"load bucket {format_duration(data.scenario.load_bucket)}; "
         f"Spark {html.escape(str(run.get('spark_master')))}, retrysim "
         f"{html.escape(str(run.get('engine_version')))}, {run.get('rounds')} rounds.</p>",
         '<h2 id="summary">Summary per group</h2>',
