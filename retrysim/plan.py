@@ -190,10 +190,12 @@ def run_plan(
     progress: Progress | None = None,
     sink: str | Sink = "auto",
     verbose: bool = False,
+    validate: bool = True,
 ) -> PlanResult:
     """Run every point, write the ``plan`` table, and return the outcomes and the
     recommendations. ``progress`` gets one line per point (and the engine's lines with
-    ``verbose``)."""
+    ``verbose``); ``validate`` checks each point's invariants before it is published, as
+    :func:`retrysim.runner.simulate` does."""
     say = progress or (lambda _line: None)
     output = os.path.abspath(output)
     chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
@@ -211,6 +213,7 @@ def run_plan(
             run_id=point_run_id(plan_id, point.number),
             progress=(lambda line, t=tag: say(f"  {t}: {line}")) if verbose else None,
             sink=chosen,
+            validate=validate,
         )
         metrics = point_metrics(result)
         found = [

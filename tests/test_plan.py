@@ -347,7 +347,9 @@ def e2e_plan(spark, tmp_path_factory):
     folder = tmp_path_factory.mktemp("plan")
     spec = prepare_plan(PROJECT / "conf" / "flash-sale.yaml", E2E_SET, [E2E_SWEEP], E2E_TARGETS)
     lines: list[str] = []
-    result = run_plan(spark, spec, str(folder / "out"), "e2e", lines.append)
+    # Invariants are tested elsewhere (test_validate); here the plan rows are checked
+    # against the points' own tables.
+    result = run_plan(spark, spec, str(folder / "out"), "e2e", lines.append, validate=False)
     return result, lines
 
 

@@ -77,7 +77,7 @@ def driver_reads(spark, monkeypatch):
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_scenario_runs_and_its_report_has_every_section(spark, tmp_path, name, driver_reads):
     scenario = load_scenario(CONF / f"{name}.yaml", SCENARIOS[name])
-    result = simulate(spark, scenario, output=str(tmp_path), run_id=name)
+    result = simulate(spark, scenario, output=str(tmp_path), run_id=name, validate=False)
     summary = {row["group"]: row for row in result.summary.collect()}
     assert set(summary) == {g.name for g in scenario.groups}
     tables, collected = driver_reads
