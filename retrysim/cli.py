@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--force", action="store_true", help="run even when the size estimate says it cannot fit"
     )
+    sim.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        help="publish without checking the invariants first (`retrysim validate` can check "
+        "later); for benchmarks and very large trusted runs",
+    )
     add_digest_command(commands)
     add_validate_command(commands)
     return parser
@@ -170,6 +177,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             sink=args.delta_sink,
             tables=args.tables,
             tail_rows=args.tail_rows,
+            validate=args.validate,
         )
         _print_summary(result)
     finally:
