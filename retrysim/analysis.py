@@ -22,7 +22,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from retrysim.config import Scenario, build_scenario
+from retrysim.config import Scenario, scenario_from_json
 from retrysim.sinks import read_table
 from retrysim.tables import PARTITION_COLUMN
 
@@ -234,9 +234,8 @@ def message_timeline(source: Any, group: str, msg_id: int) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class RunData:
-    """Everything a run's report shows, already on the driver (all aggregated). ``config`` is
-    the scenario as its author gave it (``runs.config_json``), ``scenario`` the same with
-    every default filled in."""
+    """Everything a run's report shows, already on the driver (all aggregated): ``config``
+    is the stored ``runs.config_json`` as a dict, ``scenario`` the Scenario it came from."""
 
     run_id: str
     run: dict[str, Any]
@@ -268,7 +267,7 @@ def run_data(spark: SparkSession, output: str, run_id: str) -> RunData | None:
         run_id=run_id,
         run=run.asDict(),
         config=json.loads(run["config_json"]),
-        scenario=build_scenario(json.loads(run["config_json"])),
+        scenario=scenario_from_json(run["config_json"]),
         summary=summary_frame(rows("summary")),
         load=load_frame(rows("load")),
         retries=retries_by_level(rows("attempts")),

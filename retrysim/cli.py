@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--force", action="store_true", help="run even when the size estimate says it cannot fit"
     )
+    sim.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        help="publish without checking the invariants first (`retrysim validate` can check "
+        "later); for benchmarks and very large trusted runs",
+    )
     sim.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     add_digest_command(commands)
     add_validate_command(commands)
@@ -175,6 +182,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             sink=args.delta_sink,
             tables=args.tables,
             tail_rows=args.tail_rows,
+            validate=args.validate,
         )
         _print_summary(result)
         if not args.no_report:

@@ -21,8 +21,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PlainSerializer,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 
@@ -47,8 +47,19 @@ class ScenarioError(ValueError):
 # --------------------------------------------------------------------------- value types
 
 
-def parse_duration(value: Any) -> int:
-    """``1500ms``, ``10s``, ``5m``, ``2h``, ``1d`` (or ``0``) to integer milliseconds."""
+_STORED = "stored"
+
+
+def _stored(info: ValidationInfo | None) -> bool:
+    """Validating a stored scenario (scenario_from_json), not an author's file?"""
+    return bool(info is not None and info.context and info.context.get(_STORED))
+
+
+def parse_duration(value: Any, info: ValidationInfo | None = None) -> int:
+    """``1500ms``, ``10s``, ``5m``, ``2h``, ``1d`` (or ``0``) to integer milliseconds; a stored
+    scenario holds them as milliseconds already."""
+    if _stored(info) and isinstance(value, int) and not isinstance(value, bool):
+        return value
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 10s, got {value!r}")
     if isinstance(value, int) and value == 0:
@@ -63,13 +74,11 @@ def parse_duration(value: Any) -> int:
     )
 
 
-def _delay_levels_text(levels: tuple[int, ...]) -> str:
-    """Per-level milliseconds back to RocketMQ's format (every level is a whole s, m, h, d)."""
-    return " ".join(duration_text(ms) for ms in levels)
-
-
-def parse_delay_levels(text: Any) -> tuple[int, ...]:
-    """RocketMQ's ``messageDelayLevel`` string ("1s 5s 10s ...") to per-level milliseconds."""
+def parse_delay_levels(text: Any, info: ValidationInfo | None = None) -> tuple[int, ...]:
+    """RocketMQ's ``messageDelayLevel`` string ("1s 5s 10s ...") to per-level milliseconds
+    (a stored scenario holds the milliseconds)."""
+    if _stored(info) and isinstance(text, (list, tuple)):
+        return tuple(int(ms) for ms in text)
     if not isinstance(text, str) or not text.split():
         raise ValueError('expected space-separated delays such as "1s 5s 10s 30s 1m"')
     levels = []
@@ -113,19 +122,15 @@ def _in_range(low: float | None, high: float | None, duration: bool = False):
     return AfterValidator(check)
 
 
-def duration_text(ms: int) -> str:
-    """Milliseconds in the largest unit that holds them exactly: 1800000 -> 30m."""
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)):
-        if ms and ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
+def _duration_field(value: Any, info: ValidationInfo) -> int:
+    return parse_duration(value, info)
 
 
-# Stored as milliseconds; written to JSON (runs.config_json) as text, so a run's stored
-# scenario loads again exactly (scenario_json).
-Duration = Annotated[
-    int, BeforeValidator(parse_duration), PlainSerializer(duration_text, when_used="json")
-]
+def _delay_levels_field(value: Any, info: ValidationInfo) -> tuple[int, ...]:
+    return parse_delay_levels(value, info)
+
+
+Duration = Annotated[int, BeforeValidator(_duration_field)]
 NonNegativeDuration = Annotated[Duration, _in_range(0, None, duration=True)]
 PositiveDuration = Annotated[Duration, _in_range(1, None, duration=True)]
 Probability = Annotated[float, _in_range(0.0, 1.0)]
@@ -485,7 +490,9 @@ class Group(_Model):
         return kinds[0] if kinds and self.flavor != "rocketmq5.push" else None
 
     @model_validator(mode="after")
-    def _flavor_rules(self) -> Group:
+    def _flavor_rules(self, info: ValidationInfo) -> Group:
+        if _stored(info):
+            return self
         given = self.model_fields_set
         flavor = self.flavor
         for key, flavors in _ONLY_FOR.items():
@@ -549,11 +556,9 @@ class Group(_Model):
 
 
 class Broker(_Model):
-    message_delay_level: Annotated[
-        tuple[int, ...],
-        BeforeValidator(parse_delay_levels),
-        PlainSerializer(_delay_levels_text, when_used="json"),
-    ] = parse_delay_levels(limits.DEFAULT_MESSAGE_DELAY_LEVEL)
+    message_delay_level: Annotated[tuple[int, ...], BeforeValidator(_delay_levels_field)] = (
+        parse_delay_levels(limits.DEFAULT_MESSAGE_DELAY_LEVEL)
+    )
 
 
 def _unique_names(groups: tuple[Group, ...]) -> tuple[Group, ...]:
@@ -659,9 +664,19 @@ def build_scenario(data: Mapping[str, Any]) -> Scenario:
 
 
 def scenario_json(scenario: Scenario) -> str:
-    """The scenario as its author gave it (parsed, defaults left implicit): what the ``runs``
-    table stores, and what ``build_scenario(json.loads(...))`` turns back into it."""
-    return scenario.model_dump_json(exclude_unset=True)
+    """The scenario with every default resolved and times in milliseconds: what the ``runs``
+    table stores as ``config_json`` (readers take e.g. ``$.horizon`` from it)."""
+    return scenario.model_dump_json()
+
+
+def scenario_from_json(text: str) -> Scenario:
+    """A stored ``config_json`` back into its Scenario. It was validated when it ran, so it is
+    read as stored: milliseconds as plain numbers, and every key present whichever flavor
+    reads it (the per-flavor key rules are for what authors write)."""
+    try:
+        return Scenario.model_validate_json(text, context={_STORED: True})
+    except ValidationError as error:
+        raise _friendly(error) from None
 
 
 def load_scenario(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Scenario:

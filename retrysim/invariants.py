@@ -25,14 +25,12 @@ with a hash aggregate (strings would force a sort-based one).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from retrysim import limits
-from retrysim.config import Scenario, parse_duration
 from retrysim.policy import (
     COMMIT,
     DISCARD,
@@ -365,28 +363,11 @@ def delivery_counts(per: DataFrame) -> DataFrame:
 # --------------------------------------------------------------------------- messages
 
 
-def horizon_ms(config_json: str) -> int:
-    """A run's horizon from its ``config_json``: the scenario as given, so the horizon is
-    text such as ``6h`` (older runs: milliseconds), or absent when it is the default."""
-    raw = json.loads(config_json).get("horizon")
-    if raw is None:
-        return Scenario.model_fields["horizon"].default
-    return raw if isinstance(raw, int) and not isinstance(raw, bool) else parse_duration(raw)
-
-
-def run_horizons(runs: DataFrame) -> DataFrame:
-    """(run_id, horizon_ms) per run, parsed on the driver: one small row per run."""
-    rows = [
-        (row[PARTITION_COLUMN], horizon_ms(row["config_json"]))
-        for row in runs.select(PARTITION_COLUMN, "config_json").collect()
-    ]
-    return runs.sparkSession.createDataFrame(rows, f"{PARTITION_COLUMN} string, horizon_ms long")
-
-
 def message_rows(tables: dict[str, DataFrame]) -> DataFrame:
     """Each message with its first delivery and its run's horizon (from config_json)."""
     c = F.col
-    horizons = run_horizons(tables["runs"])
+    horizon = F.get_json_object(c("config_json"), "$.horizon").cast("long")
+    horizons = tables["runs"].select(PARTITION_COLUMN, horizon.alias("horizon_ms"))
     messages = tables["messages"].select(*MSG, "born_ms", "size_bytes", F.lit(1).alias("m_n"))
     first = (
         tables["attempts"]

@@ -148,6 +148,7 @@ def simulate(
         }
         staged["runs"] = rows[STATUS_COMPLETE]
         if validate:
+            say("validating the staged run ...")
             derived = _derived_for_lean(spark, scenario, staged)
             check_staged(spark, staged, run_id, say, derived)
         publish_run(chosen, spark, output, staged, rows[STATUS_PUBLISHING], lease)
@@ -250,7 +251,7 @@ def _stage_tables(
     load = spark.read.parquet(path["load"])
     summary = summary_from(spark, attempts, load, scenario, engines).coalesce(1)
     _write_parquet(summary, path["summary"])
-    return path
+    return {name: folder for name, folder in path.items() if name in written}
 
 
 def _derived_for_lean(

@@ -12,12 +12,10 @@ give every run's rows the same way, so notebooks and SQL need not know how a run
 
 from __future__ import annotations
 
-import json
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from retrysim.config import build_scenario
+from retrysim.config import scenario_from_json
 from retrysim.engine import all_messages
 from retrysim.sinks import read_table
 from retrysim.tables import (
@@ -46,7 +44,7 @@ def derived(spark: SparkSession, output: str, table: str, runs: list[tuple[str, 
         return transitions_from_attempts(attempts)
     messages = spark.createDataFrame([], MESSAGES)
     for run_id, config in runs:
-        regenerated = all_messages(spark, build_scenario(json.loads(config)))
+        regenerated = all_messages(spark, scenario_from_json(config))
         messages = messages.unionByName(
             select_schema(regenerated.withColumn(PARTITION_COLUMN, F.lit(run_id)), MESSAGES)
         )

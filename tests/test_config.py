@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,8 @@ from retrysim.config import (
     load_scenario,
     parse_delay_levels,
     parse_duration,
+    scenario_from_json,
+    scenario_json,
 )
 
 ROCKETMQ_DEFAULT_TABLE_MS = (
@@ -498,3 +502,15 @@ def test_friendly_errors_name_field_and_allowed(data, field, expected):
 
 def test_build_scenario_returns_scenario():
     assert isinstance(build_scenario(MINIMAL), Scenario)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[1] / "conf").rglob("*.yaml")), ids=lambda p: p.stem
+)
+def test_stored_scenario_loads_back_exactly(path):
+    """runs.config_json (every default resolved, times in ms) gives back the same Scenario,
+    which is how a lean run's messages are regenerated."""
+    scenario = load_scenario(path)
+    stored = scenario_json(scenario)
+    assert json.loads(stored)["horizon"] == scenario.horizon
+    assert scenario_from_json(stored) == scenario
