@@ -21,6 +21,7 @@ from retrysim.report import add_report_command, report_command, write_run_report
 from retrysim.sinks import arrow_schema, table_path
 from retrysim.sizing import check_size
 from retrysim.tables import ALL_SCHEMAS, TABLE_SETS
+from retrysim.targets import human_ms
 from retrysim.validate import ValidationError, add_validate_command, validate_command
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -140,17 +141,7 @@ def _print_summary(result) -> None:
 
 
 def _ms(value: float | None) -> str:
-    """A readable duration for the summary: 46ms, 12.3s, 15m41s, 4h45m41s."""
-    if value is None:
-        return "-"
-    if value < 1_000:
-        return f"{value:.0f}ms"
-    if value < 60_000:
-        return f"{value / 1000:.1f}s"
-    seconds = round(value / 1000)
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
+    return "-" if value is None else human_ms(value)
 
 
 def simulate_command(args: argparse.Namespace) -> int:

@@ -61,8 +61,13 @@ FRONTIER_COLUMNS = (
     "poison_fixed",
 )
 _AFTER_READY = tuple(f.name for f in STAGE.fields if f.name not in FRONTIER_COLUMNS)
-_AFTER_START = ("end_ms", "outcome", "delay_level", "next_ready_ms", "settled_ms") + tuple(
-    name for name in _AFTER_READY if name.startswith(("end_", "leave_", "next_"))
+_AFTER_START = (
+    "end_ms",
+    "outcome",
+    "delay_level",
+    "next_ready_ms",
+    "settled_ms",
+    *tuple(name for name in _AFTER_READY if name.startswith(("end_", "leave_", "next_"))),
 )
 _LEAVE_COLUMNS = ("leave_state", "leave_topic", "leave_queue_id", "leave_reason", "settled_ms")
 

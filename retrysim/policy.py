@@ -281,10 +281,10 @@ class Policy:
             "end_state": pick(commit, discard, wr, state, wr, wr),
             "end_topic": pick(
                 here_topic, here_topic, here_topic, leave_topic, here_topic, wait_topic
-            ),  # fmt: skip
+            ),
             "end_queue_id": pick(
                 here_queue, here_queue, here_queue, leave_queue, here_queue, wait_queue
-            ),  # fmt: skip
+            ),
             "end_reason": pick(
                 F.lit(CONSUME_SUCCESS),
                 F.lit(REASON_BROADCAST),
@@ -292,7 +292,7 @@ class Policy:
                 leave_reason,
                 F.col("outcome"),
                 F.col("outcome"),
-            ),  # fmt: skip
+            ),
             "leave_state": pick(null_str, null_str, null_str, null_str, state, null_str),
             "leave_topic": pick(null_str, null_str, null_str, null_str, leave_topic, null_str),
             "leave_queue_id": pick(null_int, null_int, null_int, null_int, leave_queue, null_int),
@@ -301,7 +301,7 @@ class Policy:
             "next_queue_id": pick(null_int, null_int, here_queue, null_int, null_int, back_queue),
             "next_reason": pick(
                 null_str, null_str, F.lit(READY_LOCAL), null_str, null_str, back_reason
-            ),  # fmt: skip
+            ),
         }
 
     def _wait_and_back(self, level: Column) -> tuple[Column, Column, Column, Column]:

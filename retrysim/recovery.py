@@ -137,10 +137,10 @@ def publish_run(
 ) -> None:
     """Publish a staged run: ``runs`` as publishing, the data tables, ``runs`` as complete.
 
-    ``staged`` maps every table the run writes to its staged Parquet folder (``runs`` holds the complete
-    row), ``marker`` is the staged ``runs`` row with status publishing. If anything fails
-    after the marker is committed, the run's partitions are removed again (best effort; a
-    later :func:`recover` finishes the job when this process cannot)."""
+    ``staged`` maps every table the run writes to its staged Parquet folder (``runs`` holds
+    the complete row), ``marker`` is the staged ``runs`` row with status publishing. If
+    anything fails after the marker is committed, the run's partitions are removed again
+    (best effort; a later :func:`recover` finishes the job when this process cannot)."""
     lease.check()
     sink.publish(spark, output, "runs", marker, lease.run_id)
     try:

@@ -70,8 +70,16 @@ class KeySpec:
 class _Delivery:
     """A delivery that is Ready: waiting for its eligible time, a lane or a thread."""
 
-    __slots__ = ("delivery", "eligible_ms", "index", "queue_id", "ready_ms", "reason", "rt",
-                 "topic")  # fmt: skip
+    __slots__ = (
+        "delivery",
+        "eligible_ms",
+        "index",
+        "queue_id",
+        "ready_ms",
+        "reason",
+        "rt",
+        "topic",
+    )
 
     def __init__(self, index, delivery, rt, topic, queue_id, ready_ms, reason, eligible_ms):
         self.index, self.delivery, self.rt = index, delivery, rt
@@ -151,8 +159,9 @@ class _Simulation:
         elif original is not None:
             self.lane_cursor[lane] = cursor + 1
             position = original[2]
-            entry = self._first_delivery(position, 1, original[0],
-                                         int(self.queue_ids[position]), READY_PUBLISHED)  # fmt: skip
+            entry = self._first_delivery(
+                position, 1, original[0], int(self.queue_ids[position]), READY_PUBLISHED
+            )
         else:
             self.lane_busy[lane] = False
             return
@@ -173,8 +182,9 @@ class _Simulation:
             eligible = self.policy.eligible_ms(ready)
             if eligible != now:
                 return
-            entry = self._first_delivery(position, 1, ready, int(self.queue_ids[position]),
-                                         READY_PUBLISHED)  # fmt: skip
+            entry = self._first_delivery(
+                position, 1, ready, int(self.queue_ids[position]), READY_PUBLISHED
+            )
             entry.eligible_ms = eligible
             self._wait(entry)
             self.next_arrival += 1
@@ -184,15 +194,30 @@ class _Simulation:
         each message's later deliveries are simulated from there."""
         position_of = {msg_id: index for index, msg_id in enumerate(self.msg_ids.tolist())}
         positions = [position_of[msg_id] for msg_id in frontier["msg_id"].tolist()]
-        columns = ("delivery", "reconsume_times", "source_topic", "queue_id", "ready_ms",
-                   "ready_reason", "poison_fixed")  # fmt: skip
+        columns = (
+            "delivery",
+            "reconsume_times",
+            "source_topic",
+            "queue_id",
+            "ready_ms",
+            "ready_reason",
+            "poison_fixed",
+        )
         values = zip(positions, *(frontier[c].tolist() for c in columns), strict=True)
         for position, delivery, rt, topic, queue_id, ready, reason, fixed in values:
             if fixed:
                 self.fixed.add(position)
             self.last_delivery[position] = delivery - 1
-            entry = _Delivery(position, delivery, rt, topic, queue_id, ready, reason,
-                              self.policy.eligible_ms(ready))  # fmt: skip
+            entry = _Delivery(
+                position,
+                delivery,
+                rt,
+                topic,
+                queue_id,
+                ready,
+                reason,
+                self.policy.eligible_ms(ready),
+            )
             self._push(entry.eligible_ms, _ELIGIBLE, entry)
 
     # ------------------------------------------------------------------ the loop
@@ -280,18 +305,31 @@ class _Simulation:
         policy = self.policy
         self.last_delivery[entry.index] = entry.delivery
         if end >= self.horizon:
-            self._row(entry, (now, processing, None, None, INFLIGHT, None, None, None,
-                              batch_size, *_NO_STEP))  # fmt: skip
+            self._row(
+                entry,
+                (now, processing, None, None, INFLIGHT, None, None, None, batch_size, *_NO_STEP),
+            )
             return
         step = policy.next_step(
-            entry.rt, RECONSUME_LATER if beyond_ack else outcome, now, end, send_back_failed,
-            entry.topic, entry.queue_id,
-        )  # fmt: skip
+            entry.rt,
+            RECONSUME_LATER if beyond_ack else outcome,
+            now,
+            end,
+            send_back_failed,
+            entry.topic,
+            entry.queue_id,
+        )
         if beyond_ack and step.end_state == WAITING_RETRY:
             step = step._replace(end_reason=REASON_BEYOND_ACK)
         if step.leave_state is not None and step.settled_ms >= self.horizon:
-            step = step._replace(result_state=WAITING_RETRY, settled_ms=None, leave_state=None,
-                                 leave_topic=None, leave_queue_id=None, leave_reason=None)  # fmt: skip
+            step = step._replace(
+                result_state=WAITING_RETRY,
+                settled_ms=None,
+                leave_state=None,
+                leave_topic=None,
+                leave_queue_id=None,
+                leave_reason=None,
+            )
         self._row(entry, _step_values(now, processing, outcome, end, step, batch_size))
         if step.result_state == WAITING_RETRY:
             due = step.next_ready_ms
@@ -299,10 +337,17 @@ class _Simulation:
                 self._push(
                     policy.eligible_ms(due),
                     _ELIGIBLE,
-                    _Delivery(entry.index, entry.delivery + 1, entry.rt + 1, step.next_topic,
-                              step.next_queue_id, due, step.next_reason,
-                              policy.eligible_ms(due)),
-                )  # fmt: skip
+                    _Delivery(
+                        entry.index,
+                        entry.delivery + 1,
+                        entry.rt + 1,
+                        step.next_topic,
+                        step.next_queue_id,
+                        due,
+                        step.next_reason,
+                        policy.eligible_ms(due),
+                    ),
+                )
             return
         self.draws.forget(entry.index)
         if step.result_state == DLQ:
@@ -312,11 +357,21 @@ class _Simulation:
 
     def _row(self, entry: _Delivery, rest: tuple) -> None:
         """Append one staged attempt row (STAGE column order)."""
-        self.rows.append((
-            self.spec.group, int(self.msg_ids[entry.index]), entry.delivery, entry.rt,
-            entry.topic, entry.queue_id, int(self.born[entry.index]), entry.ready_ms,
-            entry.reason, *rest, entry.index in self.fixed,
-        ))  # fmt: skip
+        self.rows.append(
+            (
+                self.spec.group,
+                int(self.msg_ids[entry.index]),
+                entry.delivery,
+                entry.rt,
+                entry.topic,
+                entry.queue_id,
+                int(self.born[entry.index]),
+                entry.ready_ms,
+                entry.reason,
+                *rest,
+                entry.index in self.fixed,
+            )
+        )
 
     # ------------------------------------------------------------------ replay and horizon
 
@@ -332,12 +387,19 @@ class _Simulation:
                 break
             if replay.poison_fixed:
                 self.fixed.add(position)
-            entry = self._first_delivery(position, self.last_delivery[position] + 1, ready,
-                                         rank % self.spec.queues, READY_REPLAYED)  # fmt: skip
+            entry = self._first_delivery(
+                position,
+                self.last_delivery[position] + 1,
+                ready,
+                rank % self.spec.queues,
+                READY_REPLAYED,
+            )
             if self.policy.blocking:
                 lane = self._lane(entry.topic, entry.queue_id)
-                heapq.heappush(self.lane_replays.setdefault(lane, []),
-                               (ready, int(self.msg_ids[position]), entry))  # fmt: skip
+                heapq.heappush(
+                    self.lane_replays.setdefault(lane, []),
+                    (ready, int(self.msg_ids[position]), entry),
+                )
                 if not self.lane_busy.get(lane):
                     self._release(lane, now)
             else:
@@ -352,26 +414,55 @@ class _Simulation:
         left += [item[2] for replays in self.lane_replays.values() for item in replays]
         for lane, queue in self.lane_queue.items():
             for position in queue[self.lane_cursor[lane] :].tolist():
-                left.append(self._first_delivery(position, 1, int(self.born[position]),
-                                                 int(self.queue_ids[position]), READY_PUBLISHED))  # fmt: skip
+                left.append(
+                    self._first_delivery(
+                        position,
+                        1,
+                        int(self.born[position]),
+                        int(self.queue_ids[position]),
+                        READY_PUBLISHED,
+                    )
+                )
         for position in range(
             self.next_arrival if not self.policy.blocking else self.count, self.count
         ):
-            left.append(self._first_delivery(position, 1, int(self.born[position]),
-                                             int(self.queue_ids[position]), READY_PUBLISHED))  # fmt: skip
+            left.append(
+                self._first_delivery(
+                    position,
+                    1,
+                    int(self.born[position]),
+                    int(self.queue_ids[position]),
+                    READY_PUBLISHED,
+                )
+            )
         for entry in left:
             if entry.ready_ms < self.horizon:
-                self._row(entry, (None, None, None, None, READY, None, None, None, None,
-                                  *_NO_STEP))  # fmt: skip
+                self._row(entry, (None, None, None, None, READY, None, None, None, None, *_NO_STEP))
 
 
 def _step_values(start, processing, outcome, end, step: Step, batch_size: int) -> tuple:
     return (
-        start, processing, end, outcome, step.result_state, step.delay_level, step.next_ready_ms,
-        step.settled_ms, batch_size, step.end_state, step.end_topic, step.end_queue_id,
-        step.end_reason, step.leave_state, step.leave_topic, step.leave_queue_id,
-        step.leave_reason, step.next_topic, step.next_queue_id, step.next_reason,
-    )  # fmt: skip
+        start,
+        processing,
+        end,
+        outcome,
+        step.result_state,
+        step.delay_level,
+        step.next_ready_ms,
+        step.settled_ms,
+        batch_size,
+        step.end_state,
+        step.end_topic,
+        step.end_queue_id,
+        step.end_reason,
+        step.leave_state,
+        step.leave_topic,
+        step.leave_queue_id,
+        step.leave_reason,
+        step.next_topic,
+        step.next_queue_id,
+        step.next_reason,
+    )
 
 
 _PANDAS_TYPES = {
@@ -406,12 +497,14 @@ def sequential_attempts(
     group_index = F.create_map(*[x for i, n in enumerate(names) for x in (F.lit(n), F.lit(i))])
     lane_of = F.when(F.col("group").isin(*sorted(per_lane or {""})), F.col("queue_id"))
     keyed = messages.where(F.col("group").isin(*names)).select(
-        (group_index[F.col("group")].cast("long") * F.lit(1 << 20)
-         + F.coalesce(lane_of, F.lit((1 << 20) - 1)).cast("long")).alias(KEY_COLUMN),
+        (
+            group_index[F.col("group")].cast("long") * F.lit(1 << 20)
+            + F.coalesce(lane_of, F.lit((1 << 20) - 1)).cast("long")
+        ).alias(KEY_COLUMN),
         "msg_id",
         "queue_id",
         "born_ms",
-    )  # fmt: skip
+    )
 
     def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         current, parts = None, []

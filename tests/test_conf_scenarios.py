@@ -30,7 +30,8 @@ def test_there_is_an_example_for_every_flavor():
 def test_flavor_example_runs(spark, tmp_path, path):
     scenario = load_scenario(path, SHRINK)
     group = scenario.groups[0]
-    result = simulate(spark, scenario, output=str(tmp_path), run_id="example")
+    # invariants of every flavor are checked by test_validate; here: does each example run
+    result = simulate(spark, scenario, output=str(tmp_path), run_id="example", validate=False)
     (row,) = result.summary.collect()
     assert row["messages"] == 200
     assert row["commits"] + row["dlq"] + row["discards"] + row["pending"] == 200
