@@ -75,6 +75,9 @@ MESSAGE_CHECKS = ("messages_attempts",)
 MSG = [PARTITION_COLUMN, "group", "msg_id"]
 DELIVERY = [*MSG, "delivery"]
 GROUP = [PARTITION_COLUMN, "group"]
+# MSG in the order windows sort by: msg_id first, because Spark's sort compares a prefix of
+# the first key before the whole row, and run_id and group are the same on nearly every row.
+MSG_SORT = ["msg_id", PARTITION_COLUMN, "group"]
 
 _STATES = (READY, INFLIGHT, COMMIT, WAITING_RETRY, DLQ, DISCARD)
 _CODE = {state: index + 1 for index, state in enumerate(_STATES)}
@@ -118,7 +121,7 @@ def _k(seq: Column, delivery: Column) -> Column:
 
 def path_rows(transitions: DataFrame) -> DataFrame:
     """Transitions in seq order per message, each with its predecessor and its flags."""
-    order = Window.partitionBy(*MSG).orderBy("seq")
+    order = Window.partitionBy(*MSG_SORT).orderBy("seq")
     rows = transitions.select(*DELIVERY, "seq", "state", "at_ms", "reason", "topic").withColumns(
         {
             **{f"prev_{c}": F.lag(c).over(order) for c in ("state", "delivery", "seq", "at_ms")},
@@ -240,7 +243,7 @@ def _per_delivery(tables: dict[str, DataFrame]) -> DataFrame:
     return (
         attempts.unionByName(transitions, allowMissingColumns=True)
         .unionByName(dead, allowMissingColumns=True)
-        .repartition(*MSG)  # one shuffle serves the grouping and the window below
+        .repartition(*MSG_SORT)  # one shuffle serves the grouping and the window below
         .groupBy(*DELIVERY)
         .agg(
             *[F.coalesce(F.sum(n), F.lit(0)).alias(n) for n in ("a_n", "t_n", "d_n")],
@@ -263,7 +266,7 @@ def _per_delivery(tables: dict[str, DataFrame]) -> DataFrame:
 def delivery_rows(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
     """One row per delivery with the next one's Ready, the last replay so far, the end of
     the run's load buckets (``ends``: run_id, group, load_end_ms) and the flags."""
-    order = Window.partitionBy(*MSG).orderBy("delivery")
+    order = Window.partitionBy(*MSG_SORT).orderBy("delivery")
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     replay = F.when(F.col("t_replayed") == 1, F.col("delivery"))
     per = _per_delivery(tables).withColumns(

@@ -269,8 +269,25 @@ class Policy:
         back_reason = F.lit(_READY_REASON.get(self.retry_path, READY_LOCAL))
 
         def pick(*by_case: Column) -> Column:
-            """The value for the row's case (order: ok, dropped, resubmit, gone, later, retried)."""
-            return F.element_at(F.array(*by_case), F.col("_case") + F.lit(1))
+            """The value for the row's case (order: ok, dropped, resubmit, gone, later, retried).
+
+            A CASE over the case number, cases with the same value merged into one branch and
+            null the default: picking from an array would build that array for every row and
+            column, which made this step the costliest of the round (bench/, 10M messages).
+            """
+            branches: dict[str, tuple[list[int], Column]] = {}
+            for number, value in enumerate(by_case):
+                branches.setdefault(str(value), ([], value))[0].append(number)
+            case = F.col("_case")
+            result: Column | None = None
+            for numbers, value in branches.values():
+                if any(value is null for null in (null_int, null_long, null_str)):
+                    continue
+                condition = case == F.lit(numbers[0]) if len(numbers) == 1 else case.isin(*numbers)
+                result = (
+                    F.when(condition, value) if result is None else result.when(condition, value)
+                )
+            return result if result is not None else by_case[0]
 
         resubmit_due = end + F.lit(limits.SEND_BACK_RESUBMIT_MS)
         return {

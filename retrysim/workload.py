@@ -22,8 +22,10 @@ _ARRIVAL_STREAM = "arrival"
 
 
 def partitions_for(spark: SparkSession, rows: int) -> int:
-    """Enough partitions to use every core, and to keep each one a few million rows at most."""
-    return max(spark.sparkContext.defaultParallelism, math.ceil(rows / ROWS_PER_PARTITION))
+    """Enough partitions to use every core, and to keep each one a few million rows at most;
+    a multiple of the cores, so that the last wave of tasks does not leave cores idle."""
+    cores = spark.sparkContext.defaultParallelism
+    return cores * max(1, math.ceil(rows / ROWS_PER_PARTITION / cores))
 
 
 def messages_df(spark: SparkSession, group: Group, seed: int) -> DataFrame:
