@@ -2,17 +2,20 @@
 
 Each pass turns tables into rows carrying, per invariant it checks, a ``bad_<name>`` flag
 and a ``why_<name>`` text, and reduces them to one row per run and group
-(:func:`group_counts`). Nothing message-level reaches the driver: :mod:`retrysim.validate`
-collects those per-group rows and, only when an invariant breaks, a few example rows.
+(:func:`checked_counts` and the small ones below). Nothing message-level reaches the
+driver: :mod:`retrysim.validate` collects those per-group rows and, only when an invariant
+breaks, a few example rows.
 
-* **path** -- transitions per message in ``seq`` order (one window): each step is an edge of
+All three message-level passes run on one frame, :func:`message_union` (messages,
+attempts, transitions and dead letters, shuffled by message once):
+
+* **path** -- transitions per message in ``seq`` order (a window): each step is an edge of
   the state machine, ``seq`` matches delivery and state, deliveries step by one, time never
   goes back;
-* **deliveries** -- attempts, transitions and dead letters per delivery (one grouping of
-  their union, shuffled by message so the window that follows needs no second shuffle):
-  every attempt has its transitions at its times, ``reconsume_times`` counts from the
-  first or replayed delivery, a retry is Ready when its predecessor said, each DLQ delivery
-  has one dead letter;
+* **deliveries** -- the rows grouped per delivery, then a window per message: every
+  attempt has its transitions at its times, ``reconsume_times`` counts from the first or
+  replayed delivery, a retry is Ready when its predecessor said, each DLQ delivery has one
+  dead letter;
 * **messages** -- each message against its first delivery and the run's horizon;
 * **load**, **summary** -- small per-group aggregates, compared on the driver.
 
@@ -26,6 +29,7 @@ with a hash aggregate (strings would force a sort-based one).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -82,6 +86,10 @@ MSG_SORT = ["msg_id", PARTITION_COLUMN, "group"]
 _STATES = (READY, INFLIGHT, COMMIT, WAITING_RETRY, DLQ, DISCARD)
 _CODE = {state: index + 1 for index, state in enumerate(_STATES)}
 _END_STATES = (COMMIT, WAITING_RETRY, DLQ, DISCARD)
+# The Ready reasons the path rules tell apart; any other reason is code 0.
+_REASONS = (READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE)
+_REASON_CODE = {reason: index + 1 for index, reason in enumerate(_REASONS)}
+_SRC_MESSAGE, _SRC_ATTEMPT, _SRC_TRANSITION, _SRC_DEAD_LETTER = range(4)
 _RETRY_REASONS = (READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE)
 _LEAVE_K, _END_K = 4, 3
 
@@ -104,7 +112,18 @@ def _code(state: Column) -> Column:
 
 
 def _name(code: Column) -> Column:
-    return F.coalesce(F.element_at(F.array(*map(F.lit, _STATES)), code), code.cast("string"))
+    pairs = [x for s, n in _CODE.items() for x in (F.lit(n), F.lit(s))]
+    return F.coalesce(F.create_map(*pairs)[code], code.cast("string"))
+
+
+def _reason_code(reason: Column) -> Column:
+    pairs = [x for r, n in _REASON_CODE.items() for x in (F.lit(r), F.lit(n))]
+    return F.coalesce(F.create_map(*pairs)[reason], F.lit(0))
+
+
+def _reason_name(code: Column) -> Column:
+    pairs = [x for r, n in _REASON_CODE.items() for x in (F.lit(n), F.lit(r))]
+    return F.coalesce(F.create_map(*pairs)[code], F.lit("other"))
 
 
 def _text(template: str, *parts: str | Column) -> Column:
@@ -116,60 +135,128 @@ def _k(seq: Column, delivery: Column) -> Column:
     return seq - (delivery - 1) * F.lit(SEQ_PER_DELIVERY)
 
 
+# --------------------------------------------------------------------------- rows
+
+_ATTEMPT_COLUMNS = ("reconsume_times", "ready_ms", "start_ms", "end_ms", "next_ready_ms",
+                    "settled_ms")  # fmt: skip
+
+
+def transition_codes(transitions: DataFrame) -> DataFrame:
+    """Transitions as the path pass reads them: state and Ready reason as small integer
+    codes, the topic as "is it the schedule topic" (narrow rows sort and shuffle faster)."""
+    c = F.col
+    return transitions.withColumns(
+        {
+            "t_state": _code(c("state")),
+            "t_reason": _reason_code(c("reason")),
+            "t_schedule": c("topic") == F.lit(limits.SCHEDULE_TOPIC),
+        }
+    )
+
+
+def message_union(tables: dict[str, DataFrame]) -> DataFrame:
+    """Messages, attempts, transitions and dead letters as rows of one frame, shuffled once
+    by message: every pass below runs on it without another shuffle. A row carries only its
+    own table's columns (the others null) and ``src``, which table it is from; a message row
+    stands at delivery 1."""
+    c = F.col
+    messages = tables["messages"].select(
+        *MSG, F.lit(1).alias("delivery"), F.lit(_SRC_MESSAGE).alias("src"), "born_ms",
+        "size_bytes",
+    )  # fmt: skip
+    attempts = tables["attempts"].select(
+        *DELIVERY,
+        F.lit(_SRC_ATTEMPT).alias("src"),
+        _code(c("result_state")).alias("a_state"),
+        *[c(name).alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
+    )
+    transitions = transition_codes(tables["transitions"]).select(
+        *DELIVERY, F.lit(_SRC_TRANSITION).alias("src"), "seq", "at_ms", "t_state", "t_reason",
+        "t_schedule",
+    )  # fmt: skip
+    dead = tables["dead_letters"].select(
+        *MSG,
+        c("deliveries").alias("delivery"),
+        F.lit(_SRC_DEAD_LETTER).alias("src"),
+        "dlq_at_ms",
+        "replayed_at_ms",
+        _differs(c("dlq_topic"), F.concat(F.lit(limits.DLQ_TOPIC_PREFIX), c("group")))
+        .cast("int")
+        .alias("d_bad_topic"),
+    )
+    frames = (messages, attempts, transitions, dead)
+    union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+    return union.repartition(*MSG_SORT)
+
+
 # --------------------------------------------------------------------------- path
 
 
-def path_rows(transitions: DataFrame) -> DataFrame:
-    """Transitions in seq order per message, each with its predecessor and its flags."""
-    order = Window.partitionBy(*MSG_SORT).orderBy("seq")
-    rows = transitions.select(*DELIVERY, "seq", "state", "at_ms", "reason", "topic").withColumns(
+def path_rows(rows: DataFrame) -> DataFrame:
+    """Transitions in seq order per message, each with its predecessor and its flags.
+    ``rows`` is :func:`transition_codes` of the transitions table, or
+    :func:`message_union`: rows without a ``seq`` (other tables') sort after a message's
+    transitions and carry no flag. Texts show the ``reason`` itself where ``rows`` has it."""
+    order = Window.partitionBy(*MSG_SORT).orderBy(F.col("seq").asc_nulls_last())
+    rows = rows.withColumns(
         {
-            **{f"prev_{c}": F.lag(c).over(order) for c in ("state", "delivery", "seq", "at_ms")},
-            "prev_reason": F.lag("reason").over(order),
+            **{
+                f"prev_{c}": F.lag(c).over(order)
+                for c in ("t_state", "delivery", "seq", "at_ms", "t_reason")
+            },
             "last": F.lead("seq").over(order).isNull(),
         }
     )
     c = F.col
-    state, prev, reason = c("state"), c("prev_state"), c("reason")
-    ready = state == F.lit(READY)
+    state, prev, reason = c("t_state"), c("prev_t_state"), c("t_reason")
+    code, why = _CODE, _REASON_CODE
+    is_transition = c("seq").isNotNull()
+    ready = state == code[READY]
     legal = (
-        F.when(prev.isNull(), ready & (reason == F.lit(READY_PUBLISHED)))
-        .when(prev == F.lit(READY), state == F.lit(INFLIGHT))
-        .when(prev == F.lit(INFLIGHT), state.isin(*_END_STATES))
+        F.when(prev.isNull(), ready & (reason == why[READY_PUBLISHED]))
+        .when(prev == code[READY], state == code[INFLIGHT])
+        .when(prev == code[INFLIGHT], state.isin(*[code[s] for s in _END_STATES]))
         .when(
-            prev == F.lit(WAITING_RETRY),
-            (ready & reason.isin(*_RETRY_REASONS)) | state.isin(DLQ, DISCARD),
+            prev == code[WAITING_RETRY],
+            (ready & reason.isin(*[why[r] for r in _RETRY_REASONS]))
+            | state.isin(code[DLQ], code[DISCARD]),
         )
-        .when(prev == F.lit(DLQ), ready & (reason == F.lit(READY_REPLAYED)))
+        .when(prev == code[DLQ], ready & (reason == why[READY_REPLAYED]))
         .otherwise(F.lit(False))
     )
     same_delivery = c("prev_delivery") == c("delivery")
-    leave_k = F.when((prev == F.lit(WAITING_RETRY)) & same_delivery, _LEAVE_K).otherwise(_END_K)
+    leave_k = F.when((prev == code[WAITING_RETRY]) & same_delivery, _LEAVE_K).otherwise(_END_K)
     expected_k = (
         F.when(ready, 1)
-        .when(state == F.lit(INFLIGHT), 2)
-        .when(state.isin(COMMIT, WAITING_RETRY), _END_K)
-        .when(state.isin(DLQ, DISCARD), leave_k)
+        .when(state == code[INFLIGHT], 2)
+        .when(state.isin(code[COMMIT], code[WAITING_RETRY]), _END_K)
+        .when(state.isin(code[DLQ], code[DISCARD]), leave_k)
     )
     step = (
         F.when(prev.isNull(), c("delivery") == 1)
         .when(ready, c("delivery") == c("prev_delivery") + 1)
         .otherwise(same_delivery)
     )
-    edge = F.concat_ws(" -> ", F.coalesce(prev, F.lit("start")), state)
+    edge = F.concat_ws(" -> ", F.coalesce(_name(prev), F.lit("start")), _name(state))
     at = F.format_string("at seq %s (delivery %s)", c("seq"), c("delivery"))
+    shown_reason = c("reason") if "reason" in rows.columns else _reason_name(reason)
+    flags = {
+        "legal_path": _flag(~legal),
+        "seq_numbering": _flag(_k(c("seq"), c("delivery")) != expected_k)
+        | _before(c("seq"), c("prev_seq") + 1),
+        "deliveries_consecutive": _flag(~step),
+        "time_order": c("at_ms").isNull() | _before(c("at_ms"), c("prev_at_ms")),
+    }
     return rows.withColumns(
         {
-            "bad_legal_path": _flag(~legal),
-            "why_legal_path": F.format_string("%s (reason %s) %s", edge, reason, at),
-            "bad_seq_numbering": _flag(_k(c("seq"), c("delivery")) != expected_k)
-            | _before(c("seq"), c("prev_seq") + 1),
-            "why_seq_numbering": F.format_string("%s %s after seq %s", state, at, c("prev_seq")),
-            "bad_deliveries_consecutive": _flag(~step),
+            **{f"bad_{name}": is_transition & flag for name, flag in flags.items()},
+            "why_legal_path": F.format_string("%s (reason %s) %s", edge, shown_reason, at),
+            "why_seq_numbering": F.format_string(
+                "%s %s after seq %s", _name(state), at, c("prev_seq")
+            ),
             "why_deliveries_consecutive": F.format_string(
                 "%s %s after delivery %s", edge, at, c("prev_delivery")
             ),
-            "bad_time_order": c("at_ms").isNull() | _before(c("at_ms"), c("prev_at_ms")),
             "why_time_order": F.format_string(
                 "%s %s at %s ms, after %s ms", edge, at, c("at_ms"), c("prev_at_ms")
             ),
@@ -177,80 +264,59 @@ def path_rows(transitions: DataFrame) -> DataFrame:
     )
 
 
-def path_counts(path: DataFrame) -> DataFrame:
-    """Per run and group: violations, and the counts summary and load must agree with."""
+def _path_measures() -> dict[str, Column]:
+    """What each path row counts toward: violations, and the counts summary and load must
+    agree with (a row without a transition counts toward none)."""
     c = F.col
-    state, reason, last = c("state"), c("reason"), c("last")
-    inflight = state == F.lit(INFLIGHT)
-    ready = state == F.lit(READY)
+    state, reason, last = c("t_state"), c("t_reason"), c("last")
+    code, why = _CODE, _REASON_CODE
+    inflight = state == code[INFLIGHT]
+    ready = state == code[READY]
     writes = (
-        (ready & reason.isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE))
-        | ((state == F.lit(WAITING_RETRY)) & (c("topic") == F.lit(limits.SCHEDULE_TOPIC)))
-        | (state == F.lit(DLQ))
+        (ready & reason.isin(why[READY_PUBLISHED], why[READY_REPLAYED], why[READY_RETRY_DUE]))
+        | ((state == code[WAITING_RETRY]) & c("t_schedule"))
+        | (state == code[DLQ])
     )
-    first_kind = c("prev_reason").isin(READY_PUBLISHED, READY_REPLAYED)
-    return path.groupBy(*GROUP).agg(
-        *[F.count_if(c(f"bad_{name}")).alias(f"path_{name}") for name in PATH_CHECKS],
-        F.count_if(last & (state == F.lit(COMMIT))).alias("final_commit"),
-        F.count_if(last & (state == F.lit(DLQ))).alias("final_dlq"),
-        F.count_if(last & (state == F.lit(DISCARD))).alias("final_discard"),
-        F.count_if(inflight).alias("t_deliveries"),
-        F.count_if(inflight & (c("delivery") == 1)).alias("t_first_deliveries"),
-        F.count_if(inflight & ~F.coalesce(first_kind, F.lit(False))).alias("t_retries"),
-        F.count_if(state == F.lit(COMMIT)).alias("t_commits"),
-        F.count_if(state == F.lit(DLQ)).alias("t_dlq"),
-        F.count_if(state == F.lit(DISCARD)).alias("t_discards"),
-        F.count_if(ready & (reason == F.lit(READY_REPLAYED))).alias("t_replays"),
-        F.count_if(writes).alias("t_commitlog_writes"),
-    )
+    first_kind = c("prev_t_reason").isin(why[READY_PUBLISHED], why[READY_REPLAYED])
+    return {
+        **{f"path_{name}": c(f"bad_{name}") for name in PATH_CHECKS},
+        "final_commit": last & (state == code[COMMIT]),
+        "final_dlq": last & (state == code[DLQ]),
+        "final_discard": last & (state == code[DISCARD]),
+        "t_deliveries": inflight,
+        "t_first_deliveries": inflight & (c("delivery") == 1),
+        "t_retries": inflight & ~F.coalesce(first_kind, F.lit(False)),
+        "t_commits": state == code[COMMIT],
+        "t_dlq": state == code[DLQ],
+        "t_discards": state == code[DISCARD],
+        "t_replays": ready & (reason == why[READY_REPLAYED]),
+        "t_commitlog_writes": writes,
+    }
 
 
 # --------------------------------------------------------------------------- deliveries
 
-_ATTEMPT_COLUMNS = ("reconsume_times", "ready_ms", "start_ms", "end_ms", "next_ready_ms",
-                    "settled_ms")  # fmt: skip
 
-
-def _per_delivery(tables: dict[str, DataFrame]) -> DataFrame:
-    """Attempt, transitions and dead letter of each delivery, side by side (numeric only)."""
+def _per_delivery(union: DataFrame) -> DataFrame:
+    """Per delivery: its message row (at delivery 1), attempt, transitions and dead letter
+    side by side (numeric only), and how many of its transitions count toward each path
+    measure. Grouped within the union's partitions: no shuffle."""
     c = F.col
-    attempts = tables["attempts"].select(
-        *DELIVERY,
-        F.lit(1).alias("a_n"),
-        _code(c("result_state")).alias("a_state"),
-        *[c(name).alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
-    )
-    transitions = tables["transitions"].select(
-        *DELIVERY,
-        F.lit(1).alias("t_n"),
-        "seq",
-        "at_ms",
-        _code(c("state")).alias("t_state"),
-        (c("reason") == F.lit(READY_REPLAYED)).cast("int").alias("t_replayed"),
-        _k(c("seq"), c("delivery")).alias("k"),
-    )
-    dead = tables["dead_letters"].select(
-        *MSG,
-        c("deliveries").alias("delivery"),
-        F.lit(1).alias("d_n"),
-        "dlq_at_ms",
-        "replayed_at_ms",
-        _differs(c("dlq_topic"), F.concat(F.lit(limits.DLQ_TOPIC_PREFIX), c("group")))
-        .cast("int")
-        .alias("d_bad_topic"),
-    )
-    k, state, at = c("k"), c("t_state"), c("at_ms")
+    k, state, at, src = _k(c("seq"), c("delivery")), c("t_state"), c("at_ms"), c("src")
+    replayed = (c("t_reason") == _REASON_CODE[READY_REPLAYED]).cast("int")
+    sources = {"m_n": _SRC_MESSAGE, "a_n": _SRC_ATTEMPT, "t_n": _SRC_TRANSITION,
+               "d_n": _SRC_DEAD_LETTER}  # fmt: skip
     return (
-        attempts.unionByName(transitions, allowMissingColumns=True)
-        .unionByName(dead, allowMissingColumns=True)
-        .repartition(*MSG_SORT)  # one shuffle serves the grouping and the window below
+        path_rows(union)
         .groupBy(*DELIVERY)
         .agg(
-            *[F.coalesce(F.sum(n), F.lit(0)).alias(n) for n in ("a_n", "t_n", "d_n")],
+            *[F.count_if(src == value).cast("int").alias(n) for n, value in sources.items()],
+            F.max("born_ms").alias("born_ms"),
+            F.max("size_bytes").alias("size_bytes"),
             F.max("a_state").alias("a_state"),
             *[F.max(f"a_{name}").alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
             F.min(F.when(k == 1, at)).alias("t_ready_ms"),
-            F.max(F.when(k == 1, c("t_replayed"))).alias("t_replayed"),
+            F.max(F.when(k == 1, replayed)).alias("t_replayed"),
             F.min(F.when(k == 2, at)).alias("t_start_ms"),
             F.min(F.when(k == _END_K, at)).alias("t_end_ms"),
             F.max(F.when(k == _END_K, state)).alias("t_end_state"),
@@ -259,25 +325,39 @@ def _per_delivery(tables: dict[str, DataFrame]) -> DataFrame:
             F.max("dlq_at_ms").alias("d_at_ms"),
             F.max("replayed_at_ms").alias("d_replayed_at_ms"),
             F.max("d_bad_topic").alias("d_bad_topic"),
+            *[F.count_if(measure).alias(name) for name, measure in _path_measures().items()],
         )
     )
 
 
 def delivery_rows(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
-    """One row per delivery with the next one's Ready, the last replay so far, the end of
-    the run's load buckets (``ends``: run_id, group, load_end_ms) and the flags."""
+    """One row per delivery (and per message born after the horizon, at delivery 1) with the
+    next one's Ready, the last replay so far, its run's horizon, the end of the run's load
+    buckets (``ends``: run_id, group, load_end_ms) and the flags of the delivery and message
+    checks. Path measures are counts per delivery (:func:`checked_counts` sums them)."""
+    c = F.col
+    horizon = F.get_json_object(c("config_json"), "$.horizon").cast("long")
+    horizons = tables["runs"].select(PARTITION_COLUMN, horizon.alias("horizon_ms"))
     order = Window.partitionBy(*MSG_SORT).orderBy("delivery")
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    replay = F.when(F.col("t_replayed") == 1, F.col("delivery"))
-    per = _per_delivery(tables).withColumns(
+    replay = F.when(c("t_replayed") == 1, c("delivery"))
+    delivered = c("a_n") + c("t_n") + c("d_n") > 0
+    per = _per_delivery(message_union(tables)).withColumns(
         {
-            "prev_delivery": F.lag("delivery").over(order),
+            "delivered": delivered,
+            # a row of a message alone can only be the first; it is nobody's predecessor
+            "prev_delivery": F.lag(F.when(delivered, c("delivery"))).over(order),
             "next_ready_ms": F.lead("t_ready_ms").over(order),
             "next_replayed": F.lead("t_replayed").over(order),
             "last_replay": F.max(replay).over(so_far),
         }
     )
-    return per.join(F.broadcast(ends), GROUP, "left").withColumns(_delivery_flags())
+    return (
+        per.join(F.broadcast(ends), GROUP, "left")
+        .join(F.broadcast(horizons), PARTITION_COLUMN, "left")
+        .withColumns(_delivery_flags())
+        .withColumns(_message_flags())
+    )
 
 
 def _delivery_flags() -> dict[str, Column]:
@@ -322,25 +402,29 @@ def _delivery_flags() -> dict[str, Column]:
     until = F.coalesce(c("a_next_ready_ms"), c("a_settled_ms"))
     pairs = ("a_ready_ms", "t_ready_ms", "a_start_ms", "t_start_ms", "a_end_ms", "t_end_ms")
     times = ("a_ready_ms", "a_start_ms", "a_end_ms", "a_settled_ms", "a_next_ready_ms")
+    delivered = c("delivered")
+    flags = {
+        "attempts_transitions": _flag(mismatch),
+        "time_order": backwards | late,
+        "reconsume_times": (c("a_n") == 1) & _differs(c("a_reconsume_times"), since),
+        "deliveries_consecutive": _flag(~step),
+        "dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | _flag(dead_wrong),
+    }
     return {
-        "bad_attempts_transitions": _flag(mismatch),
+        **{f"bad_{name}": delivered & flag for name, flag in flags.items()},
         "why_attempts_transitions": _text(
             "%s attempt row(s) ending %s, %s transition(s) ending %s; ready %s/%s, start %s/%s, "
             "end %s/%s ms (attempt/transitions)",
             *("a_n", _name(result), "t_n", _name(c("t_last_state")), *pairs),
         ),
-        "bad_time_order": backwards | late,
         "why_time_order": _text(
             "ready %s, start %s, end %s, settled %s, next_ready %s ms; next delivery Ready at %s",
             *(*times, "next_ready_ms"),
         ),
-        "bad_reconsume_times": (c("a_n") == 1) & _differs(c("a_reconsume_times"), since),
         "why_reconsume_times": _text("reconsume_times %s, expected %s", "a_reconsume_times", since),
-        "bad_deliveries_consecutive": _flag(~step),
         "why_deliveries_consecutive": _text(
             "delivery %s follows delivery %s", "delivery", "prev_delivery"
         ),
-        "bad_dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | _flag(dead_wrong),
         "why_dead_letters": _text(
             "%s dead letter(s) (dlq_at_ms %s, replayed_at_ms %s) for a delivery ending %s at %s",
             *("d_n", "d_at_ms", "d_replayed_at_ms", _name(result), "a_settled_ms"),
@@ -349,10 +433,44 @@ def _delivery_flags() -> dict[str, Column]:
     }
 
 
-def delivery_counts(per: DataFrame) -> DataFrame:
+# --------------------------------------------------------------------------- messages
+
+
+def _message_flags() -> dict[str, Column]:
+    """Each message against its first delivery and its run's horizon, on delivery 1's row
+    (``a_n`` there is the number of first deliveries)."""
     c = F.col
-    return per.groupBy(*GROUP).agg(
+    first, first_n = c("delivery") == 1, c("a_n")
+    published = c("born_ms") < c("horizon_ms")
+    bad = (
+        (c("m_n") != 1)
+        | (first_n > 1)
+        | F.coalesce(published != (first_n == 1), F.lit(False))
+        | ((first_n == 1) & _differs(c("a_ready_ms"), c("born_ms")))
+    )
+    return {
+        "bad_messages_attempts": first & bad,
+        "why_messages_attempts": _text(
+            "%s message row(s) born at %s ms (horizon %s ms), %s first delivery(ies) Ready "
+            "at %s ms",
+            *("m_n", "born_ms", "horizon_ms", "a_n", "a_ready_ms"),
+        ),
+    }
+
+
+def message_rows(checked: DataFrame) -> DataFrame:
+    """The rows of :func:`delivery_rows` the message check is about, keyed by message."""
+    return checked.where(F.col("delivery") == 1).drop("delivery")
+
+
+def checked_counts(checked: DataFrame) -> DataFrame:
+    """Per run and group, from :func:`delivery_rows`: violations of the path, delivery and
+    message checks, and the counts summary and load must agree with."""
+    c = F.col
+    return checked.groupBy(*GROUP).agg(
+        *[F.sum(name).alias(name) for name in _path_measures()],
         *[F.count_if(c(f"bad_{name}")).alias(f"delivery_{name}") for name in DELIVERY_CHECKS],
+        *[F.count_if(c(f"bad_{name}")).alias(f"message_{name}") for name in MESSAGE_CHECKS],
         F.sum("d_n").alias("dead_letter_rows"),
         F.count_if((c("d_n") >= 1) & c("d_replayed_at_ms").isNotNull()).alias(
             "dead_letters_replayed"
@@ -360,55 +478,7 @@ def delivery_counts(per: DataFrame) -> DataFrame:
         F.count_if(c("a_state") == _CODE[INFLIGHT]).alias("end_inflight"),
         F.count_if(c("a_state") == _CODE[READY]).alias("end_ready_backlog"),
         F.count_if(c("open_waiting_retry")).alias("end_waiting_retry"),
-    )
-
-
-# --------------------------------------------------------------------------- messages
-
-
-def message_rows(tables: dict[str, DataFrame]) -> DataFrame:
-    """Each message with its first delivery and its run's horizon (from config_json)."""
-    c = F.col
-    horizon = F.get_json_object(c("config_json"), "$.horizon").cast("long")
-    horizons = tables["runs"].select(PARTITION_COLUMN, horizon.alias("horizon_ms"))
-    messages = tables["messages"].select(*MSG, "born_ms", "size_bytes", F.lit(1).alias("m_n"))
-    first = (
-        tables["attempts"]
-        .where(c("delivery") == 1)
-        .select(*MSG, c("ready_ms"), F.lit(1).alias("f_n"))
-    )
-    rows = (
-        messages.unionByName(first, allowMissingColumns=True)
-        .groupBy(*MSG)
-        .agg(
-            *[F.coalesce(F.sum(n), F.lit(0)).alias(n) for n in ("m_n", "f_n")],
-            *[F.max(name).alias(name) for name in ("born_ms", "size_bytes", "ready_ms")],
-        )
-        .join(F.broadcast(horizons), PARTITION_COLUMN, "left")
-    )
-    published = c("born_ms") < c("horizon_ms")
-    bad = (
-        (c("m_n") != 1)
-        | (c("f_n") > 1)
-        | F.coalesce(published != (c("f_n") == 1), F.lit(False))
-        | ((c("f_n") == 1) & _differs(c("ready_ms"), c("born_ms")))
-    )
-    return rows.withColumns(
-        {
-            "bad_messages_attempts": bad,
-            "why_messages_attempts": _text(
-                "%s message row(s) born at %s ms (horizon %s ms), %s first delivery(ies) Ready "
-                "at %s ms",
-                *("m_n", "born_ms", "horizon_ms", "f_n", "ready_ms"),
-            ),
-        }
-    )
-
-
-def message_counts(rows: DataFrame) -> DataFrame:
-    return rows.groupBy(*GROUP).agg(
-        F.count_if(F.col("bad_messages_attempts")).alias("message_messages_attempts"),
-        F.count_if(F.col("m_n") >= 1).alias("message_rows"),
+        F.count_if(c("m_n") >= 1).alias("message_rows"),
         F.max("size_bytes").alias("size_bytes"),
     )
 

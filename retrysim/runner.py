@@ -17,6 +17,7 @@ import re
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
@@ -138,7 +139,7 @@ def simulate(
         rounds, engines = _simulate_attempts(spark, scenario, staging, say, tail_rows)
         say("staging tables ...")
         written = TABLE_SETS[tables]
-        staged = _stage_tables(spark, scenario, staging, engines, written)
+        staged = _stage_tables(spark, scenario, staging, engines, written, say)
         rows = {
             status: _write_parquet(
                 _runs_row(spark, scenario, run_id, started_at, rounds, status, tables),
@@ -229,9 +230,11 @@ def _stage_tables(
     staging: str,
     engines: dict[str, str],
     written: tuple[str, ...] = TABLE_ORDER,
+    say: Progress = lambda _line: None,
 ) -> dict[str, str]:
     """Compute the ``written`` tables but ``runs`` into Parquet under ``staging/tables``;
-    later tables read earlier ones back so no plan is computed twice."""
+    later tables read earlier ones back so no plan is computed twice. Says how long each
+    took: on a large run staging is minutes, and the split shows where they go."""
     tables = os.path.join(staging, "tables")
     path = {name: os.path.join(tables, name) for name in SCHEMAS}
     engine_of = F.create_map(*[x for item in engines.items() for x in map(F.lit, item)])
@@ -240,17 +243,21 @@ def _stage_tables(
         .where(F.col("engine") == engine_of[F.col("group")])  # rows of the engine in force
         .drop("round", "engine")
     )
+
+    def stage(name: str, build: Callable[[], DataFrame]) -> None:
+        began = time.monotonic()
+        _write_parquet(build(), path[name])
+        say(f"  staged {name} ({time.monotonic() - began:.1f}s)")
+
     if "messages" in written:
-        _write_parquet(all_messages(spark, scenario), path["messages"])
-    _write_parquet(select_schema(attempts, data_schema(ATTEMPTS)), path["attempts"])
+        stage("messages", lambda: all_messages(spark, scenario))
+    stage("attempts", lambda: select_schema(attempts, data_schema(ATTEMPTS)))
     if "transitions" in written:
-        _write_parquet(transitions_from_attempts(attempts), path["transitions"])
-    _write_parquet(dead_letters_from_attempts(attempts, scenario), path["dead_letters"])
-    load = load_from_attempts(spark, attempts, scenario).coalesce(1)
-    _write_parquet(load, path["load"])
+        stage("transitions", lambda: transitions_from_attempts(attempts))
+    stage("dead_letters", lambda: dead_letters_from_attempts(attempts, scenario))
+    stage("load", lambda: load_from_attempts(spark, attempts, scenario).coalesce(1))
     load = spark.read.parquet(path["load"])
-    summary = summary_from(spark, attempts, load, scenario, engines).coalesce(1)
-    _write_parquet(summary, path["summary"])
+    stage("summary", lambda: summary_from(spark, attempts, load, scenario, engines).coalesce(1))
     return {name: folder for name, folder in path.items() if name in written}
 
 

@@ -189,17 +189,16 @@ def validate_tables(tables: dict[str, DataFrame]) -> Report:
     column, any number of runs). One Spark job reduces them to a few rows per run and
     group; examples are fetched only for a broken invariant."""
     load = inv.load_counts(tables["load"])
+    checked = inv.delivery_rows(tables, load.select(*inv.GROUP, "load_end_ms"))
     rows = {
-        "path": inv.path_rows(tables["transitions"]),
-        "delivery": inv.delivery_rows(tables, load.select(*inv.GROUP, "load_end_ms")),
-        "message": inv.message_rows(tables),
+        "path": inv.path_rows(inv.transition_codes(tables["transitions"])),
+        "delivery": checked,
+        "message": inv.message_rows(checked),
     }
     parts = {
         "load": load,
         "summary": inv.summary_counts(tables["summary"]),
-        "path": inv.path_counts(rows["path"]),
-        "delivery": inv.delivery_counts(rows["delivery"]),
-        "message": inv.message_counts(rows["message"]),
+        "checked": inv.checked_counts(checked),
         "runs": inv.runs_counts(tables["runs"], STATUS_COMPLETE),
     }
     tagged = [frame.withColumn("_part", F.lit(name)) for name, frame in parts.items()]

@@ -203,6 +203,13 @@ RUNS = {
         {"dead_letters", "summary_counts"},
         {"dead_letters": "run_id=dead group=g msg_id=0 delivery=1: 1 dead letter(s)"},
     ),
+    "no-message-row": Broken(
+        edit(messages=HAND["messages"][:1]),
+        {"messages_attempts", "summary_counts"},
+        {"messages_attempts": "run_id=no-message-row group=g msg_id=1: 0 message row(s) born "
+                              "at null ms (horizon 60000 ms), 1 first delivery(ies) Ready at "
+                              "10 ms"},
+    ),
     "no-runs-row": Broken(
         edit(runs=[]), {"runs_row"}, {"runs_row": "run_id=no-runs-row: 0 runs row(s), 0 complete"}
     ),
