@@ -22,8 +22,9 @@ attempts, transitions and dead letters, shuffled by message once):
 The state machine: Ready -> Inflight -> Commit | WaitingRetry | DLQ | Discard;
 WaitingRetry -> Ready (a retry) or DLQ | Discard (an after-backoff leave, ``k = 4``);
 DLQ -> Ready only with reason ``replayed``; every path starts with Ready (``published``).
-States are compared as small integer codes in the deliveries pass, so Spark aggregates them
-with a hash aggregate (strings would force a sort-based one).
+States and Ready reasons are compared as small integer codes: the rows Spark shuffles and
+sorts stay narrow, and it aggregates them with a hash aggregate (strings would force a
+sort-based one).
 """
 
 from __future__ import annotations
@@ -107,23 +108,25 @@ def _before(late: Column, early: Column) -> Column:
     return F.coalesce(late < early, F.lit(False))
 
 
+def _lookup(mapping: dict, key: Column) -> Column:
+    """``mapping[key]`` for each row (null for a key it does not hold)."""
+    return F.create_map(*[F.lit(x) for item in mapping.items() for x in item])[key]
+
+
 def _code(state: Column) -> Column:
-    return F.create_map(*[x for s, n in _CODE.items() for x in (F.lit(s), F.lit(n))])[state]
+    return _lookup(_CODE, state)
 
 
 def _name(code: Column) -> Column:
-    pairs = [x for s, n in _CODE.items() for x in (F.lit(n), F.lit(s))]
-    return F.coalesce(F.create_map(*pairs)[code], code.cast("string"))
+    return F.coalesce(_lookup({n: s for s, n in _CODE.items()}, code), code.cast("string"))
 
 
 def _reason_code(reason: Column) -> Column:
-    pairs = [x for r, n in _REASON_CODE.items() for x in (F.lit(r), F.lit(n))]
-    return F.coalesce(F.create_map(*pairs)[reason], F.lit(0))
+    return F.coalesce(_lookup(_REASON_CODE, reason), F.lit(0))
 
 
 def _reason_name(code: Column) -> Column:
-    pairs = [x for r, n in _REASON_CODE.items() for x in (F.lit(n), F.lit(r))]
-    return F.coalesce(F.create_map(*pairs)[code], F.lit("other"))
+    return F.coalesce(_lookup({n: r for r, n in _REASON_CODE.items()}, code), F.lit("other"))
 
 
 def _text(template: str, *parts: str | Column) -> Column:
