@@ -6,18 +6,21 @@ and a ``why_<name>`` text, and reduces them to one row per run and group
 driver: :mod:`retrysim.validate` collects those per-group rows and, only when an invariant
 breaks, a few example rows.
 
-All three message-level passes run on one frame, :func:`message_union` (messages,
-attempts, transitions and dead letters, shuffled by message once):
+The message-level checks run on one frame, :func:`message_union` (messages, attempts,
+transitions and dead letters, shuffled by message once), grouped per delivery by a hash
+aggregate, then a window per message over the delivery rows (a few times fewer rows than
+the transitions, which are never sorted):
 
-* **path** -- transitions per message in ``seq`` order (a window): each step is an edge of
-  the state machine, ``seq`` matches delivery and state, deliveries step by one, time never
-  goes back;
-* **deliveries** -- the rows grouped per delivery, then a window per message: every
-  attempt has its transitions at its times, ``reconsume_times`` counts from the first or
-  replayed delivery, a retry is Ready when its predecessor said, each DLQ delivery has one
-  dead letter;
+* **path** -- a delivery's transitions are its steps Ready, Inflight, an end state and
+  (after WaitingRetry) a leave, each once at ``seq = 4*(delivery-1)+k``, in time order, and
+  its Ready follows the previous delivery's last state by a legal edge;
+* **deliveries** -- every attempt has its transitions at its times, ``reconsume_times``
+  counts from the first or replayed delivery, deliveries step by one, a retry is Ready when
+  its predecessor said, each DLQ delivery has one dead letter;
 * **messages** -- each message against its first delivery and the run's horizon;
 * **load**, **summary** -- small per-group aggregates, compared on the driver.
+
+A violation is counted once per delivery (or message) that shows it.
 
 The state machine: Ready -> Inflight -> Commit | WaitingRetry | DLQ | Discard;
 WaitingRetry -> Ready (a retry) or DLQ | Discard (an after-backoff leave, ``k = 4``);
@@ -29,8 +32,10 @@ sort-based one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
+from itertools import pairwise
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -73,10 +78,13 @@ INVARIANTS = (
     Invariant("load_gauges", "load's buckets are complete and its final gauges match"),
     Invariant("runs_row", "every run has one runs row, with status complete"),
 )
-PATH_CHECKS = ("legal_path", "seq_numbering", "deliveries_consecutive", "time_order")
-DELIVERY_CHECKS = ("attempts_transitions", "time_order", "reconsume_times",
-                   "deliveries_consecutive", "dead_letters")  # fmt: skip
+DELIVERY_CHECKS = ("legal_path", "seq_numbering", "deliveries_consecutive", "time_order",
+                   "reconsume_times", "attempts_transitions", "dead_letters")  # fmt: skip
 MESSAGE_CHECKS = ("messages_attempts",)
+# What the delivery rows count that summary and load must agree with (sums per group).
+COUNTED = ("t_deliveries", "t_first_deliveries", "t_retries", "t_commits", "t_dlq",
+           "t_discards", "t_replays", "t_commitlog_writes", "final_commit", "final_dlq",
+           "final_discard")  # fmt: skip
 MSG = [PARTITION_COLUMN, "group", "msg_id"]
 DELIVERY = [*MSG, "delivery"]
 GROUP = [PARTITION_COLUMN, "group"]
@@ -93,6 +101,8 @@ _REASON_CODE = {reason: index + 1 for index, reason in enumerate(_REASONS)}
 _SRC_MESSAGE, _SRC_ATTEMPT, _SRC_TRANSITION, _SRC_DEAD_LETTER = range(4)
 _RETRY_REASONS = (READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE)
 _LEAVE_K, _END_K = 4, 3
+# A delivery's steps: k = seq - 4*(delivery-1) of its Ready, Inflight, end and leave.
+_STEPS = {1: "ready", 2: "start", _END_K: "end", _LEAVE_K: "leave"}
 
 
 def _flag(condition: Column) -> Column:
@@ -192,175 +202,180 @@ def message_union(tables: dict[str, DataFrame]) -> DataFrame:
     return union.repartition(*MSG_SORT)
 
 
-# --------------------------------------------------------------------------- path
+# --------------------------------------------------------------------------- deliveries
 
 
-def path_rows(rows: DataFrame) -> DataFrame:
-    """Transitions in seq order per message, each with its predecessor and its flags.
-    ``rows`` is :func:`transition_codes` of the transitions table, or
-    :func:`message_union`: rows without a ``seq`` (other tables') sort after a message's
-    transitions and carry no flag. Texts show the ``reason`` itself where ``rows`` has it."""
-    order = Window.partitionBy(*MSG_SORT).orderBy(F.col("seq").asc_nulls_last())
-    rows = rows.withColumns(
-        {
-            **{
-                f"prev_{c}": F.lag(c).over(order)
-                for c in ("t_state", "delivery", "seq", "at_ms", "t_reason")
-            },
-            "last": F.lead("seq").over(order).isNull(),
-        }
-    )
+def _by_step(k: Column, value: Column, how: Callable[[Column], Column], name: str) -> list[Column]:
+    """``how(value)`` over a delivery's transitions at each step k, named ``name`` with the
+    step's label (``ready``, ``start``, ``end``, ``leave``) filled in."""
+    return [
+        how(F.when(k == step, value)).alias(name.format(label)) for step, label in _STEPS.items()
+    ]
+
+
+def _per_delivery(union: DataFrame) -> DataFrame:
+    """Per delivery: its message row (at delivery 1), attempt, transitions and dead letter
+    side by side (numeric only). Its transitions are summed up by step (k = seq -
+    4*(delivery-1)): how many there are at each step, their states and times, what counts
+    toward summary and load. A hash aggregate within the union's partitions: no shuffle and
+    no sort of the transitions (a path is a few steps, so aggregates describe it whole)."""
     c = F.col
-    state, prev, reason = c("t_state"), c("prev_t_state"), c("t_reason")
+    k, state, at, src, reason = (_k(c("seq"), c("delivery")), c("t_state"), c("at_ms"),
+                                 c("src"), c("t_reason"))  # fmt: skip
     code, why = _CODE, _REASON_CODE
-    is_transition = c("seq").isNotNull()
-    ready = state == code[READY]
-    legal = (
-        F.when(prev.isNull(), ready & (reason == why[READY_PUBLISHED]))
-        .when(prev == code[READY], state == code[INFLIGHT])
-        .when(prev == code[INFLIGHT], state.isin(*[code[s] for s in _END_STATES]))
-        .when(
-            prev == code[WAITING_RETRY],
-            (ready & reason.isin(*[why[r] for r in _RETRY_REASONS]))
-            | state.isin(code[DLQ], code[DISCARD]),
-        )
-        .when(prev == code[DLQ], ready & (reason == why[READY_REPLAYED]))
+    is_transition = src == _SRC_TRANSITION
+    expected_state = (
+        F.when(k == 1, state == code[READY])
+        .when(k == 2, state == code[INFLIGHT])
+        .when(k == _END_K, state.isin(*[code[s] for s in _END_STATES]))
+        .when(k == _LEAVE_K, state.isin(code[DLQ], code[DISCARD]))
         .otherwise(F.lit(False))
     )
-    same_delivery = c("prev_delivery") == c("delivery")
-    leave_k = F.when((prev == code[WAITING_RETRY]) & same_delivery, _LEAVE_K).otherwise(_END_K)
-    expected_k = (
-        F.when(ready, 1)
-        .when(state == code[INFLIGHT], 2)
-        .when(state.isin(code[COMMIT], code[WAITING_RETRY]), _END_K)
-        .when(state.isin(code[DLQ], code[DISCARD]), leave_k)
-    )
-    step = (
-        F.when(prev.isNull(), c("delivery") == 1)
-        .when(ready, c("delivery") == c("prev_delivery") + 1)
-        .otherwise(same_delivery)
-    )
-    edge = F.concat_ws(" -> ", F.coalesce(_name(prev), F.lit("start")), _name(state))
-    at = F.format_string("at seq %s (delivery %s)", c("seq"), c("delivery"))
-    shown_reason = c("reason") if "reason" in rows.columns else _reason_name(reason)
-    flags = {
-        "legal_path": _flag(~legal),
-        "seq_numbering": _flag(_k(c("seq"), c("delivery")) != expected_k)
-        | _before(c("seq"), c("prev_seq") + 1),
-        "deliveries_consecutive": _flag(~step),
-        "time_order": c("at_ms").isNull() | _before(c("at_ms"), c("prev_at_ms")),
-    }
-    return rows.withColumns(
-        {
-            **{f"bad_{name}": is_transition & flag for name, flag in flags.items()},
-            "why_legal_path": F.format_string("%s (reason %s) %s", edge, shown_reason, at),
-            "why_seq_numbering": F.format_string(
-                "%s %s after seq %s", _name(state), at, c("prev_seq")
-            ),
-            "why_deliveries_consecutive": F.format_string(
-                "%s %s after delivery %s", edge, at, c("prev_delivery")
-            ),
-            "why_time_order": F.format_string(
-                "%s %s at %s ms, after %s ms", edge, at, c("at_ms"), c("prev_at_ms")
-            ),
-        }
-    )
-
-
-def _path_measures() -> dict[str, Column]:
-    """What each path row counts toward: violations, and the counts summary and load must
-    agree with (a row without a transition counts toward none)."""
-    c = F.col
-    state, reason, last = c("t_state"), c("t_reason"), c("last")
-    code, why = _CODE, _REASON_CODE
-    inflight = state == code[INFLIGHT]
-    ready = state == code[READY]
+    inflight, ready = state == code[INFLIGHT], state == code[READY]
     writes = (
         (ready & reason.isin(why[READY_PUBLISHED], why[READY_REPLAYED], why[READY_RETRY_DUE]))
         | ((state == code[WAITING_RETRY]) & c("t_schedule"))
         | (state == code[DLQ])
     )
-    first_kind = c("prev_t_reason").isin(why[READY_PUBLISHED], why[READY_REPLAYED])
-    return {
-        **{f"path_{name}": c(f"bad_{name}") for name in PATH_CHECKS},
-        "final_commit": last & (state == code[COMMIT]),
-        "final_dlq": last & (state == code[DLQ]),
-        "final_discard": last & (state == code[DISCARD]),
+    sources = {"m_n": _SRC_MESSAGE, "a_n": _SRC_ATTEMPT, "t_n": _SRC_TRANSITION,
+               "d_n": _SRC_DEAD_LETTER}  # fmt: skip
+    counts = {
+        "t_off_step": is_transition & ~F.coalesce(expected_state, F.lit(False)),
+        "t_no_time": is_transition & at.isNull(),
         "t_deliveries": inflight,
         "t_first_deliveries": inflight & (c("delivery") == 1),
-        "t_retries": inflight & ~F.coalesce(first_kind, F.lit(False)),
         "t_commits": state == code[COMMIT],
         "t_dlq": state == code[DLQ],
         "t_discards": state == code[DISCARD],
         "t_replays": ready & (reason == why[READY_REPLAYED]),
         "t_commitlog_writes": writes,
     }
-
-
-# --------------------------------------------------------------------------- deliveries
-
-
-def _per_delivery(union: DataFrame) -> DataFrame:
-    """Per delivery: its message row (at delivery 1), attempt, transitions and dead letter
-    side by side (numeric only), and how many of its transitions count toward each path
-    measure. Grouped within the union's partitions: no shuffle."""
-    c = F.col
-    k, state, at, src = _k(c("seq"), c("delivery")), c("t_state"), c("at_ms"), c("src")
-    replayed = (c("t_reason") == _REASON_CODE[READY_REPLAYED]).cast("int")
-    sources = {"m_n": _SRC_MESSAGE, "a_n": _SRC_ATTEMPT, "t_n": _SRC_TRANSITION,
-               "d_n": _SRC_DEAD_LETTER}  # fmt: skip
-    return (
-        path_rows(union)
-        .groupBy(*DELIVERY)
-        .agg(
-            *[F.count_if(src == value).cast("int").alias(n) for n, value in sources.items()],
-            F.max("born_ms").alias("born_ms"),
-            F.max("size_bytes").alias("size_bytes"),
-            F.max("a_state").alias("a_state"),
-            *[F.max(f"a_{name}").alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
-            F.min(F.when(k == 1, at)).alias("t_ready_ms"),
-            F.max(F.when(k == 1, replayed)).alias("t_replayed"),
-            F.min(F.when(k == 2, at)).alias("t_start_ms"),
-            F.min(F.when(k == _END_K, at)).alias("t_end_ms"),
-            F.max(F.when(k == _END_K, state)).alias("t_end_state"),
-            F.max_by(state, c("seq")).alias("t_last_state"),
-            F.max_by(at, c("seq")).alias("t_last_ms"),
-            F.max("dlq_at_ms").alias("d_at_ms"),
-            F.max("replayed_at_ms").alias("d_replayed_at_ms"),
-            F.max("d_bad_topic").alias("d_bad_topic"),
-            *[F.count_if(measure).alias(name) for name, measure in _path_measures().items()],
-        )
+    return union.groupBy(*DELIVERY).agg(
+        *[F.count_if(src == value).cast("int").alias(n) for n, value in sources.items()],
+        F.max("born_ms").alias("born_ms"),
+        F.max("size_bytes").alias("size_bytes"),
+        F.max("a_state").alias("a_state"),
+        *[F.max(f"a_{name}").alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
+        *_by_step(k, F.lit(1), F.count, "t_n_{}"),
+        *_by_step(k, state, F.max, "t_{}_state"),
+        *_by_step(k, at, F.min, "t_{}_ms"),
+        F.max(F.when(k == 1, reason)).alias("t_ready_reason"),
+        F.min(k).alias("t_first_step"),
+        F.max(k).alias("t_last_step"),
+        F.max_by(state, c("seq")).alias("t_last_state"),
+        F.max_by(at, c("seq")).alias("t_last_ms"),
+        F.max("dlq_at_ms").alias("d_at_ms"),
+        F.max("replayed_at_ms").alias("d_replayed_at_ms"),
+        F.max("d_bad_topic").alias("d_bad_topic"),
+        *[F.count_if(counted).alias(name) for name, counted in counts.items()],
     )
 
 
 def delivery_rows(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
-    """One row per delivery (and per message born after the horizon, at delivery 1) with the
-    next one's Ready, the last replay so far, its run's horizon, the end of the run's load
-    buckets (``ends``: run_id, group, load_end_ms) and the flags of the delivery and message
-    checks. Path measures are counts per delivery (:func:`checked_counts` sums them)."""
+    """One row per delivery (and per message born after the horizon, at delivery 1) with
+    the previous delivery's last transition, the next one's Ready, the last replay so far,
+    its run's horizon, the end of the run's load buckets (``ends``: run_id, group,
+    load_end_ms), the flags of the path, delivery and message checks and the counts summary
+    and load must agree with (:func:`checked_counts` sums them)."""
     c = F.col
     horizon = F.get_json_object(c("config_json"), "$.horizon").cast("long")
     horizons = tables["runs"].select(PARTITION_COLUMN, horizon.alias("horizon_ms"))
     order = Window.partitionBy(*MSG_SORT).orderBy("delivery")
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    replay = F.when(c("t_replayed") == 1, c("delivery"))
+    replayed = c("t_ready_reason") == _REASON_CODE[READY_REPLAYED]
     delivered = c("a_n") + c("t_n") + c("d_n") > 0
     per = _per_delivery(message_union(tables)).withColumns(
         {
             "delivered": delivered,
             # a row of a message alone can only be the first; it is nobody's predecessor
             "prev_delivery": F.lag(F.when(delivered, c("delivery"))).over(order),
+            "prev_last_state": F.lag("t_last_state").over(order),
+            "prev_last_ms": F.lag("t_last_ms").over(order),
             "next_ready_ms": F.lead("t_ready_ms").over(order),
-            "next_replayed": F.lead("t_replayed").over(order),
-            "last_replay": F.max(replay).over(so_far),
+            "next_replayed": F.lead(replayed).over(order),
+            "is_last": F.lead("delivery").over(order).isNull(),
+            "last_replay": F.max(F.when(replayed, c("delivery"))).over(so_far),
         }
     )
     return (
         per.join(F.broadcast(ends), GROUP, "left")
         .join(F.broadcast(horizons), PARTITION_COLUMN, "left")
+        .withColumns(_path_flags())
         .withColumns(_delivery_flags())
         .withColumns(_message_flags())
+        .withColumns(_final_counts())
     )
+
+
+def _path_text() -> Column:
+    """A delivery's transitions after the previous delivery's last state, e.g. ``WaitingRetry
+    -> Ready (reason retry_due) -> Inflight -> Commit``."""
+    c = F.col
+    ready = F.format_string(
+        "%s (reason %s)", _name(c("t_ready_state")), _reason_name(c("t_ready_reason"))
+    )
+    steps = [_name(c(f"t_{name}_state")) for name in list(_STEPS.values())[1:]]
+    ready = F.when(c("t_ready_state").isNotNull(), ready)
+    return F.concat_ws(
+        " -> ", F.coalesce(_name(c("prev_last_state")), F.lit("start")), ready, *steps
+    )
+
+
+def _path_flags() -> dict[str, Column]:
+    """The path rules on a delivery's steps: Ready, Inflight, an end state, and a leave only
+    after WaitingRetry, each at its seq, in time order, entered from the previous delivery's
+    last state by a legal edge (docs/model.md §9)."""
+    c = F.col
+    code, why = _CODE, _REASON_CODE
+    state = {name: c(f"t_{name}_state") for name in _STEPS.values()}
+    ms = [c(f"t_{name}_ms") for name in _STEPS.values()]
+    prev = c("prev_last_state")
+    entered = (
+        F.when(prev.isNull(), c("t_ready_reason") == why[READY_PUBLISHED])
+        .when(
+            prev == code[WAITING_RETRY], c("t_ready_reason").isin(*[why[r] for r in _RETRY_REASONS])
+        )
+        .when(prev == code[DLQ], c("t_ready_reason") == why[READY_REPLAYED])
+        .otherwise(F.lit(False))
+    )
+    counts = [c(f"t_n_{name}") for name in _STEPS.values()]
+    unique = F.greatest(*counts) <= 1
+    legal = (
+        (state["ready"] == code[READY])
+        & entered
+        & unique
+        & (c("t_last_step") == c("t_n"))  # the steps present are 1 .. t_n
+        & (c("t_off_step") == 0)
+        & (state["leave"].isNull() | (state["end"] == code[WAITING_RETRY]))
+    )
+    has_path = c("t_n") > 0
+    backwards = reduce(lambda a, b: a | b, [_before(y, x) for x, y in pairwise(ms)])
+    flags = {
+        "legal_path": _flag(~legal),
+        "seq_numbering": _flag((c("t_off_step") > 0) | ~unique),
+    }
+    path = _path_text()
+    times = F.concat_ws(", ", *[x.cast("string") for x in ms])
+    return {
+        **{f"bad_{name}": has_path & flag for name, flag in flags.items()},
+        # time_order's part from the transitions; the attempt's part is in _delivery_flags
+        "path_backwards": has_path
+        & ((c("t_no_time") > 0) | backwards | _before(c("t_ready_ms"), c("prev_last_ms"))),
+        "why_legal_path": path,
+        "why_seq_numbering": F.format_string(
+            "%s transition(s) at steps %s..%s (seq - 4*(delivery-1)): %s",
+            c("t_n"),
+            c("t_first_step"),
+            c("t_last_step"),
+            path,
+        ),
+        "path_times": F.concat(
+            F.format_string("%s at %s ms", path, times),
+            F.when(
+                c("prev_last_ms").isNotNull(), F.format_string(", after %s ms", c("prev_last_ms"))
+            ).otherwise(F.lit("")),
+        ),
+    }
 
 
 def _delivery_flags() -> dict[str, Column]:
@@ -389,7 +404,7 @@ def _delivery_flags() -> dict[str, Column]:
         | _before(c("a_settled_ms"), c("a_end_ms"))
         | _before(c("a_next_ready_ms"), c("a_end_ms"))
     )
-    replayed_next = F.coalesce(c("next_replayed") == 1, F.lit(False))
+    replayed_next = F.coalesce(c("next_replayed"), F.lit(False))
     retried = c("next_ready_ms").isNotNull() & ~replayed_next
     late = retried & _differs(c("next_ready_ms"), c("a_next_ready_ms"))
     is_dlq = F.coalesce(result == code[DLQ], F.lit(False))
@@ -408,7 +423,7 @@ def _delivery_flags() -> dict[str, Column]:
     delivered = c("delivered")
     flags = {
         "attempts_transitions": _flag(mismatch),
-        "time_order": backwards | late,
+        "time_order": backwards | late | c("path_backwards"),
         "reconsume_times": (c("a_n") == 1) & _differs(c("a_reconsume_times"), since),
         "deliveries_consecutive": _flag(~step),
         "dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | _flag(dead_wrong),
@@ -421,8 +436,9 @@ def _delivery_flags() -> dict[str, Column]:
             *("a_n", _name(result), "t_n", _name(c("t_last_state")), *pairs),
         ),
         "why_time_order": _text(
-            "ready %s, start %s, end %s, settled %s, next_ready %s ms; next delivery Ready at %s",
-            *(*times, "next_ready_ms"),
+            "%s; attempt ready %s, start %s, end %s, settled %s, next_ready %s ms; next "
+            "delivery Ready at %s",
+            *("path_times", *times, "next_ready_ms"),
         ),
         "why_reconsume_times": _text("reconsume_times %s, expected %s", "a_reconsume_times", since),
         "why_deliveries_consecutive": _text(
@@ -433,6 +449,21 @@ def _delivery_flags() -> dict[str, Column]:
             *("d_n", "d_at_ms", "d_replayed_at_ms", _name(result), "a_settled_ms"),
         ),
         "open_waiting_retry": after_backoff & (until.isNull() | (until >= c("load_end_ms"))),
+    }
+
+
+def _final_counts() -> dict[str, Column]:
+    """What a delivery counts toward beyond its transitions: retries (deliveries not from a
+    first or replayed Ready) and, on a message's last delivery, its final state."""
+    c = F.col
+    code, why = _CODE, _REASON_CODE
+    first_kind = c("t_ready_reason").isin(why[READY_PUBLISHED], why[READY_REPLAYED])
+    last = c("t_last_state")
+    return {
+        "t_retries": F.when(F.coalesce(first_kind, F.lit(False)), 0).otherwise(c("t_deliveries")),
+        "final_commit": (c("is_last") & (last == code[COMMIT])).cast("int"),
+        "final_dlq": (c("is_last") & (last == code[DLQ])).cast("int"),
+        "final_discard": (c("is_last") & (last == code[DISCARD])).cast("int"),
     }
 
 
@@ -471,7 +502,7 @@ def checked_counts(checked: DataFrame) -> DataFrame:
     message checks, and the counts summary and load must agree with."""
     c = F.col
     return checked.groupBy(*GROUP).agg(
-        *[F.sum(name).alias(name) for name in _path_measures()],
+        *[F.sum(name).alias(name) for name in COUNTED],
         *[F.count_if(c(f"bad_{name}")).alias(f"delivery_{name}") for name in DELIVERY_CHECKS],
         *[F.count_if(c(f"bad_{name}")).alias(f"message_{name}") for name in MESSAGE_CHECKS],
         F.sum("d_n").alias("dead_letter_rows"),

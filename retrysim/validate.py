@@ -191,7 +191,6 @@ def validate_tables(tables: dict[str, DataFrame]) -> Report:
     load = inv.load_counts(tables["load"])
     checked = inv.delivery_rows(tables, load.select(*inv.GROUP, "load_end_ms"))
     rows = {
-        "path": inv.path_rows(inv.transition_codes(tables["transitions"])),
         "delivery": checked,
         "message": inv.message_rows(checked),
     }
@@ -230,7 +229,6 @@ def validate_tables(tables: dict[str, DataFrame]) -> Report:
 
 
 _ROW_CHECKS = (
-    ("path", inv.PATH_CHECKS),
     ("delivery", inv.DELIVERY_CHECKS),
     ("message", inv.MESSAGE_CHECKS),
 )

@@ -116,6 +116,12 @@ def _ready_after_commit():
     )
 
 
+def _transitions_of_message_0(change) -> dict[str, list[dict]]:
+    """The hand run with message 0's transitions (Ready, Inflight, Commit) changed."""
+    transitions = copy.deepcopy(HAND["transitions"])
+    return edit(transitions=change(transitions[:3]) + transitions[3:])
+
+
 def _delivery_gap():
     attempts = copy.deepcopy(HAND["attempts"])
     attempts[2].update(delivery=3, reconsume_times=2)
@@ -176,6 +182,26 @@ RUNS = {
         {"legal_path": "Commit -> Ready (reason retry_due)"},
         exact=False,
     ),
+    "skipped-step": Broken(
+        _transitions_of_message_0(lambda path: [path[0], path[2]]),
+        {"legal_path"},
+        {"legal_path": "msg_id=0 delivery=1: start -> Ready (reason published) -> Commit"},
+        exact=False,
+    ),
+    "seq-off": Broken(
+        _transitions_of_message_0(lambda path: [*path[:2], {**path[2], "seq": 4}]),
+        {"seq_numbering"},
+        {"seq_numbering": "3 transition(s) at steps 1..4 (seq - 4*(delivery-1))"},
+        exact=False,
+    ),
+    "leave-after-commit": Broken(
+        _transitions_of_message_0(
+            lambda path: [*path, _transition(0, 1, 4, "DLQ", 6, "%DLQ%g", 0, "max_reconsume")]
+        ),
+        {"legal_path"},
+        {"legal_path": "start -> Ready (reason published) -> Inflight -> Commit -> DLQ"},
+        exact=False,
+    ),
     "gap": Broken(
         _delivery_gap(),
         {"deliveries_consecutive"},
@@ -184,7 +210,8 @@ RUNS = {
     "backwards": Broken(
         _time_backwards(),
         {"time_order"},
-        {"time_order": "WaitingRetry -> Ready at seq 5 (delivery 2) at 12 ms, after 15 ms"},
+        {"time_order": "WaitingRetry -> Ready (reason retry_due) -> Inflight -> Commit at 12, "
+                       "10015, 10020 ms, after 15 ms"},
     ),
     "summary": Broken(
         _summary_off(),
