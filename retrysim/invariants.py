@@ -6,28 +6,33 @@ and a ``why_<name>`` text, and reduces them to one row per run and group
 driver: :mod:`retrysim.validate` collects those per-group rows and, only when an invariant
 breaks, a few example rows.
 
-The message-level checks run on one frame, :func:`message_union` (messages, attempts,
-transitions and dead letters, shuffled by message once), grouped per delivery by a hash
-aggregate, then a window per message over the delivery rows (a few times fewer rows than
-the transitions, which are never sorted):
+The transitions table is checked against the attempts first: :func:`transition_digest`
+and :func:`derived_digest` count and hash its rows and the rows the attempts give (the
+derivation that wrote them, :func:`retrysim.transitions.step_columns`), per run and group,
+with a scan of each and no shuffle. When they agree, the table *is* the attempts'
+transitions, so the message-level checks read each delivery's transitions from its
+attempt row (its steps) instead of shuffling three or four rows per delivery. When they
+differ, :func:`transition_mismatches` finds the rows, for the report.
+
+The message-level checks run on one frame, :func:`message_union` (messages, attempts with
+their steps, and dead letters, shuffled by message once), grouped per delivery by a hash
+aggregate, then a window per message over the delivery rows:
 
 * **path** -- a delivery's transitions are its steps Ready, Inflight, an end state and
-  (after WaitingRetry) a leave, each once at ``seq = 4*(delivery-1)+k``, in time order, and
-  its Ready follows the previous delivery's last state by a legal edge;
-* **deliveries** -- every attempt has its transitions at its times, ``reconsume_times``
-  counts from the first or replayed delivery, deliveries step by one, a retry is Ready when
-  its predecessor said, each DLQ delivery has one dead letter;
+  (after WaitingRetry) a leave, each at its step, in time order, and its Ready follows the
+  previous delivery's last state by a legal edge;
+* **deliveries** -- every attempt's transitions end in its result at its times,
+  ``reconsume_times`` counts from the first or replayed delivery, deliveries step by one, a
+  retry is Ready when its predecessor said, each DLQ delivery has one dead letter;
 * **messages** -- each message against its first delivery and the run's horizon;
 * **load**, **summary** -- small per-group aggregates, compared on the driver.
-
-A violation is counted once per delivery (or message) that shows it.
 
 The state machine: Ready -> Inflight -> Commit | WaitingRetry | DLQ | Discard;
 WaitingRetry -> Ready (a retry) or DLQ | Discard (an after-backoff leave, ``k = 4``);
 DLQ -> Ready only with reason ``replayed``; every path starts with Ready (``published``).
 States and Ready reasons are compared as small integer codes: the rows Spark shuffles and
 sorts stay narrow, and it aggregates them with a hash aggregate (strings would force a
-sort-based one).
+sort-based one). A violation is counted once per delivery (or message, or group).
 """
 
 from __future__ import annotations
@@ -54,8 +59,8 @@ from retrysim.policy import (
     READY_VISIBLE,
     WAITING_RETRY,
 )
-from retrysim.tables import PARTITION_COLUMN
-from retrysim.transitions import SEQ_PER_DELIVERY
+from retrysim.tables import PARTITION_COLUMN, TRANSITIONS, select_schema
+from retrysim.transitions import step_columns, transitions_from_attempts
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,10 @@ INVARIANTS = (
     Invariant("deliveries_consecutive", "deliveries run 1, 2, 3, ... per message, no gap"),
     Invariant("time_order", "times never go backwards along a message's path"),
     Invariant("reconsume_times", "reconsume_times = deliveries since the first or replayed one"),
-    Invariant("attempts_transitions", "each attempt has its transitions, at its times and state"),
+    Invariant(
+        "attempts_transitions",
+        "the transitions are exactly those the attempts give, ending in their results",
+    ),
     Invariant("dead_letters", "one dead letter per DLQ delivery, at its time, with its replay"),
     Invariant("messages_attempts", "every message born before the horizon is delivered first"),
     Invariant("summary_counts", "summary = counts of the rows; messages = settled + pending"),
@@ -98,11 +106,10 @@ _END_STATES = (COMMIT, WAITING_RETRY, DLQ, DISCARD)
 # The Ready reasons the path rules tell apart; any other reason is code 0.
 _REASONS = (READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE)
 _REASON_CODE = {reason: index + 1 for index, reason in enumerate(_REASONS)}
-_SRC_MESSAGE, _SRC_ATTEMPT, _SRC_TRANSITION, _SRC_DEAD_LETTER = range(4)
+_SRC_MESSAGE, _SRC_ATTEMPT, _SRC_DEAD_LETTER = range(3)
 _RETRY_REASONS = (READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE)
-_LEAVE_K, _END_K = 4, 3
 # A delivery's steps: k = seq - 4*(delivery-1) of its Ready, Inflight, end and leave.
-_STEPS = {1: "ready", 2: "start", _END_K: "end", _LEAVE_K: "leave"}
+_STEPS = {1: "ready", 2: "start", 3: "end", 4: "leave"}
 
 
 def _flag(condition: Column) -> Column:
@@ -144,48 +151,98 @@ def _text(template: str, *parts: str | Column) -> Column:
     return F.format_string(template, *[F.col(p) if isinstance(p, str) else p for p in parts])
 
 
-def _k(seq: Column, delivery: Column) -> Column:
-    return seq - (delivery - 1) * F.lit(SEQ_PER_DELIVERY)
-
-
 # --------------------------------------------------------------------------- rows
 
 _ATTEMPT_COLUMNS = ("reconsume_times", "ready_ms", "start_ms", "end_ms", "next_ready_ms",
                     "settled_ms")  # fmt: skip
 
 
-def transition_codes(transitions: DataFrame) -> DataFrame:
-    """Transitions as the path pass reads them: state and Ready reason as small integer
-    codes, the topic as "is it the schedule topic" (narrow rows sort and shuffle faster)."""
+def _attempt_steps(attempts: DataFrame) -> DataFrame:
+    """Each attempt with its transitions (:func:`retrysim.transitions.step_columns`, the
+    derivation that writes the transitions table) as columns per step: present or not, state
+    code (0 for a state the model does not know), time; and what they count toward summary
+    and load. One row per delivery instead of three or four. Two projections: the second
+    reads the first's plain columns instead of re-deriving the steps in every expression."""
     c = F.col
-    return transitions.withColumns(
-        {
-            "t_state": _code(c("state")),
-            "t_reason": _reason_code(c("reason")),
-            "t_schedule": c("topic") == F.lit(limits.SCHEDULE_TOPIC),
-        }
-    )
-
-
-def message_union(tables: dict[str, DataFrame]) -> DataFrame:
-    """Messages, attempts, transitions and dead letters as rows of one frame, shuffled once
-    by message: every pass below runs on it without another shuffle. A row carries only its
-    own table's columns (the others null) and ``src``, which table it is from; a message row
-    stands at delivery 1."""
-    c = F.col
-    messages = tables["messages"].select(
-        *MSG, F.lit(1).alias("delivery"), F.lit(_SRC_MESSAGE).alias("src"), "born_ms",
-        "size_bytes",
-    )  # fmt: skip
-    attempts = tables["attempts"].select(
+    code, why = _CODE, _REASON_CODE
+    names = list(_STEPS.values())
+    steps = dict(zip(names, step_columns(), strict=True))
+    per_step = attempts.select(
         *DELIVERY,
         F.lit(_SRC_ATTEMPT).alias("src"),
         _code(c("result_state")).alias("a_state"),
         *[c(name).alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
+        *[steps[n][0].cast("int").alias(f"t_n_{n}") for n in names],
+        *[F.coalesce(_code(steps[n][1]["state"]), F.lit(0)).alias(f"t_{n}_state") for n in names],
+        *[F.when(steps[n][0], steps[n][1]["at_ms"]).alias(f"t_{n}_ms") for n in names],
+        _reason_code(steps["ready"][1]["reason"]).alias("t_ready_reason"),
+        (steps["end"][1]["topic"] == F.lit(limits.SCHEDULE_TOPIC)).alias("t_end_scheduled"),
     )
-    transitions = transition_codes(tables["transitions"]).select(
-        *DELIVERY, F.lit(_SRC_TRANSITION).alias("src"), "seq", "at_ms", "t_state", "t_reason",
-        "t_schedule",
+    present = {n: c(f"t_n_{n}") == 1 for n in names}
+    state = {n: F.when(present[n], c(f"t_{n}_state")) for n in names}
+    expected = {
+        "ready": [code[READY]],
+        "start": [code[INFLIGHT]],
+        "end": [code[s] for s in _END_STATES],
+        "leave": [code[DLQ], code[DISCARD]],
+    }
+    reason = c("t_ready_reason")
+
+    def count(condition: Callable[[str], Column]) -> Column:
+        return reduce(
+            lambda a, b: a + b,
+            [F.coalesce(condition(n), F.lit(False)).cast("int") for n in names],
+        )
+
+    def in_state(wanted: str) -> Column:
+        return count(lambda n: state[n] == code[wanted])
+
+    scheduled = (state["end"] == code[WAITING_RETRY]) & c("t_end_scheduled")
+    return per_step.withColumns(
+        {
+            **{f"t_{n}_state": state[n] for n in names},
+            "t_first_step": F.least(*[F.when(present[n], k) for k, n in _STEPS.items()]),
+            "t_last_step": F.greatest(*[F.when(present[n], k) for k, n in _STEPS.items()]),
+            "t_last_state": F.coalesce(*[state[n] for n in reversed(names)]),
+            "t_last_ms": F.coalesce(*[F.when(present[n], c(f"t_{n}_ms")) for n in reversed(names)]),
+            "t_off_step": count(lambda n: present[n] & ~state[n].isin(*expected[n])),
+            "t_no_time": count(lambda n: present[n] & c(f"t_{n}_ms").isNull()),
+            "t_deliveries": in_state(INFLIGHT),
+            "t_first_deliveries": in_state(INFLIGHT) * (c("delivery") == 1).cast("int"),
+            "t_commits": in_state(COMMIT),
+            "t_dlq": in_state(DLQ),
+            "t_discards": in_state(DISCARD),
+            "t_replays": (reason == why[READY_REPLAYED]).cast("int"),
+            "t_commitlog_writes": reason.isin(
+                why[READY_PUBLISHED], why[READY_REPLAYED], why[READY_RETRY_DUE]
+            ).cast("int")
+            + F.coalesce(scheduled, F.lit(False)).cast("int")
+            + in_state(DLQ),
+        }
+    ).drop("t_end_scheduled")
+
+
+def _step_hash(fields: dict[str, Column]) -> Column:
+    """:func:`_row_hash` of the transition a step gives (its columns: ``fields``)."""
+    return _row_hash([F.col("msg_id"), F.col("delivery"), *[fields[n] for n in _HASHED[2:]]])
+
+
+# What the attempt rows give per delivery, summed (counts) or taken as they are.
+_STEP_COUNTS = ("t_off_step", "t_no_time", "t_deliveries", "t_first_deliveries", "t_commits",
+                "t_dlq", "t_discards", "t_replays", "t_commitlog_writes")  # fmt: skip
+_STEP_VALUES = ("t_ready_reason", "t_first_step", "t_last_step", "t_last_state", "t_last_ms")
+
+
+def message_union(tables: dict[str, DataFrame]) -> DataFrame:
+    """Messages, attempts (with their transitions as steps) and dead letters as rows of one
+    frame, shuffled once by message: every pass below runs on it without another shuffle.
+    A row carries only its own table's columns (the others null) and ``src``, which table
+    it is from; a message row stands at delivery 1. The transitions table itself is not in
+    it: :func:`transition_digest` shows it equals what the attempts give."""
+    c = F.col
+    messages = tables["messages"].select(
+        *MSG, F.lit(1).alias("delivery"), F.lit(_SRC_MESSAGE).alias("src"), "born_ms",
+        "size_bytes",
     )  # fmt: skip
     dead = tables["dead_letters"].select(
         *MSG,
@@ -197,77 +254,119 @@ def message_union(tables: dict[str, DataFrame]) -> DataFrame:
         .cast("int")
         .alias("d_bad_topic"),
     )
-    frames = (messages, attempts, transitions, dead)
+    frames = (messages, _attempt_steps(tables["attempts"]), dead)
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
     return union.repartition(*MSG_SORT)
+
+
+# --------------------------------------------------------------------------- transitions
+
+
+# The transition columns a row's hash covers (run_id and group are the digest's keys).
+_HASHED = tuple(name for name in TRANSITIONS.fieldNames() if name not in GROUP)
+
+
+def _row_hash(values: list[Column]) -> Column:
+    """A transition row's 64-bit hash (``values`` in :data:`_HASHED` order); the null mask
+    keeps ``(null, x)`` and ``(x, null)`` apart, which the hash alone would not."""
+    nulls = reduce(
+        lambda a, b: a + b,
+        [F.when(value.isNull(), 1 << bit).otherwise(0) for bit, value in enumerate(values)],
+    )
+    return F.xxhash64(*values, nulls)
+
+
+def _halves(row_hash: Column) -> tuple[Column, Column]:
+    """A hash as two 32-bit halves: sums of them cannot overflow a long."""
+    return F.shiftrightunsigned(row_hash, 32), row_hash.bitwiseAND(F.lit(0xFFFFFFFF))
+
+
+def _digest(rows: DataFrame, hashes: list[Column], prefix: str) -> DataFrame:
+    """Per run and group: how many of ``hashes`` are not null, and their sum (a 64-bit
+    digest of the multiset of rows they hash)."""
+    halves = [_halves(h) for h in hashes]
+    total = [
+        reduce(lambda a, b: a + b, [F.coalesce(h[i], F.lit(0)) for h in halves]) for i in (0, 1)
+    ]
+    present = reduce(lambda a, b: a + b, [h.isNotNull().cast("int") for h in hashes])
+    return rows.groupBy(*GROUP).agg(
+        F.sum(present).alias(f"{prefix}_rows"),
+        F.sum(total[0]).alias(f"{prefix}_hash_hi"),
+        F.sum(total[1]).alias(f"{prefix}_hash_lo"),
+    )
+
+
+def transition_digest(transitions: DataFrame) -> DataFrame:
+    """The transitions table's rows and digest per run and group (``t_*``). One scan, no
+    shuffle of the rows."""
+    return _digest(transitions, [_row_hash([F.col(name) for name in _HASHED])], "t")
+
+
+def derived_digest(attempts: DataFrame) -> DataFrame:
+    """The same over the transitions the attempts give (``derived_*``), hashed from each
+    attempt's step columns without exploding them into rows. The transitions table is
+    exactly what the attempts give when rows and digest agree."""
+    hashes = [F.when(present, _step_hash(fields)) for present, fields in step_columns()]
+    return _digest(attempts, hashes, "derived")
+
+
+def transition_mismatches(tables: dict[str, DataFrame]) -> DataFrame:
+    """The transitions that differ from the attempts' derivation, as delivery rows with an
+    ``attempts_transitions`` flag: rows the table has and the attempts do not give, and the
+    other way round. Two shuffles: only run when :func:`transition_digest` disagreed."""
+    table = select_schema(tables["transitions"], TRANSITIONS)
+    derived = transitions_from_attempts(tables["attempts"])
+    shown = F.format_string(
+        "seq %s %s at %s ms (topic %s, queue %s, delay level %s, reason %s)",
+        *[F.col(n) for n in ("seq", "state", "at_ms", "topic", "queue_id", "delay_level",
+                             "reason")],
+    )  # fmt: skip
+    sides = (
+        (table.exceptAll(derived), "transition %s is not one the attempts give"),
+        (derived.exceptAll(table), "transition %s that the attempt gives is missing"),
+    )
+    return reduce(
+        lambda a, b: a.unionByName(b),
+        [
+            rows.select(
+                *DELIVERY,
+                F.lit(True).alias("bad_attempts_transitions"),
+                F.format_string(text, shown).alias("why_attempts_transitions"),
+            )
+            for rows, text in sides
+        ],
+    )
 
 
 # --------------------------------------------------------------------------- deliveries
 
 
-def _by_step(k: Column, value: Column, how: Callable[[Column], Column], name: str) -> list[Column]:
-    """``how(value)`` over a delivery's transitions at each step k, named ``name`` with the
-    step's label (``ready``, ``start``, ``end``, ``leave``) filled in."""
-    return [
-        how(F.when(k == step, value)).alias(name.format(label)) for step, label in _STEPS.items()
-    ]
-
-
 def _per_delivery(union: DataFrame) -> DataFrame:
-    """Per delivery: its message row (at delivery 1), attempt, transitions and dead letter
-    side by side (numeric only). Its transitions are summed up by step (k = seq -
-    4*(delivery-1)): how many there are at each step, their states and times, what counts
-    toward summary and load. A hash aggregate within the union's partitions: no shuffle and
-    no sort of the transitions (a path is a few steps, so aggregates describe it whole)."""
+    """Per delivery: its message row (at delivery 1), attempt with its steps and dead
+    letter side by side (numeric only). A hash aggregate within the union's partitions: no
+    shuffle, and no sort of transitions (there are none: a path is a few steps, carried by
+    the attempt row). Counts are sums over the delivery's attempts (one when all is well)."""
     c = F.col
-    k, state, at, src, reason = (_k(c("seq"), c("delivery")), c("t_state"), c("at_ms"),
-                                 c("src"), c("t_reason"))  # fmt: skip
-    code, why = _CODE, _REASON_CODE
-    is_transition = src == _SRC_TRANSITION
-    expected_state = (
-        F.when(k == 1, state == code[READY])
-        .when(k == 2, state == code[INFLIGHT])
-        .when(k == _END_K, state.isin(*[code[s] for s in _END_STATES]))
-        .when(k == _LEAVE_K, state.isin(code[DLQ], code[DISCARD]))
-        .otherwise(F.lit(False))
-    )
-    inflight, ready = state == code[INFLIGHT], state == code[READY]
-    writes = (
-        (ready & reason.isin(why[READY_PUBLISHED], why[READY_REPLAYED], why[READY_RETRY_DUE]))
-        | ((state == code[WAITING_RETRY]) & c("t_schedule"))
-        | (state == code[DLQ])
-    )
-    sources = {"m_n": _SRC_MESSAGE, "a_n": _SRC_ATTEMPT, "t_n": _SRC_TRANSITION,
-               "d_n": _SRC_DEAD_LETTER}  # fmt: skip
-    counts = {
-        "t_off_step": is_transition & ~F.coalesce(expected_state, F.lit(False)),
-        "t_no_time": is_transition & at.isNull(),
-        "t_deliveries": inflight,
-        "t_first_deliveries": inflight & (c("delivery") == 1),
-        "t_commits": state == code[COMMIT],
-        "t_dlq": state == code[DLQ],
-        "t_discards": state == code[DISCARD],
-        "t_replays": ready & (reason == why[READY_REPLAYED]),
-        "t_commitlog_writes": writes,
-    }
-    return union.groupBy(*DELIVERY).agg(
-        *[F.count_if(src == value).cast("int").alias(n) for n, value in sources.items()],
-        F.max("born_ms").alias("born_ms"),
-        F.max("size_bytes").alias("size_bytes"),
-        F.max("a_state").alias("a_state"),
-        *[F.max(f"a_{name}").alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
-        *_by_step(k, F.lit(1), F.count, "t_n_{}"),
-        *_by_step(k, state, F.max, "t_{}_state"),
-        *_by_step(k, at, F.min, "t_{}_ms"),
-        F.max(F.when(k == 1, reason)).alias("t_ready_reason"),
-        F.min(k).alias("t_first_step"),
-        F.max(k).alias("t_last_step"),
-        F.max_by(state, c("seq")).alias("t_last_state"),
-        F.max_by(at, c("seq")).alias("t_last_ms"),
-        F.max("dlq_at_ms").alias("d_at_ms"),
-        F.max("replayed_at_ms").alias("d_replayed_at_ms"),
-        F.max("d_bad_topic").alias("d_bad_topic"),
-        *[F.count_if(counted).alias(name) for name, counted in counts.items()],
+    sources = {"m_n": _SRC_MESSAGE, "a_n": _SRC_ATTEMPT, "d_n": _SRC_DEAD_LETTER}
+    step_names = list(_STEPS.values())
+    return (
+        union.groupBy(*DELIVERY)
+        .agg(
+            *[F.count_if(c("src") == value).cast("int").alias(n) for n, value in sources.items()],
+            F.max("born_ms").alias("born_ms"),
+            F.max("size_bytes").alias("size_bytes"),
+            F.max("a_state").alias("a_state"),
+            *[F.max(f"a_{name}").alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
+            *[F.coalesce(F.sum(f"t_n_{n}"), F.lit(0)).alias(f"t_n_{n}") for n in step_names],
+            *[F.max(f"t_{n}_state").alias(f"t_{n}_state") for n in step_names],
+            *[F.min(f"t_{n}_ms").alias(f"t_{n}_ms") for n in step_names],
+            *[F.max(name).alias(name) for name in _STEP_VALUES],
+            *[F.coalesce(F.sum(name), F.lit(0)).alias(name) for name in _STEP_COUNTS],
+            F.max("dlq_at_ms").alias("d_at_ms"),
+            F.max("replayed_at_ms").alias("d_replayed_at_ms"),
+            F.max("d_bad_topic").alias("d_bad_topic"),
+        )
+        .withColumn("t_n", reduce(lambda a, b: a + b, [c(f"t_n_{n}") for n in step_names]))
     )
 
 
@@ -283,7 +382,7 @@ def delivery_rows(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
     order = Window.partitionBy(*MSG_SORT).orderBy("delivery")
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     replayed = c("t_ready_reason") == _REASON_CODE[READY_REPLAYED]
-    delivered = c("a_n") + c("t_n") + c("d_n") > 0
+    delivered = c("a_n") + c("d_n") > 0
     per = _per_delivery(message_union(tables)).withColumns(
         {
             "delivered": delivered,

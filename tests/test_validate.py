@@ -39,9 +39,14 @@ OK, LATER = "CONSUME_SUCCESS", "RECONSUME_LATER"
 
 
 def _attempt(msg, delivery, rt, topic, queue, ready, end, outcome, state, **rest):
+    """An attempt row, with the derivation columns its transitions come from: Ready
+    (published or retry_due) on its own topic and queue, Inflight, and ``state`` at ``end``
+    on the same topic and queue unless ``rest`` says otherwise."""
     row = dict(group=G, msg_id=msg, delivery=delivery, reconsume_times=rt, source_topic=topic,
                queue_id=queue, ready_ms=ready, start_ms=ready, processing_ms=end - ready,
-               end_ms=end, outcome=outcome, result_state=state, batch_size=1)  # fmt: skip
+               end_ms=end, outcome=outcome, result_state=state, batch_size=1,
+               ready_reason="published" if delivery == 1 else "retry_due", end_state=state,
+               end_topic=topic, end_queue_id=queue, end_reason=outcome)  # fmt: skip
     return {**row, "settled_ms": end if state == "Commit" else None, **rest}
 
 
@@ -58,7 +63,7 @@ HAND = {
     "attempts": [
         _attempt(0, 1, 0, "t", 0, 0, 5, OK, "Commit"),
         _attempt(1, 1, 0, "t", 1, 10, 15, LATER, "WaitingRetry", delay_level=3,
-                 next_ready_ms=10_015),
+                 next_ready_ms=10_015, end_topic=SCHEDULE, end_queue_id=2),
         _attempt(1, 2, 1, RETRY, 0, 10_015, 10_020, OK, "Commit"),
     ],
     "transitions": [
@@ -104,22 +109,34 @@ def edit(**tables) -> dict[str, list[dict]]:
     return changed
 
 
+def _message_0(attempt: dict, change) -> dict[str, list[dict]]:
+    """The hand run with message 0's attempt updated by ``attempt`` and its transitions
+    (Ready, Inflight, Commit) changed to match: a path the attempt itself describes."""
+    attempts, transitions = copy.deepcopy(HAND["attempts"]), copy.deepcopy(HAND["transitions"])
+    attempts[0].update(attempt)
+    return edit(attempts=attempts, transitions=change(transitions[:3]) + transitions[3:])
+
+
 def _illegal_first_ready():
-    transitions = copy.deepcopy(HAND["transitions"])
-    transitions[0]["reason"] = "retry_due"  # a first Ready that was never published
-    return edit(transitions=transitions)
+    # a first Ready that was never published
+    return _message_0({"ready_reason": "retry_due"},
+                      lambda path: [{**path[0], "reason": "retry_due"}, *path[1:]])  # fmt: skip
 
 
 def _ready_after_commit():
+    ready = _attempt(0, 2, 1, "t", 0, 20, 20, None, "Ready", start_ms=None, processing_ms=None,
+                     end_ms=None, end_state=None, end_topic=None, end_queue_id=None)  # fmt: skip
     return edit(
-        transitions=[*HAND["transitions"], _transition(0, 2, 5, "Ready", 20, "t", 0, "retry_due")]
+        attempts=[*HAND["attempts"], ready],
+        transitions=[*HAND["transitions"], _transition(0, 2, 5, "Ready", 20, "t", 0, "retry_due")],
     )
 
 
-def _transitions_of_message_0(change) -> dict[str, list[dict]]:
-    """The hand run with message 0's transitions (Ready, Inflight, Commit) changed."""
-    transitions = copy.deepcopy(HAND["transitions"])
-    return edit(transitions=change(transitions[:3]) + transitions[3:])
+def _dead_letter_after_commit():
+    leave = dict(leave_state="DLQ", leave_topic="%DLQ%g", leave_queue_id=0,
+                 leave_reason="max_reconsume", settled_ms=6)  # fmt: skip
+    dlq = _transition(0, 1, 4, "DLQ", 6, "%DLQ%g", 0, "max_reconsume")
+    return _message_0(leave, lambda path: [*path, dlq])
 
 
 def _delivery_gap():
@@ -183,21 +200,29 @@ RUNS = {
         exact=False,
     ),
     "skipped-step": Broken(
-        _transitions_of_message_0(lambda path: [path[0], path[2]]),
+        _message_0({"start_ms": None}, lambda path: [path[0], path[2]]),
         {"legal_path"},
         {"legal_path": "msg_id=0 delivery=1: start -> Ready (reason published) -> Commit"},
         exact=False,
     ),
-    "seq-off": Broken(
-        _transitions_of_message_0(lambda path: [*path[:2], {**path[2], "seq": 4}]),
+    "state-off-its-step": Broken(
+        _message_0({"end_state": "Ready"}, lambda path: [*path[:2], {**path[2], "state": "Ready"}]),
         {"seq_numbering"},
-        {"seq_numbering": "3 transition(s) at steps 1..4 (seq - 4*(delivery-1))"},
+        {"seq_numbering": "3 transition(s) at steps 1..3 (seq - 4*(delivery-1))"},
         exact=False,
     ),
+    # a transitions table that is not what the attempts say: found by the digest, shown
+    # row by row
+    "seq-off": Broken(
+        edit(transitions=[*HAND["transitions"][:2], {**HAND["transitions"][2], "seq": 4},
+                          *HAND["transitions"][3:]]),
+        {"attempts_transitions"},
+        {"attempts_transitions": "msg_id=0 delivery=1: transition seq 4 Commit at 5 ms (topic t, "
+                                 "queue 0, delay level null, reason CONSUME_SUCCESS) is not one "
+                                 "the attempts give"},
+    ),
     "leave-after-commit": Broken(
-        _transitions_of_message_0(
-            lambda path: [*path, _transition(0, 1, 4, "DLQ", 6, "%DLQ%g", 0, "max_reconsume")]
-        ),
+        _dead_letter_after_commit(),
         {"legal_path"},
         {"legal_path": "start -> Ready (reason published) -> Inflight -> Commit -> DLQ"},
         exact=False,
@@ -365,7 +390,8 @@ def test_validate_catches_a_row_appended_to_a_published_table(
     spark, real_run, tmp_path, monkeypatch, capsys
 ):
     """A transition appended behind the simulator's back (a Commit after a Commit): the
-    command exits 1, names the invariants and the message."""
+    command exits 1, names the invariant (the transitions are no longer what the attempts
+    give) and the row."""
     output = str(tmp_path / "copy")
     shutil.copytree(real_run, output)
     row = dict(run_id="real", group="conc", msg_id=7, delivery=9, seq=35, state="Commit",
@@ -379,8 +405,11 @@ def test_validate_catches_a_row_appended_to_a_published_table(
     assert cli.main(["validate", "--output", output, "--run-id", "real"]) == cli.EXIT_FAILED
 
     out = capsys.readouterr().out
-    assert "FAIL  legal_path" in out and "FAIL  deliveries_consecutive" in out
-    assert "run_id=real group=conc msg_id=7 delivery=9: Commit -> Commit" in out
+    assert "FAIL  attempts_transitions" in out and out.count("FAIL  ") == 1, out
+    assert (
+        "run_id=real group=conc msg_id=7 delivery=9: transition seq 35 Commit at 1 ms (topic t, "
+        "queue 0, delay level null, reason CONSUME_SUCCESS) is not one the attempts give" in out
+    )
     assert "invariant(s) broken" in out
 
 
