@@ -223,8 +223,9 @@ def _attempt_steps(attempts: DataFrame) -> DataFrame:
 
 
 def _step_hash(fields: dict[str, Column]) -> Column:
-    """:func:`_row_hash` of the transition a step gives (its columns: ``fields``)."""
-    return _row_hash([F.col("msg_id"), F.col("delivery"), *[fields[n] for n in _HASHED[2:]]])
+    """:func:`_row_hash` of the transition a step gives (its columns: ``fields``; the keys
+    ``msg_id`` and ``delivery`` are the attempt's own)."""
+    return _row_hash([fields.get(name, F.col(name)) for name in _HASHED])
 
 
 # What the attempt rows give per delivery, summed (counts) or taken as they are.
