@@ -146,6 +146,11 @@ def _reason_name(code: Column) -> Column:
     return F.coalesce(_lookup({n: r for r, n in _REASON_CODE.items()}, code), F.lit("other"))
 
 
+def _total(columns: list[Column]) -> Column:
+    """The sum of ``columns``, row by row."""
+    return reduce(lambda a, b: a + b, columns)
+
+
 def _text(template: str, *parts: str | Column) -> Column:
     """A ``why_*`` text: ``template`` filled with columns (by name) or expressions."""
     return F.format_string(template, *[F.col(p) if isinstance(p, str) else p for p in parts])
@@ -173,13 +178,18 @@ def _attempt_steps(attempts: DataFrame) -> DataFrame:
         _code(c("result_state")).alias("a_state"),
         *[c(name).alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
         *[steps[n][0].cast("int").alias(f"t_n_{n}") for n in names],
-        *[F.coalesce(_code(steps[n][1]["state"]), F.lit(0)).alias(f"t_{n}_state") for n in names],
+        *[
+            F.when(steps[n][0], F.coalesce(_code(steps[n][1]["state"]), F.lit(0))).alias(
+                f"t_{n}_state"
+            )
+            for n in names
+        ],
         *[F.when(steps[n][0], steps[n][1]["at_ms"]).alias(f"t_{n}_ms") for n in names],
         _reason_code(steps["ready"][1]["reason"]).alias("t_ready_reason"),
         (steps["end"][1]["topic"] == F.lit(limits.SCHEDULE_TOPIC)).alias("t_end_scheduled"),
     )
     present = {n: c(f"t_n_{n}") == 1 for n in names}
-    state = {n: F.when(present[n], c(f"t_{n}_state")) for n in names}
+    state = {n: c(f"t_{n}_state") for n in names}
     expected = {
         "ready": [code[READY]],
         "start": [code[INFLIGHT]],
@@ -189,10 +199,7 @@ def _attempt_steps(attempts: DataFrame) -> DataFrame:
     reason = c("t_ready_reason")
 
     def count(condition: Callable[[str], Column]) -> Column:
-        return reduce(
-            lambda a, b: a + b,
-            [F.coalesce(condition(n), F.lit(False)).cast("int") for n in names],
-        )
+        return _total([F.coalesce(condition(n), F.lit(False)).cast("int") for n in names])
 
     def in_state(wanted: str) -> Column:
         return count(lambda n: state[n] == code[wanted])
@@ -200,7 +207,6 @@ def _attempt_steps(attempts: DataFrame) -> DataFrame:
     scheduled = (state["end"] == code[WAITING_RETRY]) & c("t_end_scheduled")
     return per_step.withColumns(
         {
-            **{f"t_{n}_state": state[n] for n in names},
             "t_first_step": F.least(*[F.when(present[n], k) for k, n in _STEPS.items()]),
             "t_last_step": F.greatest(*[F.when(present[n], k) for k, n in _STEPS.items()]),
             "t_last_state": F.coalesce(*[state[n] for n in reversed(names)]),
@@ -270,9 +276,8 @@ _HASHED = tuple(name for name in TRANSITIONS.fieldNames() if name not in GROUP)
 def _row_hash(values: list[Column]) -> Column:
     """A transition row's 64-bit hash (``values`` in :data:`_HASHED` order); the null mask
     keeps ``(null, x)`` and ``(x, null)`` apart, which the hash alone would not."""
-    nulls = reduce(
-        lambda a, b: a + b,
-        [F.when(value.isNull(), 1 << bit).otherwise(0) for bit, value in enumerate(values)],
+    nulls = _total(
+        [F.when(value.isNull(), 1 << bit).otherwise(0) for bit, value in enumerate(values)]
     )
     return F.xxhash64(*values, nulls)
 
@@ -286,10 +291,8 @@ def _digest(rows: DataFrame, hashes: list[Column], prefix: str) -> DataFrame:
     """Per run and group: how many of ``hashes`` are not null, and their sum (a 64-bit
     digest of the multiset of rows they hash)."""
     halves = [_halves(h) for h in hashes]
-    total = [
-        reduce(lambda a, b: a + b, [F.coalesce(h[i], F.lit(0)) for h in halves]) for i in (0, 1)
-    ]
-    present = reduce(lambda a, b: a + b, [h.isNotNull().cast("int") for h in hashes])
+    total = [_total([F.coalesce(h[i], F.lit(0)) for h in halves]) for i in (0, 1)]
+    present = _total([h.isNotNull().cast("int") for h in hashes])
     return rows.groupBy(*GROUP).agg(
         F.sum(present).alias(f"{prefix}_rows"),
         F.sum(total[0]).alias(f"{prefix}_hash_hi"),
@@ -367,7 +370,7 @@ def _per_delivery(union: DataFrame) -> DataFrame:
             F.max("replayed_at_ms").alias("d_replayed_at_ms"),
             F.max("d_bad_topic").alias("d_bad_topic"),
         )
-        .withColumn("t_n", reduce(lambda a, b: a + b, [c(f"t_n_{n}") for n in step_names]))
+        .withColumn("t_n", _total([c(f"t_n_{n}") for n in step_names]))
     )
 
 

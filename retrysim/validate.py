@@ -146,24 +146,23 @@ def _group_problems(values: dict[str, Any]) -> dict[str, list[str]]:
         ("load buckets (up to the last)", v["load_buckets"], v["load_end_ms"] // bucket),
         *[(f"final {gauge}", v[f"load_end_{gauge}"], v[f"end_{gauge}"]) for gauge in inv.GAUGES],
     ]  # fmt: skip
-    digest = [
+    checks = {"summary_counts": summary, "load_totals": totals, "load_gauges": gauges,
+              "attempts_transitions": _digest_pairs(v)}  # fmt: skip
+    return {name: _mismatches(pairs) for name, pairs in checks.items()}
+
+
+def _mismatches(pairs: list[tuple[str, Any, Any]]) -> list[str]:
+    return [f"{label} = {got}, expected {want}" for label, got, want in pairs if got != want]
+
+
+def _digest_pairs(values: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The transitions table's rows and digest against those of the attempts' transitions."""
+    v = defaultdict(int, {key: value for key, value in values.items() if value is not None})
+    return [
         ("transitions rows (derived from the attempts)", v["t_rows"], v["derived_rows"]),
         ("transitions digest (derived from the attempts)", (v["t_hash_hi"], v["t_hash_lo"]),
          (v["derived_hash_hi"], v["derived_hash_lo"])),
     ]  # fmt: skip
-    checks = {"summary_counts": summary, "load_totals": totals, "load_gauges": gauges,
-              "attempts_transitions": digest}  # fmt: skip
-    return {
-        name: [f"{label} = {got}, expected {want}" for label, got, want in pairs if got != want]
-        for name, pairs in checks.items()
-    }
-
-
-def _digest_differs(values: dict[str, Any]) -> bool:
-    return any(
-        values.get(f"t_{part}") != values.get(f"derived_{part}")
-        for part in ("rows", "hash_hi", "hash_lo")
-    )
 
 
 def _examples(frame: DataFrame, names: list[str], limit: int) -> dict[str, list[str]]:
@@ -231,7 +230,7 @@ def validate_tables(tables: dict[str, DataFrame]) -> Report:
         if broken:
             for name, found in _examples(rows[prefix], broken, EXAMPLES).items():
                 examples[name] += found
-    if any(_digest_differs(values) for values in groups.values()):
+    if any(_mismatches(_digest_pairs(values)) for values in groups.values()):
         mismatches = inv.transition_mismatches(tables)
         examples["attempts_transitions"] += _examples(
             mismatches, ["attempts_transitions"], EXAMPLES
