@@ -82,6 +82,14 @@ def with_listener_draws(
 ) -> DataFrame:
     """Add ``processing_ms``, ``listener_outcome`` and ``send_back_failed`` for deliveries
     starting at ``start_ms`` (needs ``msg_id``, ``delivery`` and ``poison_fixed``)."""
+    return df.withColumns(listener_draw_columns(behavior, seed, group, send_back_probability))
+
+
+def listener_draw_columns(
+    behavior: Behavior, seed: int, group: str, send_back_probability: float = 0.0
+) -> dict[str, Column]:
+    """The columns :func:`with_listener_draws` adds, as expressions (the round engine
+    builds them once per run and applies them every round)."""
     msg_id, delivery, start = F.col("msg_id"), F.col("delivery"), F.col("start_ms")
 
     def u(stream: str) -> Column:
@@ -111,13 +119,11 @@ def with_listener_draws(
     send_back = (
         u(SEND_BACK) < F.lit(send_back_probability) if send_back_probability > 0 else F.lit(False)
     )
-    return df.withColumns(
-        {
-            "processing_ms": time_ms,
-            "listener_outcome": F.when(fails, failure).otherwise(F.lit(CONSUME_SUCCESS)),
-            "send_back_failed": send_back,
-        }
-    )
+    return {
+        "processing_ms": time_ms,
+        "listener_outcome": F.when(fails, failure).otherwise(F.lit(CONSUME_SUCCESS)),
+        "send_back_failed": send_back,
+    }
 
 
 # --------------------------------------------------------------------------- plain Python

@@ -3,7 +3,8 @@
 Round k holds every message's k-th delivery. Its stage draws the listener result, applies
 the flavor's timeout and retry rules, and writes the round's staged attempts as Parquet; the
 next frontier is re-read from those files (WaitingRetry rows due before the horizon), so
-lineage never grows across rounds and the driver only ever sees counts.
+lineage never grows across rounds and the driver only ever sees counts. A thin frontier's
+rounds are held in executor memory instead and written together (:data:`THIN_ROWS`).
 
 This is exact when deliveries of a group do not interact: unordered consumption with a
 consumer pool that is never full (every Ready delivery starts when it is eligible). Ordered
@@ -18,10 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
-from retrysim.behavior import with_listener_draws
+from retrysim.behavior import listener_draw_columns
 from retrysim.config import Group, Scenario
 from retrysim.policy import (
     DLQ,
@@ -34,7 +35,7 @@ from retrysim.policy import (
     policy_for,
 )
 from retrysim.sequential import KeySpec, frontier_attempts
-from retrysim.tables import STAGE, select_schema
+from retrysim.tables import STAGE, schema_columns
 from retrysim.workload import messages_df
 
 Progress = Callable[[str], None]
@@ -46,6 +47,15 @@ Progress = Callable[[str], None]
 # so the loop wins below a few thousand messages (an always-failing HTTP message alone takes
 # 289 rounds) and loses well above.
 TAIL_ROWS = 5_000
+# A frontier this thin is not worth a Parquet round trip per round: its rounds are kept in
+# executor memory (localCheckpoint, lineage cut as with the files) and written together once
+# the frontier is done. A round's write, re-read and count cost about 1 s whatever its size;
+# in memory a thin round costs a fraction of that (bench/: the 13 rounds of ~10k poison
+# messages at 10M messages took 13 s).
+THIN_ROWS = 200_000
+# Held rounds are written once they hold this many rows, so executor memory stays bounded
+# (an HTTP group's poison messages retry for 289 rounds).
+HELD_ROWS = 1_000_000
 
 # What a frontier row carries into its round.
 FRONTIER_COLUMNS = (
@@ -121,6 +131,11 @@ def first_frontier(messages: DataFrame, horizon_ms: int) -> DataFrame:
 def with_horizon_cut(df: DataFrame, horizon_ms: int) -> DataFrame:
     """Apply docs/model.md §7: not started by the horizon → Ready; still running → Inflight;
     an after-backoff leave due at or after it → still WaitingRetry."""
+    return df.withColumns(horizon_cut_columns(horizon_ms))
+
+
+def horizon_cut_columns(horizon_ms: int) -> dict[str, Column]:
+    """The columns :func:`with_horizon_cut` replaces, as expressions."""
     horizon = F.lit(horizon_ms)
     not_started = F.col("start_ms") >= horizon
     running = F.col("end_ms") >= horizon
@@ -139,28 +154,43 @@ def with_horizon_cut(df: DataFrame, horizon_ms: int) -> DataFrame:
         .when(late_leave, F.lit(WAITING_RETRY))
         .otherwise(F.col("result_state"))
     )
-    return df.withColumns(columns)
+    return columns
 
 
-def attempts_of_round(
-    frontier: DataFrame, plans: list[GroupPlan], seed: int, horizon_ms: int
-) -> DataFrame:
-    """One round: each frontier row becomes one staged attempt row."""
-    frames = []
-    for plan in plans:
-        policy, behavior = plan.policy, plan.group.behavior
-        frames.append(
-            frontier.where(F.col("group") == F.lit(plan.name))
-            .withColumn("start_ms", policy.eligible_col(F.col("ready_ms")))
-            .transform(
-                with_listener_draws, behavior, seed, plan.name, policy.send_back_failure_probability
+class Round:
+    """A round of every group as column expressions, built once per run and applied to each
+    frontier (:meth:`attempts`). Building them takes thousands of calls into the JVM, about
+    half a second a round on 2 cores (bench/, 17 rounds at 10M messages); applying them a
+    dozen."""
+
+    def __init__(self, plans: list[GroupPlan], seed: int, horizon_ms: int) -> None:
+        self.groups: list[tuple[Column, list[dict[str, Column]], list[str]]] = []
+        for plan in plans:
+            policy = plan.policy
+            draws = listener_draw_columns(
+                plan.group.behavior, seed, plan.name, policy.send_back_failure_probability
             )
-            .transform(policy.with_consume_result)
-            .transform(policy.with_next_step)
-            .withColumn("batch_size", F.lit(1))
-            .transform(with_horizon_cut, horizon_ms)
-        )
-    return select_schema(union_all(frames), STAGE)
+            cases, steps = policy.next_step_columns()
+            projections = [
+                {"start_ms": policy.eligible_col(F.col("ready_ms"))},
+                draws,
+                policy.consume_result_columns(),
+                cases,
+                {**steps, "batch_size": F.lit(1)},
+                horizon_cut_columns(horizon_ms),
+            ]
+            self.groups.append((F.col("group") == F.lit(plan.name), projections, list(cases)))
+        self.stage = schema_columns(STAGE)
+
+    def attempts(self, frontier: DataFrame) -> DataFrame:
+        """One round: each frontier row becomes one staged attempt row."""
+        frames = []
+        for rows_of_group, projections, helpers in self.groups:
+            frame = frontier.where(rows_of_group)
+            for columns in projections:
+                frame = frame.withColumns(columns)
+            frames.append(frame.drop(*helpers))
+        return union_all(frames).select(*self.stage)
 
 
 def next_frontier(attempts: DataFrame, horizon_ms: int) -> DataFrame:
@@ -255,27 +285,41 @@ def run_rounds(
     partitions = spark.sparkContext.defaultParallelism
     started = time.monotonic()
     round_no, replayed = 0, False
+    held = _HeldRounds(staging_dir, partitions)
+    round_ = Round(plans, scenario.seed, scenario.horizon)
+    thin, frontier_rows = False, 0  # the first frontier is every message: never thin
+    counted = (
+        F.count(F.col("start_ms")).alias("started"),
+        F.sum(
+            (
+                (F.col("result_state") == F.lit(WAITING_RETRY))
+                & F.col("next_topic").isNotNull()
+                & (F.col("next_ready_ms") < F.lit(scenario.horizon))
+            ).cast("long")
+        ).alias("retrying"),
+    )
     while True:
         round_no += 1
-        path = f"{staging_dir}/round={round_no:05d}"
-        attempts_of_round(frontier, plans, scenario.seed, scenario.horizon).write.parquet(path)
-        staged = spark.read.parquet(path)
-        counts = staged.agg(
-            F.count(F.col("start_ms")).alias("started"),
-            F.sum(
-                (
-                    (F.col("result_state") == F.lit(WAITING_RETRY))
-                    & F.col("next_topic").isNotNull()
-                    & (F.col("next_ready_ms") < F.lit(scenario.horizon))
-                ).cast("long")
-            ).alias("retrying"),
-        ).first()
+        attempts = round_.attempts(frontier)
+        if thin:
+            staged = held.add(round_no, attempts, frontier_rows)
+            counts = staged.agg(*counted).first().asDict()
+        else:
+            # counted while written: no second pass over the round's files
+            path, observed = f"{staging_dir}/round={round_no:05d}", Observation()
+            attempts.observe(observed, *counted).write.parquet(path)
+            counts = observed.get
+            staged = spark.read.parquet(path)
         retrying = counts["retrying"] or 0
         progress(
             f"round {round_no}{' (replay)' if replayed else ''}: {counts['started']:,} "
             f"deliveries, {retrying:,} to retry, {time.monotonic() - started:.1f}s elapsed"
+            f"{' (in memory)' if thin else ''}"
         )
         frontier = next_frontier(staged, scenario.horizon)
+        thin, frontier_rows = retrying <= THIN_ROWS, retrying
+        if held.rows >= HELD_ROWS:
+            held.write()
         if 0 < retrying <= tail_rows:
             round_no += 1
             tail = f"{staging_dir}/round={round_no:05d}"
@@ -287,9 +331,38 @@ def run_rounds(
             )
             retrying = 0
         if retrying == 0:
+            held.write()
             if replayed:
                 return round_no
-            replayed = True
+            replayed, thin = True, False
             frontier = replay_frontier(spark.read.parquet(staging_dir), plans, scenario.horizon)
             if frontier is None or frontier.isEmpty():
                 return round_no
+
+
+class _HeldRounds:
+    """Rounds of a thin frontier, held in executor memory until :meth:`write` stages them
+    as one folder (named after the first of them; the round number is not data)."""
+
+    def __init__(self, staging_dir: str, partitions: int) -> None:
+        self.staging_dir, self.partitions = staging_dir, partitions
+        self.rounds: list[tuple[int, DataFrame]] = []
+        self.rows = 0
+
+    def add(self, round_no: int, attempts: DataFrame, rows: int) -> DataFrame:
+        """Hold a round of ``rows`` attempts; returns them as held. A round is a union of
+        its groups' frames, so without the coalesce each held round would multiply its
+        frontier's partitions by the number of groups (files re-read are split anew)."""
+        held = attempts.coalesce(self.partitions).localCheckpoint(eager=True)
+        self.rounds.append((round_no, held))
+        self.rows += rows
+        return held
+
+    def write(self) -> None:
+        if self.rounds:
+            first = self.rounds[0][0]
+            rows = union_all([attempts for _, attempts in self.rounds])
+            rows.coalesce(self.partitions).write.parquet(f"{self.staging_dir}/round={first:05d}")
+            # the held blocks go when the driver drops its last reference (Spark's context
+            # cleaner): the frontier may still read the latest round
+            self.rounds, self.rows = [], 0

@@ -1,10 +1,10 @@
 """The invariants of a run's tables (docs/model.md §9) as Spark passes over the tables.
 
 Each pass turns tables into rows carrying, per invariant it checks, a ``bad_<name>`` flag
-and a ``why_<name>`` text, and reduces them to one row per run and group
-(:func:`checked_counts` and the small ones below). Nothing message-level reaches the
-driver: :mod:`retrysim.validate` collects those per-group rows and, only when an invariant
-breaks, a few example rows.
+(and, asked with ``explain``, a ``why_<name>`` text), and reduces them to one row per run
+and group (:func:`checked_counts` and the small ones below). Nothing message-level reaches
+the driver: :mod:`retrysim.validate` collects those per-group rows and, only when an
+invariant breaks, a few example rows, built again with their texts.
 
 The transitions table is checked against the attempts first: :func:`transition_digest`
 and :func:`derived_digest` count and hash its rows and the rows the attempts give (the
@@ -16,7 +16,9 @@ differ, :func:`transition_mismatches` finds the rows, for the report.
 
 The message-level checks run on one frame, :func:`message_union` (messages, attempts with
 their steps, and dead letters, shuffled by message once), grouped per delivery by a hash
-aggregate, then a window per message over the delivery rows:
+aggregate, then a window per message over the delivery rows. What an attempt row shows on
+its own (:func:`_local_rules`) is checked before the shuffle, as bits of one int, so the
+rows shuffled and sorted carry a dozen numbers rather than every step:
 
 * **path** -- a delivery's transitions are its steps Ready, Inflight, an end state and
   (after WaitingRetry) a leave, each at its step, in time order, and its Ready follows the
@@ -89,10 +91,6 @@ INVARIANTS = (
 DELIVERY_CHECKS = ("legal_path", "seq_numbering", "deliveries_consecutive", "time_order",
                    "reconsume_times", "attempts_transitions", "dead_letters")  # fmt: skip
 MESSAGE_CHECKS = ("messages_attempts",)
-# What the delivery rows count that summary and load must agree with (sums per group).
-COUNTED = ("t_deliveries", "t_first_deliveries", "t_retries", "t_commits", "t_dlq",
-           "t_discards", "t_replays", "t_commitlog_writes", "final_commit", "final_dlq",
-           "final_discard")  # fmt: skip
 MSG = [PARTITION_COLUMN, "group", "msg_id"]
 DELIVERY = [*MSG, "delivery"]
 GROUP = [PARTITION_COLUMN, "group"]
@@ -160,20 +158,37 @@ def _text(template: str, *parts: str | Column) -> Column:
 
 _ATTEMPT_COLUMNS = ("reconsume_times", "ready_ms", "start_ms", "end_ms", "next_ready_ms",
                     "settled_ms")  # fmt: skip
+# What a delivery breaks that its attempt row alone shows, as bits of ``l_bad``: computed
+# before the shuffle, so the rows shuffled, aggregated and sorted by message carry one int
+# instead of the step columns the rules read.
+_LOCAL_RULES = ("illegal", "off_step", "path_backwards", "mismatch", "attempt_backwards")
+_BIT = {name: 1 << index for index, name in enumerate(_LOCAL_RULES)}
+# What the message pass needs of an attempt row besides its keys (the step columns stay
+# behind unless example texts are wanted).
+_NARROW = ("src", "a_state", "a_reconsume_times", "a_ready_ms", "a_next_ready_ms", "a_settled_ms",
+           "t_ready_ms", "t_ready_reason", "t_end_state", "t_last_state", "t_last_ms",
+           "l_bad")  # fmt: skip
+# What the attempt rows count toward summary and load (sums per group, in the attempts scan
+# of :func:`derived_digest`); the final states need the message's last delivery.
+ATTEMPT_COUNTED = ("t_deliveries", "t_first_deliveries", "t_retries", "t_commits", "t_dlq",
+                   "t_discards", "t_replays", "t_commitlog_writes")  # fmt: skip
+FINAL_COUNTED = ("final_commit", "final_dlq", "final_discard")
 
 
-def _attempt_steps(attempts: DataFrame) -> DataFrame:
+def _attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
     """Each attempt with its transitions (:func:`retrysim.transitions.step_columns`, the
     derivation that writes the transitions table) as columns per step: present or not, state
-    code (0 for a state the model does not know), time; and what they count toward summary
-    and load. One row per delivery instead of three or four. Two projections: the second
-    reads the first's plain columns instead of re-deriving the steps in every expression."""
+    code (0 for a state the model does not know), time; what they count toward summary and
+    load; and ``l_bad``, the rules its row alone breaks. One row per delivery instead of
+    three or four. Projections in turn: each reads the one before's plain columns instead of
+    re-deriving the steps in every expression. ``keep``: attempt columns to carry along."""
     c = F.col
     code, why = _CODE, _REASON_CODE
     names = list(_STEPS.values())
     steps = dict(zip(names, step_columns(), strict=True))
     per_step = attempts.select(
         *DELIVERY,
+        *keep,
         F.lit(_SRC_ATTEMPT).alias("src"),
         _code(c("result_state")).alias("a_state"),
         *[c(name).alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
@@ -205,8 +220,10 @@ def _attempt_steps(attempts: DataFrame) -> DataFrame:
         return count(lambda n: state[n] == code[wanted])
 
     scheduled = (state["end"] == code[WAITING_RETRY]) & c("t_end_scheduled")
-    return per_step.withColumns(
+    first_kind = F.coalesce(reason.isin(why[READY_PUBLISHED], why[READY_REPLAYED]), F.lit(False))
+    summed = per_step.withColumns(
         {
+            "t_n": _total([c(f"t_n_{n}") for n in names]),
             "t_first_step": F.least(*[F.when(present[n], k) for k, n in _STEPS.items()]),
             "t_last_step": F.greatest(*[F.when(present[n], k) for k, n in _STEPS.items()]),
             "t_last_state": F.coalesce(*[state[n] for n in reversed(names)]),
@@ -215,6 +232,7 @@ def _attempt_steps(attempts: DataFrame) -> DataFrame:
             "t_no_time": count(lambda n: present[n] & c(f"t_{n}_ms").isNull()),
             "t_deliveries": in_state(INFLIGHT),
             "t_first_deliveries": in_state(INFLIGHT) * (c("delivery") == 1).cast("int"),
+            "t_retries": F.when(first_kind, 0).otherwise(in_state(INFLIGHT)),
             "t_commits": in_state(COMMIT),
             "t_dlq": in_state(DLQ),
             "t_discards": in_state(DISCARD),
@@ -226,6 +244,59 @@ def _attempt_steps(attempts: DataFrame) -> DataFrame:
             + in_state(DLQ),
         }
     ).drop("t_end_scheduled")
+    local = _local_rules()
+    return summed.withColumn(
+        "l_bad", _total([F.when(local[name], _BIT[name]).otherwise(0) for name in _LOCAL_RULES])
+    )
+
+
+def _local_rules() -> dict[str, Column]:
+    """The rules one attempt row shows broken (true: broken), on :func:`_attempt_steps`'
+    columns: its path (Ready, Inflight, an end state, a leave only after WaitingRetry, each
+    at its step, in time order) and its transitions against its own result and times."""
+    c = F.col
+    code = _CODE
+    state = {name: c(f"t_{name}_state") for name in _STEPS.values()}
+    ms = [c(f"t_{name}_ms") for name in _STEPS.values()]
+    result = c("a_state")
+    legal = (
+        (state["ready"] == code[READY])
+        & (c("t_last_step") == c("t_n"))  # the steps present are 1 .. t_n
+        & (c("t_off_step") == 0)
+        & (state["leave"].isNull() | (state["end"] == code[WAITING_RETRY]))
+    )
+    settled = result.isin(code[COMMIT], code[DLQ], code[DISCARD])
+    after_backoff = state["end"] == code[WAITING_RETRY]
+    expected_n = (
+        F.when(result == code[READY], 1)
+        .when(result == code[INFLIGHT], 2)
+        .when(result.isin(code[COMMIT], code[WAITING_RETRY]), 3)
+        .when(result.isin(code[DLQ], code[DISCARD]), F.when(after_backoff, 4).otherwise(3))
+    )
+    mismatch = (
+        (c("t_n") != expected_n)
+        | _differs(c("t_ready_ms"), c("a_ready_ms"))
+        | _differs(c("t_start_ms"), c("a_start_ms"))
+        | _differs(c("t_end_ms"), c("a_end_ms"))
+        | _differs(c("t_last_state"), result)
+        | (settled & _differs(c("t_last_ms"), c("a_settled_ms")))
+    )
+    return {
+        "illegal": _flag(~legal),
+        "off_step": c("t_off_step") > 0,
+        "path_backwards": (c("t_no_time") > 0)
+        | reduce(lambda a, b: a | b, [_before(y, x) for x, y in pairwise(ms)]),
+        "mismatch": _flag(mismatch),
+        "attempt_backwards": _before(c("a_start_ms"), c("a_ready_ms"))
+        | _before(c("a_end_ms"), c("a_start_ms"))
+        | _before(c("a_settled_ms"), c("a_end_ms"))
+        | _before(c("a_next_ready_ms"), c("a_end_ms")),
+    }
+
+
+def _broke(rule: str) -> Column:
+    """Whether a delivery's attempt row broke ``rule`` of :func:`_local_rules`."""
+    return F.coalesce(F.col("l_bad").bitwiseAND(_BIT[rule]) != 0, F.lit(False))
 
 
 def _step_hash(fields: dict[str, Column]) -> Column:
@@ -234,18 +305,21 @@ def _step_hash(fields: dict[str, Column]) -> Column:
     return _row_hash([fields.get(name, F.col(name)) for name in _HASHED])
 
 
-# What the attempt rows give per delivery, summed (counts) or taken as they are.
-_STEP_COUNTS = ("t_off_step", "t_no_time", "t_deliveries", "t_first_deliveries", "t_commits",
-                "t_dlq", "t_discards", "t_replays", "t_commitlog_writes")  # fmt: skip
-_STEP_VALUES = ("t_ready_reason", "t_first_step", "t_last_step", "t_last_state", "t_last_ms")
+# What the attempt rows give per delivery: the message pass takes the narrow ones as they
+# are; the rest only when it writes the example texts of a broken invariant.
+_STEP_COUNTS = ("t_off_step", "t_no_time")
+_STEP_VALUES = ("t_ready_reason", "t_end_state", "t_last_state", "t_last_ms")
+_WIDE_VALUES = ("t_first_step", "t_last_step")
 
 
-def message_union(tables: dict[str, DataFrame]) -> DataFrame:
+def message_union(tables: dict[str, DataFrame], explain: bool = False) -> DataFrame:
     """Messages, attempts (with their transitions as steps) and dead letters as rows of one
     frame, shuffled once by message: every pass below runs on it without another shuffle.
     A row carries only its own table's columns (the others null) and ``src``, which table
     it is from; a message row stands at delivery 1. The transitions table itself is not in
-    it: :func:`transition_digest` shows it equals what the attempts give."""
+    it: :func:`transition_digest` shows it equals what the attempts give. An attempt row
+    carries what the rules need across deliveries, or with ``explain`` all its step columns
+    as well, for the example texts."""
     c = F.col
     messages = tables["messages"].select(
         *MSG, F.lit(1).alias("delivery"), F.lit(_SRC_MESSAGE).alias("src"), "born_ms",
@@ -261,7 +335,9 @@ def message_union(tables: dict[str, DataFrame]) -> DataFrame:
         .cast("int")
         .alias("d_bad_topic"),
     )
-    frames = (messages, _attempt_steps(tables["attempts"]), dead)
+    steps = _attempt_steps(tables["attempts"])
+    attempts = steps if explain else steps.select(*DELIVERY, *_NARROW)
+    frames = (messages, attempts, dead)
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
     return union.repartition(*MSG_SORT)
 
@@ -287,9 +363,9 @@ def _halves(row_hash: Column) -> tuple[Column, Column]:
     return F.shiftrightunsigned(row_hash, 32), row_hash.bitwiseAND(F.lit(0xFFFFFFFF))
 
 
-def _digest(rows: DataFrame, hashes: list[Column], prefix: str) -> DataFrame:
+def _digest(rows: DataFrame, hashes: list[Column], prefix: str, *more: Column) -> DataFrame:
     """Per run and group: how many of ``hashes`` are not null, and their sum (a 64-bit
-    digest of the multiset of rows they hash)."""
+    digest of the multiset of rows they hash); ``more``: other aggregates of the same scan."""
     halves = [_halves(h) for h in hashes]
     total = [_total([F.coalesce(h[i], F.lit(0)) for h in halves]) for i in (0, 1)]
     present = _total([h.isNotNull().cast("int") for h in hashes])
@@ -297,6 +373,7 @@ def _digest(rows: DataFrame, hashes: list[Column], prefix: str) -> DataFrame:
         F.sum(present).alias(f"{prefix}_rows"),
         F.sum(total[0]).alias(f"{prefix}_hash_hi"),
         F.sum(total[1]).alias(f"{prefix}_hash_lo"),
+        *more,
     )
 
 
@@ -309,9 +386,22 @@ def transition_digest(transitions: DataFrame) -> DataFrame:
 def derived_digest(attempts: DataFrame) -> DataFrame:
     """The same over the transitions the attempts give (``derived_*``), hashed from each
     attempt's step columns without exploding them into rows. The transitions table is
-    exactly what the attempts give when rows and digest agree."""
-    hashes = [F.when(present, _step_hash(fields)) for present, fields in step_columns()]
-    return _digest(attempts, hashes, "derived")
+    exactly what the attempts give when rows and digest agree. The same scan sums what the
+    attempts count toward summary and load (:data:`ATTEMPT_COUNTED`), so the message pass
+    does not carry the counts."""
+    hashed = [f"_hash_{k}" for k in _STEPS]
+    hashes = attempts.withColumns(
+        {
+            name: F.when(present, _step_hash(fields))
+            for name, (present, fields) in zip(hashed, step_columns(), strict=True)
+        }
+    )
+    return _digest(
+        _attempt_steps(hashes, keep=tuple(hashed)),
+        [F.col(name) for name in hashed],
+        "derived",
+        *[F.sum(name).alias(name) for name in ATTEMPT_COUNTED],
+    )
 
 
 def transition_mismatches(tables: dict[str, DataFrame]) -> DataFrame:
@@ -345,41 +435,52 @@ def transition_mismatches(tables: dict[str, DataFrame]) -> DataFrame:
 # --------------------------------------------------------------------------- deliveries
 
 
-def _per_delivery(union: DataFrame) -> DataFrame:
-    """Per delivery: its message row (at delivery 1), attempt with its steps and dead
-    letter side by side (numeric only). A hash aggregate within the union's partitions: no
-    shuffle, and no sort of transitions (there are none: a path is a few steps, carried by
-    the attempt row). Counts are sums over the delivery's attempts (one when all is well)."""
+def _per_delivery(union: DataFrame, explain: bool = False) -> DataFrame:
+    """Per delivery: its message row (at delivery 1), attempt and dead letter side by side
+    (numeric only). A hash aggregate within the union's partitions: no shuffle, and no sort
+    of transitions (there are none: a path is a few steps, carried by the attempt row).
+    Counts are sums over the delivery's attempts (one when all is well), the rules they
+    broke or-ed; with ``explain``, the attempt's steps for the example texts as well."""
     c = F.col
     sources = {"m_n": _SRC_MESSAGE, "a_n": _SRC_ATTEMPT, "d_n": _SRC_DEAD_LETTER}
     step_names = list(_STEPS.values())
-    return (
-        union.groupBy(*DELIVERY)
-        .agg(
-            *[F.count_if(c("src") == value).cast("int").alias(n) for n, value in sources.items()],
-            F.max("born_ms").alias("born_ms"),
-            F.max("size_bytes").alias("size_bytes"),
-            F.max("a_state").alias("a_state"),
-            *[F.max(f"a_{name}").alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
+    attempt = [name for name in _NARROW if name.startswith("a_")]
+    wide = []
+    if explain:
+        attempt += [f"a_{name}" for name in ("start_ms", "end_ms")]
+        wide = [
             *[F.coalesce(F.sum(f"t_n_{n}"), F.lit(0)).alias(f"t_n_{n}") for n in step_names],
-            *[F.max(f"t_{n}_state").alias(f"t_{n}_state") for n in step_names],
-            *[F.min(f"t_{n}_ms").alias(f"t_{n}_ms") for n in step_names],
-            *[F.max(name).alias(name) for name in _STEP_VALUES],
+            *[F.max(f"t_{n}_state").alias(f"t_{n}_state") for n in step_names if n != "end"],
+            *[F.min(f"t_{n}_ms").alias(f"t_{n}_ms") for n in step_names[1:]],
+            *[F.max(name).alias(name) for name in _WIDE_VALUES],
             *[F.coalesce(F.sum(name), F.lit(0)).alias(name) for name in _STEP_COUNTS],
-            F.max("dlq_at_ms").alias("d_at_ms"),
-            F.max("replayed_at_ms").alias("d_replayed_at_ms"),
-            F.max("d_bad_topic").alias("d_bad_topic"),
-        )
-        .withColumn("t_n", _total([c(f"t_n_{n}") for n in step_names]))
+            F.coalesce(F.sum("t_n"), F.lit(0)).alias("t_n"),
+        ]
+    return union.groupBy(*DELIVERY).agg(
+        *[F.count_if(c("src") == value).cast("int").alias(n) for n, value in sources.items()],
+        F.max("born_ms").alias("born_ms"),
+        F.max("size_bytes").alias("size_bytes"),
+        *[F.max(name).alias(name) for name in attempt],
+        F.min("t_ready_ms").alias("t_ready_ms"),
+        *[F.max(name).alias(name) for name in _STEP_VALUES],
+        F.bit_or("l_bad").alias("l_bad"),
+        F.max("dlq_at_ms").alias("d_at_ms"),
+        F.max("replayed_at_ms").alias("d_replayed_at_ms"),
+        F.max("d_bad_topic").alias("d_bad_topic"),
+        *wide,
     )
 
 
-def delivery_rows(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
+def delivery_rows(
+    tables: dict[str, DataFrame], ends: DataFrame, explain: bool = False
+) -> DataFrame:
     """One row per delivery (and per message born after the horizon, at delivery 1) with
     the previous delivery's last transition, the next one's Ready, the last replay so far,
     its run's horizon, the end of the run's load buckets (``ends``: run_id, group,
-    load_end_ms), the flags of the path, delivery and message checks and the counts summary
-    and load must agree with (:func:`checked_counts` sums them)."""
+    load_end_ms), the ``bad_*`` flags of the path, delivery and message checks and the final
+    states summary must agree with (:func:`checked_counts` sums them). With ``explain``,
+    the ``why_*`` texts too: the rows then carry every step column, so only a broken
+    invariant's examples ask for them."""
     c = F.col
     horizon = F.get_json_object(c("config_json"), "$.horizon").cast("long")
     horizons = tables["runs"].select(PARTITION_COLUMN, horizon.alias("horizon_ms"))
@@ -387,7 +488,7 @@ def delivery_rows(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     replayed = c("t_ready_reason") == _REASON_CODE[READY_REPLAYED]
     delivered = c("a_n") + c("d_n") > 0
-    per = _per_delivery(message_union(tables)).withColumns(
+    per = _per_delivery(message_union(tables, explain), explain).withColumns(
         {
             "delivered": delivered,
             # a row of a message alone can only be the first; it is nobody's predecessor
@@ -400,14 +501,70 @@ def delivery_rows(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
             "last_replay": F.max(F.when(replayed, c("delivery"))).over(so_far),
         }
     )
-    return (
+    checked = (
         per.join(F.broadcast(ends), GROUP, "left")
         .join(F.broadcast(horizons), PARTITION_COLUMN, "left")
-        .withColumns(_path_flags())
         .withColumns(_delivery_flags())
         .withColumns(_message_flags())
         .withColumns(_final_counts())
     )
+    return checked.withColumns(_why_texts()) if explain else checked
+
+
+def _delivery_flags() -> dict[str, Column]:
+    """The path rules (docs/model.md §9) and the delivery checks on a delivery's row: what
+    its attempt row broke alone (:func:`_local_rules`) and what takes its neighbours: its
+    Ready entered from the previous delivery's last state by a legal edge and not before
+    it, the retry due when this delivery said, reconsume_times, the delivery numbers, its
+    dead letter."""
+    c = F.col
+    code, why = _CODE, _REASON_CODE
+    prev = c("prev_last_state")
+    entered = (
+        F.when(prev.isNull(), c("t_ready_reason") == why[READY_PUBLISHED])
+        .when(
+            prev == code[WAITING_RETRY], c("t_ready_reason").isin(*[why[r] for r in _RETRY_REASONS])
+        )
+        .when(prev == code[DLQ], c("t_ready_reason") == why[READY_REPLAYED])
+        .otherwise(F.lit(False))
+    )
+    result = c("a_state")
+    replayed_next = F.coalesce(c("next_replayed"), F.lit(False))
+    retried = c("next_ready_ms").isNotNull() & ~replayed_next
+    late = retried & _differs(c("next_ready_ms"), c("a_next_ready_ms"))
+    is_dlq = F.coalesce(result == code[DLQ], F.lit(False))
+    dead_wrong = (c("d_n") == 1) & (
+        _differs(c("d_at_ms"), c("a_settled_ms"))
+        | (c("d_bad_topic") == 1)
+        | _differs(c("d_replayed_at_ms"), F.when(replayed_next, c("next_ready_ms")))
+    )
+    step = F.when(c("prev_delivery").isNull(), c("delivery") == 1).otherwise(
+        c("delivery") == c("prev_delivery") + 1
+    )
+    after_backoff = c("t_end_state") == code[WAITING_RETRY]
+    until = F.coalesce(c("a_next_ready_ms"), c("a_settled_ms"))
+    has_path = c("a_n") > 0
+    # time_order's part from the transitions; the attempt's own times are another part
+    path_backwards = _broke("path_backwards") | _before(c("t_ready_ms"), c("prev_last_ms"))
+    flags = {
+        "legal_path": has_path & (_broke("illegal") | _flag(~entered)),
+        "seq_numbering": has_path & _broke("off_step"),
+        "attempts_transitions": (c("a_n") != 1) | _broke("mismatch"),
+        "time_order": _broke("attempt_backwards") | late | (has_path & path_backwards),
+        "reconsume_times": (c("a_n") == 1) & _differs(c("a_reconsume_times"), since_replay()),
+        "deliveries_consecutive": _flag(~step),
+        "dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | _flag(dead_wrong),
+    }
+    return {
+        **{f"bad_{name}": c("delivered") & flag for name, flag in flags.items()},
+        "open_waiting_retry": after_backoff & (until.isNull() | (until >= c("load_end_ms"))),
+    }
+
+
+def since_replay() -> Column:
+    """The reconsume_times a delivery should have: deliveries since the first or the last
+    replayed one."""
+    return F.col("delivery") - F.coalesce(F.col("last_replay"), F.lit(1))
 
 
 def _path_text() -> Column:
@@ -424,146 +581,60 @@ def _path_text() -> Column:
     )
 
 
-def _path_flags() -> dict[str, Column]:
-    """The path rules on a delivery's steps: Ready, Inflight, an end state, and a leave only
-    after WaitingRetry, each at its seq, in time order, entered from the previous delivery's
-    last state by a legal edge (docs/model.md §9)."""
+def _why_texts() -> dict[str, Column]:
+    """The ``why_*`` text of each row check, on :func:`delivery_rows` with ``explain``."""
     c = F.col
-    code, why = _CODE, _REASON_CODE
-    state = {name: c(f"t_{name}_state") for name in _STEPS.values()}
-    ms = [c(f"t_{name}_ms") for name in _STEPS.values()]
-    prev = c("prev_last_state")
-    entered = (
-        F.when(prev.isNull(), c("t_ready_reason") == why[READY_PUBLISHED])
-        .when(
-            prev == code[WAITING_RETRY], c("t_ready_reason").isin(*[why[r] for r in _RETRY_REASONS])
-        )
-        .when(prev == code[DLQ], c("t_ready_reason") == why[READY_REPLAYED])
-        .otherwise(F.lit(False))
-    )
-    counts = [c(f"t_n_{name}") for name in _STEPS.values()]
-    unique = F.greatest(*counts) <= 1
-    legal = (
-        (state["ready"] == code[READY])
-        & entered
-        & unique
-        & (c("t_last_step") == c("t_n"))  # the steps present are 1 .. t_n
-        & (c("t_off_step") == 0)
-        & (state["leave"].isNull() | (state["end"] == code[WAITING_RETRY]))
-    )
-    has_path = c("t_n") > 0
-    backwards = reduce(lambda a, b: a | b, [_before(y, x) for x, y in pairwise(ms)])
-    flags = {
-        "legal_path": _flag(~legal),
-        "seq_numbering": _flag((c("t_off_step") > 0) | ~unique),
-    }
     path = _path_text()
-    times = F.concat_ws(", ", *[x.cast("string") for x in ms])
-    return {
-        **{f"bad_{name}": has_path & flag for name, flag in flags.items()},
-        # time_order's part from the transitions; the attempt's part is in _delivery_flags
-        "path_backwards": has_path
-        & ((c("t_no_time") > 0) | backwards | _before(c("t_ready_ms"), c("prev_last_ms"))),
-        "why_legal_path": path,
-        "why_seq_numbering": F.format_string(
-            "%s transition(s) at steps %s..%s (seq - 4*(delivery-1)): %s",
-            c("t_n"),
-            c("t_first_step"),
-            c("t_last_step"),
-            path,
-        ),
-        "path_times": F.concat(
-            F.format_string("%s at %s ms", path, times),
-            F.when(
-                c("prev_last_ms").isNotNull(), F.format_string(", after %s ms", c("prev_last_ms"))
-            ).otherwise(F.lit("")),
-        ),
-    }
-
-
-def _delivery_flags() -> dict[str, Column]:
-    c = F.col
-    result, code = c("a_state"), _CODE
-    settled = result.isin(code[COMMIT], code[DLQ], code[DISCARD])
-    after_backoff = c("t_end_state") == code[WAITING_RETRY]
-    expected_n = (
-        F.when(result == code[READY], 1)
-        .when(result == code[INFLIGHT], 2)
-        .when(result.isin(code[COMMIT], code[WAITING_RETRY]), 3)
-        .when(result.isin(code[DLQ], code[DISCARD]), F.when(after_backoff, 4).otherwise(3))
+    ms = [c(f"t_{name}_ms") for name in _STEPS.values()]
+    path_times = F.concat(
+        F.format_string("%s at %s ms", path, F.concat_ws(", ", *[x.cast("string") for x in ms])),
+        F.when(
+            c("prev_last_ms").isNotNull(), F.format_string(", after %s ms", c("prev_last_ms"))
+        ).otherwise(F.lit("")),
     )
-    mismatch = (
-        (c("a_n") != 1)
-        | (c("t_n") != expected_n)
-        | _differs(c("t_ready_ms"), c("a_ready_ms"))
-        | _differs(c("t_start_ms"), c("a_start_ms"))
-        | _differs(c("t_end_ms"), c("a_end_ms"))
-        | _differs(c("t_last_state"), result)
-        | (settled & _differs(c("t_last_ms"), c("a_settled_ms")))
-    )
-    backwards = (
-        _before(c("a_start_ms"), c("a_ready_ms"))
-        | _before(c("a_end_ms"), c("a_start_ms"))
-        | _before(c("a_settled_ms"), c("a_end_ms"))
-        | _before(c("a_next_ready_ms"), c("a_end_ms"))
-    )
-    replayed_next = F.coalesce(c("next_replayed"), F.lit(False))
-    retried = c("next_ready_ms").isNotNull() & ~replayed_next
-    late = retried & _differs(c("next_ready_ms"), c("a_next_ready_ms"))
-    is_dlq = F.coalesce(result == code[DLQ], F.lit(False))
-    dead_wrong = (c("d_n") == 1) & (
-        _differs(c("d_at_ms"), c("a_settled_ms"))
-        | (c("d_bad_topic") == 1)
-        | _differs(c("d_replayed_at_ms"), F.when(replayed_next, c("next_ready_ms")))
-    )
-    step = F.when(c("prev_delivery").isNull(), c("delivery") == 1).otherwise(
-        c("delivery") == c("prev_delivery") + 1
-    )
-    since = c("delivery") - F.coalesce(c("last_replay"), F.lit(1))
-    until = F.coalesce(c("a_next_ready_ms"), c("a_settled_ms"))
+    result = _name(c("a_state"))
     pairs = ("a_ready_ms", "t_ready_ms", "a_start_ms", "t_start_ms", "a_end_ms", "t_end_ms")
     times = ("a_ready_ms", "a_start_ms", "a_end_ms", "a_settled_ms", "a_next_ready_ms")
-    delivered = c("delivered")
-    flags = {
-        "attempts_transitions": _flag(mismatch),
-        "time_order": backwards | late | c("path_backwards"),
-        "reconsume_times": (c("a_n") == 1) & _differs(c("a_reconsume_times"), since),
-        "deliveries_consecutive": _flag(~step),
-        "dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | _flag(dead_wrong),
-    }
     return {
-        **{f"bad_{name}": delivered & flag for name, flag in flags.items()},
+        "why_legal_path": path,
+        "why_seq_numbering": _text(
+            "%s transition(s) at steps %s..%s (seq - 4*(delivery-1)): %s",
+            *("t_n", "t_first_step", "t_last_step", path),
+        ),
         "why_attempts_transitions": _text(
             "%s attempt row(s) ending %s, %s transition(s) ending %s; ready %s/%s, start %s/%s, "
             "end %s/%s ms (attempt/transitions)",
-            *("a_n", _name(result), "t_n", _name(c("t_last_state")), *pairs),
+            *("a_n", result, "t_n", _name(c("t_last_state")), *pairs),
         ),
         "why_time_order": _text(
             "%s; attempt ready %s, start %s, end %s, settled %s, next_ready %s ms; next "
             "delivery Ready at %s",
-            *("path_times", *times, "next_ready_ms"),
+            *(path_times, *times, "next_ready_ms"),
         ),
-        "why_reconsume_times": _text("reconsume_times %s, expected %s", "a_reconsume_times", since),
+        "why_reconsume_times": _text(
+            "reconsume_times %s, expected %s", "a_reconsume_times", since_replay()
+        ),
         "why_deliveries_consecutive": _text(
             "delivery %s follows delivery %s", "delivery", "prev_delivery"
         ),
         "why_dead_letters": _text(
             "%s dead letter(s) (dlq_at_ms %s, replayed_at_ms %s) for a delivery ending %s at %s",
-            *("d_n", "d_at_ms", "d_replayed_at_ms", _name(result), "a_settled_ms"),
+            *("d_n", "d_at_ms", "d_replayed_at_ms", result, "a_settled_ms"),
         ),
-        "open_waiting_retry": after_backoff & (until.isNull() | (until >= c("load_end_ms"))),
+        "why_messages_attempts": _text(
+            "%s message row(s) born at %s ms (horizon %s ms), %s first delivery(ies) Ready "
+            "at %s ms",
+            *("m_n", "born_ms", "horizon_ms", "a_n", "a_ready_ms"),
+        ),
     }
 
 
 def _final_counts() -> dict[str, Column]:
-    """What a delivery counts toward beyond its transitions: retries (deliveries not from a
-    first or replayed Ready) and, on a message's last delivery, its final state."""
+    """On a message's last delivery, its final state (summary's commits, dlq, discards)."""
     c = F.col
-    code, why = _CODE, _REASON_CODE
-    first_kind = c("t_ready_reason").isin(why[READY_PUBLISHED], why[READY_REPLAYED])
+    code = _CODE
     last = c("t_last_state")
     return {
-        "t_retries": F.when(F.coalesce(first_kind, F.lit(False)), 0).otherwise(c("t_deliveries")),
         "final_commit": (c("is_last") & (last == code[COMMIT])).cast("int"),
         "final_dlq": (c("is_last") & (last == code[DLQ])).cast("int"),
         "final_discard": (c("is_last") & (last == code[DISCARD])).cast("int"),
@@ -585,14 +656,7 @@ def _message_flags() -> dict[str, Column]:
         | F.coalesce(published != (first_n == 1), F.lit(False))
         | ((first_n == 1) & _differs(c("a_ready_ms"), c("born_ms")))
     )
-    return {
-        "bad_messages_attempts": first & bad,
-        "why_messages_attempts": _text(
-            "%s message row(s) born at %s ms (horizon %s ms), %s first delivery(ies) Ready "
-            "at %s ms",
-            *("m_n", "born_ms", "horizon_ms", "a_n", "a_ready_ms"),
-        ),
-    }
+    return {"bad_messages_attempts": first & bad}
 
 
 def message_rows(checked: DataFrame) -> DataFrame:
@@ -605,7 +669,7 @@ def checked_counts(checked: DataFrame) -> DataFrame:
     message checks, and the counts summary and load must agree with."""
     c = F.col
     return checked.groupBy(*GROUP).agg(
-        *[F.sum(name).alias(name) for name in COUNTED],
+        *[F.sum(name).alias(name) for name in FINAL_COUNTED],
         *[F.count_if(c(f"bad_{name}")).alias(f"delivery_{name}") for name in DELIVERY_CHECKS],
         *[F.count_if(c(f"bad_{name}")).alias(f"message_{name}") for name in MESSAGE_CHECKS],
         F.sum("d_n").alias("dead_letter_rows"),

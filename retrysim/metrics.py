@@ -50,10 +50,6 @@ _COUNTS = (
 _GAUGES = ("inflight", "waiting_retry", "ready_backlog")
 
 
-def _flag(condition: Column) -> Column:
-    return F.when(condition, F.lit(1)).otherwise(F.lit(0)).cast("long")
-
-
 def _literal_map(values: dict[str, object]) -> Column:
     return F.create_map(*[x for key, value in values.items() for x in (F.lit(key), F.lit(value))])
 
@@ -248,12 +244,24 @@ def _oldest_ready(compact: DataFrame, buckets: int) -> DataFrame:
     )
 
 
-def load_from_attempts(spark: SparkSession, attempts: DataFrame, scenario: Scenario) -> DataFrame:
+def compact_attempts(attempts: DataFrame, scenario: Scenario) -> DataFrame:
+    """:func:`_compact` at the scenario's load bucket, held in executor memory: the load and
+    the summary both read it instead of the attempts."""
+    return _compact(attempts, scenario.load_bucket).localCheckpoint()
+
+
+def load_from_attempts(
+    spark: SparkSession,
+    attempts: DataFrame,
+    scenario: Scenario,
+    compact: DataFrame | None = None,
+) -> DataFrame:
     """The ``load`` table: per group and bucket, counts, gauges at the bucket's end, the
-    schedule backlog per delay level, thread use and the oldest Ready message's age."""
+    schedule backlog per delay level, thread use and the oldest Ready message's age.
+    ``compact``: :func:`compact_attempts` of ``attempts``, when the caller holds it."""
     bucket_ms = scenario.load_bucket
     buckets = -(-scenario.horizon // bucket_ms)
-    compact = _compact(attempts, bucket_ms).localCheckpoint()
+    compact = compact if compact is not None else compact_attempts(attempts, scenario)
     events = _events(compact).where(F.col("bucket") < buckets)
     names = (*_COUNTS, *_GAUGES)
     per_bucket = events.groupBy("group", "bucket").agg(
@@ -385,18 +393,25 @@ def summary_from(
     load: DataFrame,
     scenario: Scenario,
     engines: dict[str, str],
+    compact: DataFrame | None = None,
 ) -> DataFrame:
-    """The ``summary`` table: one row per group, from staged attempts and the load table."""
-    state, reason = F.col("result_state"), F.col("ready_reason")
-    per_group = attempts.groupBy("group").agg(
-        F.count(F.col("start_ms")).alias("deliveries"),
-        F.sum(
-            _flag(F.col("start_ms").isNotNull() & ~reason.isin(READY_PUBLISHED, READY_REPLAYED))
-        ).alias("retries"),
-        F.sum(_flag(state == F.lit(COMMIT))).alias("commits"),
-        F.sum(_flag(state == F.lit(DLQ)) - _flag(reason == F.lit(READY_REPLAYED))).alias("dlq"),
-        F.sum(_flag(state == F.lit(DISCARD))).alias("discards"),
-        F.sum(_flag(reason == F.lit(READY_REPLAYED))).alias("replayed"),
+    """The ``summary`` table: one row per group, from staged attempts and the load table.
+    The counts come from ``compact`` (:func:`compact_attempts`, a few rows per bucket and
+    kind of delivery), so only the times to commit and to DLQ read the attempts again."""
+    state = F.col("result_state")
+    compact = compact if compact is not None else compact_attempts(attempts, scenario)
+
+    def total(kind: Column) -> Column:
+        return F.coalesce(F.sum(F.when(kind, F.col("n"))), F.lit(0)).cast("long")
+
+    ended_in = F.col("state")  # the compact rows' result_state
+    per_group = compact.groupBy("group").agg(
+        total(F.col("started")).alias("deliveries"),
+        total(F.col("retry")).alias("retries"),
+        total(ended_in == F.lit(COMMIT)).alias("commits"),
+        (total(ended_in == F.lit(DLQ)) - total(F.col("replayed"))).alias("dlq"),
+        total(ended_in == F.lit(DISCARD)).alias("discards"),
+        total(F.col("replayed")).alias("replayed"),
     )
     per_group = per_group.join(
         exact_percentiles(

@@ -200,25 +200,34 @@ class Policy:
 
     def with_consume_result(self, df: DataFrame) -> DataFrame:
         """Add ``outcome`` and ``end_ms`` (the column twin of :meth:`consume_result`)."""
+        return df.withColumns(self.consume_result_columns())
+
+    def consume_result_columns(self) -> dict[str, Column]:
+        """The columns :meth:`with_consume_result` adds, as expressions."""
         start, processing = F.col("start_ms"), F.col("processing_ms")
         if self.timeout_ms is None:
-            return df.withColumn("outcome", F.col("listener_outcome")).withColumn(
-                "end_ms", start + processing
-            )
+            return {"outcome": F.col("listener_outcome"), "end_ms": start + processing}
         timeout = F.lit(self.timeout_ms).cast("long")
         if self.periodic_timeout and self.timeout_ms:
             leave = (F.floor((start + timeout) / timeout).cast("long") + F.lit(1)) * timeout
         else:
             leave = start + timeout
         timed_out = start + processing > leave
-        return df.withColumn(
-            "outcome", F.when(timed_out, F.lit(TIMEOUT)).otherwise(F.col("listener_outcome"))
-        ).withColumn("end_ms", F.when(timed_out, leave).otherwise(start + processing))
+        return {
+            "outcome": F.when(timed_out, F.lit(TIMEOUT)).otherwise(F.col("listener_outcome")),
+            "end_ms": F.when(timed_out, leave).otherwise(start + processing),
+        }
 
     def with_next_step(self, df: DataFrame) -> DataFrame:
-        """Add the :class:`Step` columns (the column twin of :meth:`next_step`).
+        """Add the :class:`Step` columns (the column twin of :meth:`next_step`)."""
+        cases, steps = self.next_step_columns()
+        return df.withColumns(cases).withColumns(steps).drop(*cases)
 
-        A first pass computes which of six cases applies (commit, dropped, resubmitted
+    def next_step_columns(self) -> tuple[dict[str, Column], dict[str, Column]]:
+        """What :meth:`with_next_step` adds, as two projections of expressions: the helper
+        columns of the first are dropped after the second.
+
+        The first computes which of six cases applies (commit, dropped, resubmitted
         locally, leaving now, leaving after the backoff, retried) and the retry's level and
         due time; each output column then picks its value for that case, so no condition is
         written, or evaluated, twice.
@@ -242,19 +251,15 @@ class Policy:
             .when(exhausted, F.lit(_LATER))
             .otherwise(F.lit(_RETRIED))
         )
-        staged = df.withColumns(
-            {
-                "_case": case,
-                "_level": level.cast("int"),
-                "_due": (origin + interval).cast("long"),
-                "_leave_reason": F.when(exhausted, F.lit(REASON_MAX_RECONSUME)).otherwise(
-                    F.lit(REASON_NEGATIVE_LEVEL)
-                ),
-            }
-        )
-        return staged.withColumns(self._step_columns()).drop(
-            "_case", "_level", "_due", "_leave_reason"
-        )
+        cases = {
+            "_case": case,
+            "_level": level.cast("int"),
+            "_due": (origin + interval).cast("long"),
+            "_leave_reason": F.when(exhausted, F.lit(REASON_MAX_RECONSUME)).otherwise(
+                F.lit(REASON_NEGATIVE_LEVEL)
+            ),
+        }
+        return cases, self._step_columns()
 
     def _step_columns(self) -> dict[str, Column]:
         here_topic, here_queue = F.col("source_topic"), F.col("queue_id")

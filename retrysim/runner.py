@@ -36,7 +36,12 @@ from retrysim.engine import (
     run_rounds,
 )
 from retrysim.lease import acquire_lease
-from retrysim.metrics import dead_letters_from_attempts, load_from_attempts, summary_from
+from retrysim.metrics import (
+    compact_attempts,
+    dead_letters_from_attempts,
+    load_from_attempts,
+    summary_from,
+)
 from retrysim.recovery import publish_run, recover
 from retrysim.sequential import sequential_attempts
 from retrysim.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
@@ -255,9 +260,15 @@ def _stage_tables(
     if "transitions" in written:
         stage("transitions", lambda: transitions_from_attempts(attempts))
     stage("dead_letters", lambda: dead_letters_from_attempts(attempts, scenario))
-    stage("load", lambda: load_from_attempts(spark, attempts, scenario).coalesce(1))
+    began = time.monotonic()
+    compact = compact_attempts(attempts, scenario)
+    say(f"  compacted the attempts for load and summary ({time.monotonic() - began:.1f}s)")
+    stage("load", lambda: load_from_attempts(spark, attempts, scenario, compact).coalesce(1))
     load = spark.read.parquet(path["load"])
-    stage("summary", lambda: summary_from(spark, attempts, load, scenario, engines).coalesce(1))
+    stage(
+        "summary",
+        lambda: summary_from(spark, attempts, load, scenario, engines, compact).coalesce(1),
+    )
     return {name: folder for name, folder in path.items() if name in written}
 
 

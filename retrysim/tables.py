@@ -256,5 +256,9 @@ def data_schema(schema: StructType) -> StructType:
 
 def select_schema(df: DataFrame, schema: StructType) -> DataFrame:
     """Project ``df`` onto ``schema``: exactly its columns, in order, cast to its types."""
-    columns: list[Column] = [F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields]
-    return df.select(*columns)
+    return df.select(*schema_columns(schema))
+
+
+def schema_columns(schema: StructType) -> list[Column]:
+    """The projection :func:`select_schema` applies, as expressions."""
+    return [F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields]

@@ -155,6 +155,9 @@ def _mismatches(pairs: list[tuple[str, Any, Any]]) -> list[str]:
     return [f"{label} = {got}, expected {want}" for label, got, want in pairs if got != want]
 
 
+_DIGESTED = ("rows", "hash_hi", "hash_lo")
+
+
 def _digest_pairs(values: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The transitions table's rows and digest against those of the attempts' transitions."""
     v = defaultdict(int, {key: value for key, value in values.items() if value is not None})
@@ -196,24 +199,25 @@ def _examples(frame: DataFrame, names: list[str], limit: int) -> dict[str, list[
 # --------------------------------------------------------------------------- entry points
 
 
-def validate_tables(tables: dict[str, DataFrame]) -> Report:
+def validate_tables(tables: dict[str, DataFrame], transitions_derived: bool = False) -> Report:
     """Check every invariant over ``tables`` (the seven tables, each with its ``run_id``
     column, any number of runs). One Spark job reduces them to a few rows per run and
-    group; examples are fetched only for a broken invariant."""
+    group; examples are fetched only for a broken invariant. ``transitions_derived``: the
+    transitions are the attempts' own derivation (a lean run's), equal to it by
+    construction, so their digest is not computed (it would explode the attempts to prove
+    nothing)."""
     load = inv.load_counts(tables["load"])
-    checked = inv.delivery_rows(tables, load.select(*inv.GROUP, "load_end_ms"))
-    rows = {
-        "delivery": checked,
-        "message": inv.message_rows(checked),
-    }
+    ends = load.select(*inv.GROUP, "load_end_ms")
+    checked = inv.delivery_rows(tables, ends)
     parts = {
         "load": load,
         "summary": inv.summary_counts(tables["summary"]),
         "checked": inv.checked_counts(checked),
-        "transitions": inv.transition_digest(tables["transitions"]),
         "derived": inv.derived_digest(tables["attempts"]),
         "runs": inv.runs_counts(tables["runs"], STATUS_COMPLETE),
     }
+    if not transitions_derived:
+        parts["transitions"] = inv.transition_digest(tables["transitions"])
     tagged = [frame.withColumn("_part", F.lit(name)) for name, frame in parts.items()]
     combined = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
@@ -224,12 +228,19 @@ def validate_tables(tables: dict[str, DataFrame]) -> Report:
             runs[row[PARTITION_COLUMN]] = values
         else:
             groups.setdefault((row[PARTITION_COLUMN], row["group"]), {}).update(values)
+    if transitions_derived:
+        for values in groups.values():
+            values.update({f"t_{key}": values.get(f"derived_{key}") for key in _DIGESTED})
     counts, examples = _tally(groups, runs)
-    for prefix, names in _ROW_CHECKS:
-        broken = [name for name in names if any(counts[name].values())]
-        if broken:
-            for name, found in _examples(rows[prefix], broken, EXAMPLES).items():
-                examples[name] += found
+    if any(any(counts[name].values()) for _, names in _ROW_CHECKS for name in names):
+        # the same rows with the texts, which take every step column: only now
+        explained = inv.delivery_rows(tables, ends, explain=True)
+        rows = {"delivery": explained, "message": inv.message_rows(explained)}
+        for prefix, names in _ROW_CHECKS:
+            broken = [name for name in names if any(counts[name].values())]
+            if broken:
+                for name, found in _examples(rows[prefix], broken, EXAMPLES).items():
+                    examples[name] += found
     if any(_mismatches(_digest_pairs(values)) for values in groups.values()):
         mismatches = inv.transition_mismatches(tables)
         examples["attempts_transitions"] += _examples(
@@ -311,7 +322,8 @@ def check_staged(
 ) -> Report:
     """Validate a staged run; raise :class:`ValidationError` naming what broke."""
     began = time.monotonic()
-    report = validate_tables(staged_tables(spark, staged, run_id, derived))
+    tables = staged_tables(spark, staged, run_id, derived)
+    report = validate_tables(tables, transitions_derived="transitions" in (derived or {}))
     if not report.ok:
         raise ValidationError(run_id, report)
     say(f"validated: {len(INVARIANTS)} invariants hold ({time.monotonic() - began:.1f}s)")

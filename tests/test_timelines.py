@@ -6,10 +6,11 @@ Expected times are written out by hand from the delay table, not computed by the
 from __future__ import annotations
 
 import pytest
+from chispa import assert_df_equality
 from pyspark.sql import functions as F
 from support import group, scenario
 
-from retrysim import simulate
+from retrysim import engine, simulate
 
 ALWAYS_FAIL = {"behavior": {"fail_probability": 1.0}}
 # Waits before retries 1..16 under the default table: levels 3..18.
@@ -24,18 +25,22 @@ def _cumulative(waits: list[int]) -> list[int]:
     return times
 
 
+def default_table_run_scenario():
+    return scenario(
+        group("always", **ALWAYS_FAIL),
+        group("max3", max_reconsume_times=3, **ALWAYS_FAIL),
+        group("dlq-now", delay_level_when_next_consume=-1, **ALWAYS_FAIL),
+        group("fixed5", delay_level_when_next_consume=5, max_reconsume_times=2, **ALWAYS_FAIL),
+        group("no-dlq", max_reconsume_times=1, dlq_enabled=False, **ALWAYS_FAIL),
+        group("ok"),
+    )
+
+
 @pytest.fixture(scope="module")
 def default_table_run(spark, tmp_path_factory):
     return simulate(
         spark,
-        scenario(
-            group("always", **ALWAYS_FAIL),
-            group("max3", max_reconsume_times=3, **ALWAYS_FAIL),
-            group("dlq-now", delay_level_when_next_consume=-1, **ALWAYS_FAIL),
-            group("fixed5", delay_level_when_next_consume=5, max_reconsume_times=2, **ALWAYS_FAIL),
-            group("no-dlq", max_reconsume_times=1, dlq_enabled=False, **ALWAYS_FAIL),
-            group("ok"),
-        ),
+        default_table_run_scenario(),
         output=str(tmp_path_factory.mktemp("timelines")),
         run_id="timelines",
         validate=False,  # the timelines are the check here; test_validate covers invariants
@@ -106,6 +111,36 @@ def test_always_failing_transitions_walk_the_state_machine(default_table_run):
         .collect()
     ]
     assert states == ["Ready", "Inflight", "WaitingRetry"] * 16 + ["Ready", "Inflight", "DLQ"]
+
+
+@pytest.mark.parametrize(
+    "thin_rows, held_rows",
+    [(0, 1), (10**9, 1)],
+    ids=["every-round-through-files", "held-in-memory-written-every-round"],
+)
+def test_rounds_give_the_same_attempts_through_files_or_held_in_memory(
+    spark, tmp_path, monkeypatch, default_table_run, thin_rows, held_rows
+):
+    """The fixture's run keeps its thin rounds in executor memory and writes them at the
+    end; here every round goes through Parquet, or held rounds are written after every
+    round while the next frontier still reads the last of them."""
+    monkeypatch.setattr(engine, "THIN_ROWS", thin_rows)
+    monkeypatch.setattr(engine, "HELD_ROWS", held_rows)
+    again = simulate(
+        spark,
+        default_table_run_scenario(),
+        output=str(tmp_path),
+        run_id="timelines",
+        validate=False,
+        tail_rows=0,
+    )
+    assert again.rounds == default_table_run.rounds
+    columns = [c for c in again.attempts.columns if c != "run_id"]
+    assert_df_equality(
+        again.attempts.select(*columns),
+        default_table_run.attempts.select(*columns),
+        ignore_row_order=True,
+    )
 
 
 def test_five_level_table_clamps_every_retry_after_the_second(spark, tmp_path):
