@@ -194,7 +194,7 @@ def _run_sequential(
     spark: SparkSession, scenario: Scenario, plans: list[GroupPlan], staging: str, say: Progress
 ) -> None:
     specs = key_specs(scenario, plans)
-    per_lane = {plan.name for plan in plans if _lanes_are_independent(plan)}
+    per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
     keys = sum(p.group.workload.queues if p.name in per_lane else 1 for p in plans)
     say(
         f"event-by-event simulation of {', '.join(p.name for p in plans)} "
@@ -209,7 +209,7 @@ def _run_sequential(
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
 
 
-def _lanes_are_independent(plan: GroupPlan) -> bool:
+def lanes_are_independent(plan: GroupPlan) -> bool:
     """Ordered queues are independent when the pool can never be full and no replay moves
     messages between them. A queue runs one consume request at a time, so a pool with a
     thread per queue never fills up -- unless a timeout lets the queue move on while the

@@ -14,7 +14,7 @@ input). Rather than fill the disk or lose a Python worker to the OOM killer hour
 * **memory of the sequential engine** -- groups that need it (ordered queues, batches, a
   finite pool that may fill up) hold every message of a key in one Python task, about
   :data:`SEQUENTIAL_BYTES_PER_MESSAGE` each; a key is one queue when queues are independent
-  (:func:`retrysim.runner._lanes_are_independent`), else the whole group.
+  (:func:`retrysim.runner.lanes_are_independent`), else the whole group.
 
 :func:`check_size` refuses (exit 2) when the disk estimate exceeds the free space at
 ``--output`` or the largest key exceeds the memory budget, warns above half of either, and
@@ -138,7 +138,7 @@ def _mean_processing_ms(group: Group) -> float:
 
 def estimate(scenario: Scenario) -> list[GroupEstimate]:
     """Every group's expected deliveries and where the sequential engine would hold it."""
-    from retrysim.runner import _lanes_are_independent
+    from retrysim.runner import lanes_are_independent
 
     found = []
     for index, plan in enumerate(group_plans(scenario)):
@@ -155,7 +155,7 @@ def estimate(scenario: Scenario) -> list[GroupEstimate]:
                 sequential=policy.sequential or _may_fill(plan, published * per_message),
                 key_messages=(
                     math.ceil(workload.messages / workload.queues)
-                    if _lanes_are_independent(plan)
+                    if lanes_are_independent(plan)
                     else workload.messages
                 ),
             )
