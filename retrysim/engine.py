@@ -193,13 +193,19 @@ class Round:
         return union_all(frames).select(*self.stage)
 
 
-def next_frontier(attempts: DataFrame, horizon_ms: int) -> DataFrame:
-    """The deliveries that WaitingRetry rows lead to, when due before the horizon."""
-    return attempts.where(
+def retries_due(horizon_ms: int) -> Column:
+    """Whether an attempt row leads to another delivery: WaitingRetry, due before the
+    horizon."""
+    return (
         (F.col("result_state") == F.lit(WAITING_RETRY))
         & F.col("next_topic").isNotNull()
         & (F.col("next_ready_ms") < F.lit(horizon_ms))
-    ).select(
+    )
+
+
+def next_frontier(attempts: DataFrame, horizon_ms: int) -> DataFrame:
+    """The deliveries that WaitingRetry rows lead to, when due before the horizon."""
+    return attempts.where(retries_due(horizon_ms)).select(
         "group",
         "msg_id",
         (F.col("delivery") + 1).alias("delivery"),
@@ -290,13 +296,7 @@ def run_rounds(
     thin, frontier_rows = False, 0  # the first frontier is every message: never thin
     counted = (
         F.count(F.col("start_ms")).alias("started"),
-        F.sum(
-            (
-                (F.col("result_state") == F.lit(WAITING_RETRY))
-                & F.col("next_topic").isNotNull()
-                & (F.col("next_ready_ms") < F.lit(scenario.horizon))
-            ).cast("long")
-        ).alias("retrying"),
+        F.sum(retries_due(scenario.horizon).cast("long")).alias("retrying"),
     )
     while True:
         round_no += 1

@@ -551,7 +551,7 @@ def _delivery_flags() -> dict[str, Column]:
         "seq_numbering": has_path & _broke("off_step"),
         "attempts_transitions": (c("a_n") != 1) | _broke("mismatch"),
         "time_order": _broke("attempt_backwards") | late | (has_path & path_backwards),
-        "reconsume_times": (c("a_n") == 1) & _differs(c("a_reconsume_times"), since_replay()),
+        "reconsume_times": (c("a_n") == 1) & _differs(c("a_reconsume_times"), _since_replay()),
         "deliveries_consecutive": _flag(~step),
         "dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | _flag(dead_wrong),
     }
@@ -561,7 +561,7 @@ def _delivery_flags() -> dict[str, Column]:
     }
 
 
-def since_replay() -> Column:
+def _since_replay() -> Column:
     """The reconsume_times a delivery should have: deliveries since the first or the last
     replayed one."""
     return F.col("delivery") - F.coalesce(F.col("last_replay"), F.lit(1))
@@ -612,7 +612,7 @@ def _why_texts() -> dict[str, Column]:
             *(path_times, *times, "next_ready_ms"),
         ),
         "why_reconsume_times": _text(
-            "reconsume_times %s, expected %s", "a_reconsume_times", since_replay()
+            "reconsume_times %s, expected %s", "a_reconsume_times", _since_replay()
         ),
         "why_deliveries_consecutive": _text(
             "delivery %s follows delivery %s", "delivery", "prev_delivery"

@@ -232,14 +232,16 @@ def validate_tables(tables: dict[str, DataFrame], transitions_derived: bool = Fa
         for values in groups.values():
             values.update({f"t_{key}": values.get(f"derived_{key}") for key in _DIGESTED})
     counts, examples = _tally(groups, runs)
-    if any(any(counts[name].values()) for _, names in _ROW_CHECKS for name in names):
+    broken = {
+        prefix: [n for n in names if any(counts[n].values())] for prefix, names in _ROW_CHECKS
+    }
+    if any(broken.values()):
         # the same rows with the texts, which take every step column: only now
         explained = inv.delivery_rows(tables, ends, explain=True)
         rows = {"delivery": explained, "message": inv.message_rows(explained)}
-        for prefix, names in _ROW_CHECKS:
-            broken = [name for name in names if any(counts[name].values())]
-            if broken:
-                for name, found in _examples(rows[prefix], broken, EXAMPLES).items():
+        for prefix, names in broken.items():
+            if names:
+                for name, found in _examples(rows[prefix], names, EXAMPLES).items():
                     examples[name] += found
     if any(_mismatches(_digest_pairs(values)) for values in groups.values()):
         mismatches = inv.transition_mismatches(tables)
