@@ -1,7 +1,8 @@
 """The round engine: one Spark stage per delivery round over the frontier.
 
 Round k holds every message's k-th delivery. Its stage draws the listener result, applies
-the flavor's timeout and retry rules, and writes the round's staged attempts as Parquet; the
+the flavor's timeout and retry rules, and writes the round's attempts as Parquet in the
+attempts table's columns (they are published as the table's files, not rewritten); the
 next frontier is re-read from those files (WaitingRetry rows due before the horizon), so
 lineage never grows across rounds and the driver only ever sees counts. A thin frontier's
 rounds are held in executor memory instead and written together (:data:`THIN_ROWS`).

@@ -82,6 +82,11 @@ INVARIANTS = (
         "the transitions are exactly those the attempts give, ending in their results",
     ),
     Invariant("dead_letters", "one dead letter per DLQ delivery, at its time, with its replay"),
+    Invariant(
+        "attempts_routing",
+        "an attempt carries its message's born_ms, and a retry is Ready on the topic and queue "
+        "and for the reason its predecessor named (next_*), with its poison_fixed",
+    ),
     Invariant("messages_attempts", "every message born before the horizon is delivered first"),
     Invariant("summary_counts", "summary = counts of the rows; messages = settled + pending"),
     Invariant("load_totals", "load's counts sum to the counts of the transitions"),
@@ -89,7 +94,8 @@ INVARIANTS = (
     Invariant("runs_row", "every run has one runs row, with status complete"),
 )
 DELIVERY_CHECKS = ("legal_path", "seq_numbering", "deliveries_consecutive", "time_order",
-                   "reconsume_times", "attempts_transitions", "dead_letters")  # fmt: skip
+                   "reconsume_times", "attempts_transitions", "dead_letters",
+                   "attempts_routing")  # fmt: skip
 MESSAGE_CHECKS = ("messages_attempts",)
 MSG = [PARTITION_COLUMN, "group", "msg_id"]
 DELIVERY = [*MSG, "delivery"]
@@ -161,13 +167,17 @@ _ATTEMPT_COLUMNS = ("reconsume_times", "ready_ms", "start_ms", "end_ms", "next_r
 # What a delivery breaks that its attempt row alone shows, as bits of ``l_bad``: computed
 # before the shuffle, so the rows shuffled, aggregated and sorted by message carry one int
 # instead of the step columns the rules read.
-_LOCAL_RULES = ("illegal", "off_step", "path_backwards", "mismatch", "attempt_backwards")
+_LOCAL_RULES = ("illegal", "off_step", "path_backwards", "mismatch", "attempt_backwards",
+                "unrouted")  # fmt: skip
 _BIT = {name: 1 << index for index, name in enumerate(_LOCAL_RULES)}
 # What the message pass needs of an attempt row besides its keys (the step columns stay
 # behind unless example texts are wanted).
 _NARROW = ("src", "a_state", "a_reconsume_times", "a_ready_ms", "a_next_ready_ms", "a_settled_ms",
-           "t_ready_ms", "t_ready_reason", "t_end_state", "t_last_state", "t_last_ms",
-           "l_bad")  # fmt: skip
+           "a_born_ms", "a_poison_fixed", "a_next_route", "t_ready_ms", "t_ready_reason",
+           "t_end_state", "t_last_state", "t_last_ms", "t_route", "l_bad")  # fmt: skip
+# Where a delivery is Ready and where it routes its retry (readable, for example texts).
+_ROUTE_TEXT = ("source_topic", "queue_id", "ready_reason", "next_topic", "next_queue_id",
+               "next_reason")  # fmt: skip
 # What the attempt rows count toward summary and load (sums per group, in the attempts scan
 # of :func:`derived_digest`); the final states need the message's last delivery.
 ATTEMPT_COUNTED = ("t_deliveries", "t_first_deliveries", "t_retries", "t_commits", "t_dlq",
@@ -202,6 +212,14 @@ def _attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame
         *[F.when(steps[n][0], steps[n][1]["at_ms"]).alias(f"t_{n}_ms") for n in names],
         _reason_code(steps["ready"][1]["reason"]).alias("t_ready_reason"),
         (steps["end"][1]["topic"] == F.lit(limits.SCHEDULE_TOPIC)).alias("t_end_scheduled"),
+        c("born_ms").alias("a_born_ms"),
+        c("poison_fixed").cast("int").alias("a_poison_fixed"),
+        _route("next_topic", "next_queue_id", "next_reason").alias("a_next_route"),
+        _route("source_topic", "queue_id", "ready_reason").alias("t_route"),
+        reduce(
+            lambda a, b: a | b,
+            [c(name).isNull() != c("next_ready_ms").isNull() for name in _ROUTE_TEXT[3:]],
+        ).alias("t_unrouted"),
     )
     present = {n: c(f"t_n_{n}") == 1 for n in names}
     state = {n: c(f"t_{n}_state") for n in names}
@@ -291,7 +309,15 @@ def _local_rules() -> dict[str, Column]:
         | _before(c("a_end_ms"), c("a_start_ms"))
         | _before(c("a_settled_ms"), c("a_end_ms"))
         | _before(c("a_next_ready_ms"), c("a_end_ms")),
+        # next_topic, next_queue_id and next_reason are set exactly when a retry is due
+        "unrouted": _flag(c("t_unrouted")),
     }
+
+
+def _route(topic: str, queue_id: str, reason: str) -> Column:
+    """A 64-bit hash of a place and reason of Ready with the row's poison_fixed: one number
+    compares a retry's Ready with what its predecessor named."""
+    return _row_hash([F.col(topic), F.col(queue_id), F.col(reason), F.col("poison_fixed")])
 
 
 def _broke(rule: str) -> Column:
@@ -308,7 +334,7 @@ def _step_hash(fields: dict[str, Column]) -> Column:
 # What the attempt rows give per delivery: the message pass takes the narrow ones as they
 # are; the rest only when it writes the example texts of a broken invariant.
 _STEP_COUNTS = ("t_off_step", "t_no_time")
-_STEP_VALUES = ("t_ready_reason", "t_end_state", "t_last_state", "t_last_ms")
+_STEP_VALUES = ("t_ready_reason", "t_end_state", "t_last_state", "t_last_ms", "t_route")
 _WIDE_VALUES = ("t_first_step", "t_last_step")
 
 
@@ -335,7 +361,7 @@ def message_union(tables: dict[str, DataFrame], explain: bool = False) -> DataFr
         .cast("int")
         .alias("d_bad_topic"),
     )
-    steps = _attempt_steps(tables["attempts"])
+    steps = _attempt_steps(tables["attempts"], _ROUTE_TEXT if explain else ())
     attempts = steps if explain else steps.select(*DELIVERY, *_NARROW)
     frames = (messages, attempts, dead)
     union = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
@@ -455,6 +481,7 @@ def _per_delivery(union: DataFrame, explain: bool = False) -> DataFrame:
             *[F.max(name).alias(name) for name in _WIDE_VALUES],
             *[F.coalesce(F.sum(name), F.lit(0)).alias(name) for name in _STEP_COUNTS],
             F.coalesce(F.sum("t_n"), F.lit(0)).alias("t_n"),
+            *[F.max(name).alias(name) for name in _ROUTE_TEXT],
         ]
     return union.groupBy(*DELIVERY).agg(
         *[F.count_if(c("src") == value).cast("int").alias(n) for n, value in sources.items()],
@@ -499,8 +526,13 @@ def delivery_rows(
             "next_replayed": F.lead(replayed).over(order),
             "is_last": F.lead("delivery").over(order).isNull(),
             "last_replay": F.max(F.when(replayed, c("delivery"))).over(so_far),
+            "next_route": F.lead("t_route").over(order),
+            # the message row stands at delivery 1, before any later delivery
+            "message_born_ms": F.max("born_ms").over(so_far),
         }
     )
+    if explain:
+        per = per.withColumns({f"n_{name}": F.lead(name).over(order) for name in _ROUTE_TEXT[:3]})
     checked = (
         per.join(F.broadcast(ends), GROUP, "left")
         .join(F.broadcast(horizons), PARTITION_COLUMN, "left")
@@ -554,6 +586,15 @@ def _delivery_flags() -> dict[str, Column]:
         "reconsume_times": (c("a_n") == 1) & _differs(c("a_reconsume_times"), _since_replay()),
         "deliveries_consecutive": _flag(~step),
         "dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | _flag(dead_wrong),
+        "attempts_routing": _broke("unrouted")
+        | (retried & _differs(c("next_route"), c("a_next_route")))
+        # (a message without its row is messages_attempts' finding)
+        | _flag(
+            (c("a_n") == 1)
+            & c("message_born_ms").isNotNull()
+            & _differs(c("a_born_ms"), c("message_born_ms"))
+        )
+        | _flag((c("a_poison_fixed") == 1) & c("last_replay").isNull()),
     }
     return {
         **{f"bad_{name}": c("delivered") & flag for name, flag in flags.items()},
@@ -620,6 +661,13 @@ def _why_texts() -> dict[str, Column]:
         "why_dead_letters": _text(
             "%s dead letter(s) (dlq_at_ms %s, replayed_at_ms %s) for a delivery ending %s at %s",
             *("d_n", "d_at_ms", "d_replayed_at_ms", result, "a_settled_ms"),
+        ),
+        "why_attempts_routing": _text(
+            "born_ms %s (message born %s ms), poison_fixed %s after replay %s; routed its retry "
+            "to %s queue %s (%s), next_ready %s ms; the next delivery is Ready on %s queue %s "
+            "(%s)",
+            *("a_born_ms", "message_born_ms", "a_poison_fixed", "last_replay", *_ROUTE_TEXT[3:]),
+            *("a_next_ready_ms", *[f"n_{name}" for name in _ROUTE_TEXT[:3]]),
         ),
         "why_messages_attempts": _text(
             "%s message row(s) born at %s ms (horizon %s ms), %s first delivery(ies) Ready "

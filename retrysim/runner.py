@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -44,15 +45,15 @@ from retrysim.metrics import (
 )
 from retrysim.recovery import publish_run, recover
 from retrysim.sequential import sequential_attempts
-from retrysim.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
+from retrysim.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink, remove_tree
 from retrysim.tables import (
     ATTEMPTS,
     RUNS,
     SCHEMAS,
+    STAGE,
     TABLE_ORDER,
     TABLE_SETS,
     data_schema,
-    select_schema,
 )
 from retrysim.transitions import transitions_from_attempts
 
@@ -183,11 +184,24 @@ def _simulate_attempts(
             f"group {name}: {peak:,} consume requests would run at once, more than its "
             f"{pools[name]:,} consumer threads; simulating it event by event"
         )
+    if full:
+        _drop_groups(spark, rounds_dir, set(full))
     sequential = [plan for plan in plans if plan.policy.sequential or plan.name in full]
     if sequential:
         _run_sequential(spark, scenario, sequential, staging, say)
     engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}
     return rounds, engines
+
+
+def _drop_groups(spark: SparkSession, folder: str, groups: set[str]) -> None:
+    """Remove the rows of ``groups`` from the round files in ``folder`` (those groups are
+    simulated again event by event), so that every staged attempt row is in force and the
+    files are published as they are (:func:`_stage_attempts`). Rare: a full pool."""
+    kept = f"{folder}-kept"
+    rows = spark.read.parquet(folder).select(*STAGE.fieldNames())
+    rows.where(~F.col("group").isin(*sorted(groups))).write.parquet(f"{kept}/round=00001")
+    remove_tree(folder)
+    os.replace(kept, folder)
 
 
 def _run_sequential(
@@ -242,12 +256,6 @@ def _stage_tables(
     took: on a large run staging is minutes, and the split shows where they go."""
     tables = os.path.join(staging, "tables")
     path = {name: os.path.join(tables, name) for name in SCHEMAS}
-    engine_of = F.create_map(*[x for item in engines.items() for x in map(F.lit, item)])
-    attempts = (
-        spark.read.parquet(os.path.join(staging, "attempts"))
-        .where(F.col("engine") == engine_of[F.col("group")])  # rows of the engine in force
-        .drop("round", "engine")
-    )
 
     def stage(name: str, build: Callable[[], DataFrame]) -> None:
         began = time.monotonic()
@@ -256,7 +264,9 @@ def _stage_tables(
 
     if "messages" in written:
         stage("messages", lambda: all_messages(spark, scenario))
-    stage("attempts", lambda: select_schema(attempts, data_schema(ATTEMPTS)))
+    files = _stage_attempts(os.path.join(staging, "attempts"), path["attempts"])
+    say(f"  staged attempts ({files} round files, as written)")
+    attempts = spark.read.schema(data_schema(ATTEMPTS)).parquet(path["attempts"])
     if "transitions" in written:
         stage("transitions", lambda: transitions_from_attempts(attempts))
     stage("dead_letters", lambda: dead_letters_from_attempts(attempts, scenario))
@@ -270,6 +280,18 @@ def _stage_tables(
         lambda: summary_from(spark, attempts, load, scenario, engines, compact).coalesce(1),
     )
     return {name: folder for name, folder in path.items() if name in written}
+
+
+def _stage_attempts(rounds: str, table: str) -> int:
+    """Move the round files (``rounds/engine=*/round=*/*.parquet``, every row in force) into
+    the staged attempts table: they are its files already (STAGE is the table's data columns),
+    so the biggest table is not rewritten. Returns the number of files."""
+    os.makedirs(table)
+    files = sorted(Path(rounds).glob("engine=*/round=*/*.parquet"))
+    for file in files:
+        engine, round_no = (part.split("=", 1)[1] for part in file.parts[-3:-1])
+        os.replace(file, os.path.join(table, f"{engine}-{round_no}-{file.name}"))
+    return len(files)
 
 
 def _derived_for_lean(

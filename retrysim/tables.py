@@ -82,10 +82,31 @@ ATTEMPTS = _schema(
     ("leave_topic", StringType()),
     ("leave_queue_id", IntegerType()),
     ("leave_reason", StringType()),
+    # Where the delivery came from and where its retry goes: the message's born_ms, the
+    # topic, queue and Ready reason of the next delivery (null unless it is retried), and
+    # whether a replay fixed the message's poison. The engine carries them from round to
+    # round; stored, the round files *are* the table's files (no rewrite when staging).
+    ("born_ms", LongType()),
+    ("next_topic", StringType()),
+    ("next_queue_id", IntegerType()),
+    ("next_reason", StringType()),
+    ("poison_fixed", BooleanType()),
 )
 
 # The attempts columns that exist so transitions can be derived from attempts.
-DERIVATION_COLUMNS = tuple(ATTEMPTS.fieldNames()[ATTEMPTS.fieldNames().index("ready_reason") :])
+DERIVATION_COLUMNS = (
+    "ready_reason",
+    "end_state",
+    "end_topic",
+    "end_queue_id",
+    "end_reason",
+    "leave_state",
+    "leave_topic",
+    "leave_queue_id",
+    "leave_reason",
+)
+# The attempts columns the engine carries into the next delivery.
+ROUTING_COLUMNS = ("born_ms", "next_topic", "next_queue_id", "next_reason", "poison_fixed")
 
 TRANSITIONS = _schema(
     ("run_id", StringType()),
@@ -161,40 +182,18 @@ SUMMARY = _schema(
     ("engine", StringType()),
 )
 
-# Staged attempts: the attempts columns plus what later stages need (born_ms for times to
-# commit, the Ready reason, the end and leave transitions, the next delivery's place).
-STAGE = _schema(
-    ("group", StringType()),
-    ("msg_id", LongType()),
-    ("delivery", IntegerType()),
-    ("reconsume_times", IntegerType()),
-    ("source_topic", StringType()),
-    ("queue_id", IntegerType()),
-    ("born_ms", LongType()),
-    ("ready_ms", LongType()),
-    ("ready_reason", StringType()),
-    ("start_ms", LongType()),
-    ("processing_ms", LongType()),
-    ("end_ms", LongType()),
-    ("outcome", StringType()),
-    ("result_state", StringType()),
-    ("delay_level", IntegerType()),
-    ("next_ready_ms", LongType()),
-    ("settled_ms", LongType()),
-    ("batch_size", IntegerType()),
-    ("end_state", StringType()),
-    ("end_topic", StringType()),
-    ("end_queue_id", IntegerType()),
-    ("end_reason", StringType()),
-    ("leave_state", StringType()),
-    ("leave_topic", StringType()),
-    ("leave_queue_id", IntegerType()),
-    ("leave_reason", StringType()),
-    ("next_topic", StringType()),
-    ("next_queue_id", IntegerType()),
-    ("next_reason", StringType()),
-    ("poison_fixed", BooleanType()),
-)
+# Staged attempts: the attempts table's data columns in the order the engines build them
+# (sequential.py appends rows positionally). Round files in this shape are published as the
+# attempts table's files as they are: Parquet and Delta readers find columns by name.
+_STAGE_ORDER = (
+    "group", "msg_id", "delivery", "reconsume_times", "source_topic", "queue_id", "born_ms",
+    "ready_ms", "ready_reason", "start_ms", "processing_ms", "end_ms", "outcome",
+    "result_state", "delay_level", "next_ready_ms", "settled_ms", "batch_size", "end_state",
+    "end_topic", "end_queue_id", "end_reason", "leave_state", "leave_topic", "leave_queue_id",
+    "leave_reason", "next_topic", "next_queue_id", "next_reason", "poison_fixed",
+)  # fmt: skip
+STAGE = StructType([ATTEMPTS[name] for name in _STAGE_ORDER])
+assert sorted(STAGE.fieldNames()) == sorted(ATTEMPTS.fieldNames()[1:]), "STAGE != attempts"
 
 # A capacity plan (retrysim plan): one row per sweep point and group. Its run_id is the plan's
 # id; each point is a run of its own, named in point_run_id.

@@ -46,7 +46,8 @@ def _attempt(msg, delivery, rt, topic, queue, ready, end, outcome, state, **rest
                queue_id=queue, ready_ms=ready, start_ms=ready, processing_ms=end - ready,
                end_ms=end, outcome=outcome, result_state=state, batch_size=1,
                ready_reason="published" if delivery == 1 else "retry_due", end_state=state,
-               end_topic=topic, end_queue_id=queue, end_reason=outcome)  # fmt: skip
+               end_topic=topic, end_queue_id=queue, end_reason=outcome, born_ms=10 * msg,
+               poison_fixed=False)  # fmt: skip
     return {**row, "settled_ms": end if state == "Commit" else None, **rest}
 
 
@@ -63,7 +64,8 @@ HAND = {
     "attempts": [
         _attempt(0, 1, 0, "t", 0, 0, 5, OK, "Commit"),
         _attempt(1, 1, 0, "t", 1, 10, 15, LATER, "WaitingRetry", delay_level=3,
-                 next_ready_ms=10_015, end_topic=SCHEDULE, end_queue_id=2),
+                 next_ready_ms=10_015, end_topic=SCHEDULE, end_queue_id=2, next_topic=RETRY,
+                 next_queue_id=0, next_reason="retry_due"),
         _attempt(1, 2, 1, RETRY, 0, 10_015, 10_020, OK, "Commit"),
     ],
     "transitions": [
@@ -156,6 +158,18 @@ def _time_backwards():
     return edit(attempts=attempts, transitions=transitions)
 
 
+def _misrouted():
+    attempts = copy.deepcopy(HAND["attempts"])
+    attempts[1]["next_queue_id"] = 3  # the retry is Ready on queue 0
+    return edit(attempts=attempts)
+
+
+def _unrouted():
+    attempts = copy.deepcopy(HAND["attempts"])
+    attempts[0]["next_reason"] = "retry_due"  # a commit routes no retry
+    return edit(attempts=attempts)
+
+
 def _summary_off():
     summary = copy.deepcopy(HAND["summary"])
     summary[0]["commits"] = 1
@@ -237,6 +251,26 @@ RUNS = {
         {"time_order"},
         {"time_order": "WaitingRetry -> Ready (reason retry_due) -> Inflight -> Commit at 12, "
                        "10015, 10020 ms, after 15 ms"},
+    ),
+    "misrouted": Broken(
+        _misrouted(),
+        {"attempts_routing"},
+        {"attempts_routing": "msg_id=1 delivery=1: born_ms 10 (message born 10 ms), "
+                             "poison_fixed 0 after replay null; routed its retry to %RETRY%g "
+                             "queue 3 (retry_due), next_ready 10015 ms; the next delivery is "
+                             "Ready on %RETRY%g queue 0 (retry_due)"},
+    ),
+    "born-elsewhere": Broken(
+        edit(attempts=[*HAND["attempts"][:2], {**HAND["attempts"][2], "born_ms": 11}]),
+        {"attempts_routing"},
+        {"attempts_routing": "msg_id=1 delivery=2: born_ms 11 (message born 10 ms)"},
+    ),
+    "unrouted": Broken(
+        _unrouted(),
+        {"attempts_routing"},
+        {"attempts_routing": "msg_id=0 delivery=1: born_ms 0 (message born 0 ms), poison_fixed "
+                             "0 after replay null; routed its retry to null queue null "
+                             "(retry_due), next_ready null ms"},
     ),
     "summary": Broken(
         _summary_off(),

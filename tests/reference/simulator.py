@@ -829,6 +829,7 @@ class _GroupSim:
                     "reconsume_times": dv.rt,
                     "source_topic": dv.topic,
                     "queue_id": dv.queue,
+                    "born_ms": dv.msg.born_ms,
                     "ready_ms": dv.ready_ms,
                     "start_ms": dv.start_ms,
                     "processing_ms": dv.processing_ms,
