@@ -14,7 +14,20 @@ transitions, so the message-level checks read each delivery's transitions from i
 attempt row (its steps) instead of shuffling three or four rows per delivery. When they
 differ, :func:`transition_mismatches` finds the rows, for the report.
 
-The message-level checks run on one frame, :func:`message_union` (messages, attempts with
+**Chains.** Every delivery's Ready takes a *link* offered by its predecessor: its message
+(delivery 1, published, when born), the previous delivery's WaitingRetry (due before the
+horizon: the next delivery number, reconsume_times + 1, next_ready_ms, the topic, queue and
+reason it named) or its dead letter (replayed). :func:`derived_digest`,
+:func:`message_chain_digest` and :func:`dead_letter_chain_digest` hash the links each side
+gives, per run and group, in the scans they make anyway; when the links taken equal the
+links offered (and DLQ deliveries their dead letters, and no row breaks a rule alone, and no
+message is listed twice), every path, delivery and message check holds: a path starts at
+its message and each step is a legal edge at the offered time, place and numbers. Only when
+they disagree does validation run the row-by-row pass below, for exact counts and examples
+(a violation is counted there per delivery; a 64-bit digest misses a broken chain with
+probability about 2^-64).
+
+The row-by-row checks run on one frame, :func:`message_union` (messages, attempts with
 their steps, and dead letters, shuffled by message once), grouped per delivery by a hash
 aggregate, then a window per message over the delivery rows. What an attempt row shows on
 its own (:func:`_local_rules`) is checked before the shuffle, as bits of one int, so the
@@ -390,17 +403,22 @@ def _halves(row_hash: Column) -> tuple[Column, Column]:
 
 
 def _digest(rows: DataFrame, hashes: list[Column], prefix: str, *more: Column) -> DataFrame:
-    """Per run and group: how many of ``hashes`` are not null, and their sum (a 64-bit
-    digest of the multiset of rows they hash); ``more``: other aggregates of the same scan."""
+    """Per run and group: :func:`_digest_sums` of ``hashes``; ``more``: other aggregates of
+    the same scan."""
+    return rows.groupBy(*GROUP).agg(*_digest_sums(hashes, prefix), *more)
+
+
+def _digest_sums(hashes: list[Column], prefix: str) -> list[Column]:
+    """How many of ``hashes`` are not null, and their sum (a 64-bit digest of the multiset
+    of rows they hash), as aggregates ``<prefix>_rows``, ``_hash_hi`` and ``_hash_lo``."""
     halves = [_halves(h) for h in hashes]
     total = [_total([F.coalesce(h[i], F.lit(0)) for h in halves]) for i in (0, 1)]
     present = _total([h.isNotNull().cast("int") for h in hashes])
-    return rows.groupBy(*GROUP).agg(
+    return [
         F.sum(present).alias(f"{prefix}_rows"),
         F.sum(total[0]).alias(f"{prefix}_hash_hi"),
         F.sum(total[1]).alias(f"{prefix}_hash_lo"),
-        *more,
-    )
+    ]
 
 
 def transition_digest(transitions: DataFrame) -> DataFrame:
@@ -409,24 +427,174 @@ def transition_digest(transitions: DataFrame) -> DataFrame:
     return _digest(transitions, [_row_hash([F.col(name) for name in _HASHED])], "t")
 
 
-def derived_digest(attempts: DataFrame) -> DataFrame:
+def derived_digest(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
     """The same over the transitions the attempts give (``derived_*``), hashed from each
     attempt's step columns without exploding them into rows. The transitions table is
     exactly what the attempts give when rows and digest agree. The same scan sums what the
-    attempts count toward summary and load (:data:`ATTEMPT_COUNTED`), so the message pass
-    does not carry the counts."""
+    attempts count toward summary and load (:data:`ATTEMPT_COUNTED`), and the attempts'
+    side of the chain digests (:func:`chain_sums`)."""
     hashed = [f"_hash_{k}" for k in _STEPS]
+    attempts = (
+        tables["attempts"]
+        .join(F.broadcast(run_horizons(tables["runs"])), PARTITION_COLUMN, "left")
+        .join(F.broadcast(ends), GROUP, "left")
+    )
     hashes = attempts.withColumns(
         {
             name: F.when(present, _step_hash(fields))
             for name, (present, fields) in zip(hashed, step_columns(), strict=True)
         }
     )
+    keep = (*hashed, "horizon_ms", "load_end_ms")
     return _digest(
-        _attempt_steps(hashes, keep=tuple(hashed)),
+        _attempt_steps(hashes, keep=keep),
         [F.col(name) for name in hashed],
         "derived",
         *[F.sum(name).alias(name) for name in ATTEMPT_COUNTED],
+        *_attempt_chain_sums(),
+    )
+
+
+def run_horizons(runs: DataFrame) -> DataFrame:
+    """Each run's horizon (``horizon_ms``), from its resolved scenario."""
+    horizon = F.get_json_object(F.col("config_json"), "$.horizon").cast("long")
+    return runs.select(PARTITION_COLUMN, horizon.alias("horizon_ms"))
+
+
+# --------------------------------------------------------------------------- chains
+
+# The kinds of link into a delivery's Ready: from its message (published), from the
+# previous delivery's WaitingRetry (a retry) or from its dead letter (replayed).
+_FIRST, _RETRY, _REPLAY, _ODD = 1, 2, 3, 0
+
+
+def _link(kind: Column, delivery: Column, rt: Column, ready: Column, born: Column, route: Column):
+    """A 64-bit hash of a link of a message's chain of deliveries: what a predecessor (the
+    message, a WaitingRetry attempt, a replayed dead letter) offers and what the delivery's
+    Ready takes. Both sides hash the same values when the chain is whole."""
+    values = [kind.cast("int"), F.col("msg_id"), delivery.cast("int"), rt.cast("int")]
+    return _row_hash([*values, ready.cast("long"), born.cast("long"), route.cast("long")])
+
+
+def _attempt_chain_sums() -> list[Column]:
+    """The attempts' side of the chain digests, on :func:`_attempt_steps` rows with their
+    run's ``horizon_ms`` and ``load_end_ms``: every delivery takes a link (``take_*``); a
+    WaitingRetry due before the horizon offers one to the next delivery (``offer_*``); a DLQ
+    delivery gives one to its dead letter (``dlq_*``). Also the rows that break a rule on
+    their own, and the end states and gauges the message pass counts when a chain is
+    broken."""
+    c = F.col
+    code, why = _CODE, _REASON_CODE
+    reason = c("t_ready_reason")
+    kind = (
+        F.when(reason == why[READY_PUBLISHED], _FIRST)
+        .when(reason.isin(*[why[r] for r in _RETRY_REASONS]), _RETRY)
+        .when(reason == why[READY_REPLAYED], _REPLAY)
+        .otherwise(_ODD)
+    )
+    no_route = F.lit(0)
+    take = _link(
+        kind,
+        c("delivery"),
+        c("a_reconsume_times"),
+        c("t_ready_ms"),
+        F.when(kind != _REPLAY, c("a_born_ms")).otherwise(no_route),
+        F.when(kind != _REPLAY, c("t_route")).otherwise(no_route),
+    )
+    offers = (
+        (c("t_last_state") == code[WAITING_RETRY])
+        & c("a_next_ready_ms").isNotNull()
+        & (c("a_next_ready_ms") < c("horizon_ms"))
+    )
+    offer = _link(
+        F.lit(_RETRY),
+        c("delivery") + 1,
+        c("a_reconsume_times") + 1,
+        c("a_next_ready_ms"),
+        c("a_born_ms"),
+        c("a_next_route"),
+    )
+    dead = c("t_last_state") == code[DLQ]
+    after_backoff = c("t_end_state") == code[WAITING_RETRY]
+    until = F.coalesce(c("a_next_ready_ms"), c("a_settled_ms"))
+    open_retry = after_backoff & (until.isNull() | (until >= c("load_end_ms")))
+    return [
+        *_digest_sums([take], "take"),
+        *_digest_sums([F.when(offers, offer)], "offer"),
+        *_digest_sums([F.when(dead, _dead_link(c("delivery"), c("a_settled_ms")))], "dlq"),
+        F.count_if(c("l_bad") != 0).alias("rows_bad"),
+        F.count_if(kind == _REPLAY).alias("replayed_takes"),
+        F.count_if(c("t_last_state") == code[COMMIT]).alias("last_commit"),
+        F.count_if(dead).alias("last_dlq"),
+        F.count_if(c("t_last_state") == code[DISCARD]).alias("last_discard"),
+        F.count_if(c("a_state") == code[INFLIGHT]).alias("end_inflight"),
+        F.count_if(c("a_state") == code[READY]).alias("end_ready_backlog"),
+        F.count_if(F.coalesce(open_retry, F.lit(False))).alias("end_waiting_retry"),
+    ]
+
+
+def _dead_link(delivery: Column, at_ms: Column) -> Column:
+    """A hash of a DLQ delivery and its moment, as its attempt and its dead letter give it."""
+    return _row_hash([F.col("msg_id"), delivery.cast("int"), at_ms.cast("long")])
+
+
+def message_chain_digest(messages: DataFrame, runs: DataFrame) -> DataFrame:
+    """The messages' side of the chain digests: each message born before its run's horizon
+    offers delivery 1 its link (Ready when born, on its topic and queue, published, poison
+    not fixed); the rows and distinct messages, which differ when a message is listed twice.
+    """
+    c = F.col
+    born = messages.join(F.broadcast(run_horizons(runs)), PARTITION_COLUMN, "left")
+    route = _row_hash([c("topic"), c("queue_id"), F.lit(READY_PUBLISHED), F.lit(False)])
+    first = _link(F.lit(_FIRST), F.lit(1), F.lit(0), c("born_ms"), c("born_ms"), route)
+    return born.groupBy(*GROUP).agg(
+        *_digest_sums([F.when(c("born_ms") < c("horizon_ms"), first)], "first"),
+        F.count(F.lit(1)).alias("message_rows"),
+        F.max("size_bytes").alias("size_bytes"),
+    )
+
+
+def message_ids(messages: DataFrame) -> DataFrame:
+    """Distinct messages per run and group (a message listed twice makes them fewer than the
+    rows): a shuffle of the message keys alone."""
+    return (
+        messages.select(*MSG)
+        .distinct()
+        .groupBy(*GROUP)
+        .agg(F.count(F.lit(1)).alias("distinct_messages"))
+    )
+
+
+def dead_letter_chain_digest(dead_letters: DataFrame) -> DataFrame:
+    """The dead letters' side of the chain digests: each gives its DLQ delivery's link
+    (``dead_*``) and, replayed, the replayed delivery's (``replay_*``: the next delivery,
+    Ready when replayed, reconsume_times 0); rows on the wrong topic or replayed before they
+    reached the DLQ."""
+    c = F.col
+    none = F.lit(0)
+    replay = _link(F.lit(_REPLAY), c("deliveries") + 1, F.lit(0), c("replayed_at_ms"), none, none)
+    wrong = _differs(c("dlq_topic"), F.concat(F.lit(limits.DLQ_TOPIC_PREFIX), c("group"))) | (
+        _before(c("replayed_at_ms"), c("dlq_at_ms"))
+    )
+    return dead_letters.groupBy(*GROUP).agg(
+        *_digest_sums([_dead_link(c("deliveries"), c("dlq_at_ms"))], "dead"),
+        *_digest_sums([F.when(c("replayed_at_ms").isNotNull(), replay)], "replay"),
+        F.count_if(_flag(wrong)).alias("dead_bad"),
+        F.count(F.lit(1)).alias("dead_letter_rows"),
+        F.count_if(c("replayed_at_ms").isNotNull()).alias("dead_letters_replayed"),
+    )
+
+
+def replayed_born_mismatches(tables: dict[str, DataFrame]) -> DataFrame:
+    """Replayed deliveries whose born_ms is not their message's, per run and group: the one
+    link the dead letters cannot check (they do not carry born_ms). A join, run only when
+    a group replays."""
+    c = F.col
+    replayed = tables["attempts"].where(c("ready_reason") == F.lit(READY_REPLAYED))
+    messages = tables["messages"].select(*MSG, c("born_ms").alias("message_born_ms"))
+    joined = replayed.select(*MSG, "born_ms").join(messages, MSG, "left")
+    return joined.groupBy(*GROUP).agg(
+        F.count_if(_flag(_differs(c("born_ms"), c("message_born_ms")))).alias("replayed_born_bad")
     )
 
 
@@ -509,8 +677,7 @@ def delivery_rows(
     the ``why_*`` texts too: the rows then carry every step column, so only a broken
     invariant's examples ask for them."""
     c = F.col
-    horizon = F.get_json_object(c("config_json"), "$.horizon").cast("long")
-    horizons = tables["runs"].select(PARTITION_COLUMN, horizon.alias("horizon_ms"))
+    horizons = run_horizons(tables["runs"])
     order = Window.partitionBy(*MSG_SORT).orderBy("delivery")
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     replayed = c("t_ready_reason") == _REASON_CODE[READY_REPLAYED]

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 import retrysim.runner
 from retrysim import cli
+from retrysim import invariants as inv
 from retrysim.config import build_scenario
 from retrysim.sinks import arrow_schema, read_table, table_path
 from retrysim.tables import ALL_SCHEMAS, SCHEMAS, TABLE_ORDER
@@ -31,6 +32,7 @@ from retrysim.validate import (
     validate_command,
     validate_output,
     validate_tables,
+    whole_chains,
 )
 
 RUN, G = "hand", "g"
@@ -331,6 +333,29 @@ def test_broken_invariant_is_reported_with_examples(hand_report, run):
         assert any(fragment in example for example in mine), (fragment, mine)
 
 
+# The hand runs whose chains of deliveries stay whole: what they break is found by the
+# passes without a shuffle (summary, load, the transitions digest). Every other broken run
+# must fail the chain digests, which is what sends validation row by row.
+WHOLE = {"hand", "seq-off", "summary", "load"}
+
+
+def test_chain_digests_see_every_broken_delivery_or_message(spark):
+    whole = whole_chains(frames(spark, {run: case.tables for run, case in RUNS.items()}))
+    assert {run for (run, _), ok in whole.items() if ok} == WHOLE
+    row_checks = {*inv.DELIVERY_CHECKS, *inv.MESSAGE_CHECKS}
+    for run in WHOLE:  # consistent with what the row-by-row pass reports
+        assert not RUNS[run].broken & row_checks - {"attempts_transitions"}, run
+
+
+def test_each_broken_run_alone_is_reported(spark):
+    """A run validated on its own (the module's report checks them all together, where one
+    broken chain sends every run row by row): the fast passes decide for whole chains."""
+    for run in ("hand", "load", "gap", "misrouted"):
+        report = validate_tables(frames(spark, {run: RUNS[run].tables}))
+        assert report.row_by_row == (run not in WHOLE), run
+        assert set(report.broken_by_run().get(run, set())) == RUNS[run].broken, report.format()
+
+
 # --------------------------------------------------------------------------- real runs
 
 SCENARIO = {
@@ -371,6 +396,7 @@ def test_validator_passes_on_a_real_run(spark, real_run):
     report = validate_output(spark, real_run)
     assert report.ok, report.format()
     assert report.runs == ("real",)
+    assert not report.row_by_row, "a correct run's chains of deliveries are whole"
     summary = {row["group"]: row for row in read_table(spark, real_run, "summary").collect()}
     assert summary["conc"]["replayed"] > 0  # dead letters replayed (and committed then)
     assert summary["push"]["discards"] > 0 and summary["cast"]["discards"] > 0
