@@ -427,32 +427,39 @@ def transition_digest(transitions: DataFrame) -> DataFrame:
     return _digest(transitions, [_row_hash([F.col(name) for name in _HASHED])], "t")
 
 
-def derived_digest(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
+def derived_digest(attempts: DataFrame) -> DataFrame:
     """The same over the transitions the attempts give (``derived_*``), hashed from each
     attempt's step columns without exploding them into rows. The transitions table is
     exactly what the attempts give when rows and digest agree. The same scan sums what the
-    attempts count toward summary and load (:data:`ATTEMPT_COUNTED`), and the attempts'
-    side of the chain digests (:func:`chain_sums`)."""
+    attempts count toward summary and load (:data:`ATTEMPT_COUNTED`)."""
     hashed = [f"_hash_{k}" for k in _STEPS]
-    attempts = (
-        tables["attempts"]
-        .join(F.broadcast(run_horizons(tables["runs"])), PARTITION_COLUMN, "left")
-        .join(F.broadcast(ends), GROUP, "left")
-    )
     hashes = attempts.withColumns(
         {
             name: F.when(present, _step_hash(fields))
             for name, (present, fields) in zip(hashed, step_columns(), strict=True)
         }
     )
-    keep = (*hashed, "horizon_ms", "load_end_ms")
     return _digest(
-        _attempt_steps(hashes, keep=keep),
+        _attempt_steps(hashes, keep=tuple(hashed)),
         [F.col(name) for name in hashed],
         "derived",
         *[F.sum(name).alias(name) for name in ATTEMPT_COUNTED],
-        *_attempt_chain_sums(),
     )
+
+
+def attempt_chain_digest(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
+    """The attempts' side of the chain digests (:func:`_attempt_links`) per run and group.
+    A scan of its own: in the scan of :func:`derived_digest` the generated code grew past
+    what the JVM compiles and Spark ran the stage ten times slower."""
+    attempts = (
+        tables["attempts"]
+        .join(F.broadcast(run_horizons(tables["runs"])), PARTITION_COLUMN, "left")
+        .join(F.broadcast(ends), GROUP, "left")
+    )
+    links = _attempt_steps(attempts, keep=("horizon_ms", "load_end_ms")).select(
+        *GROUP, *[column.alias(name) for name, column in _attempt_links().items()]
+    )
+    return links.groupBy(*GROUP).agg(*_attempt_chain_sums())
 
 
 def run_horizons(runs: DataFrame) -> DataFrame:
@@ -476,13 +483,13 @@ def _link(kind: Column, delivery: Column, rt: Column, ready: Column, born: Colum
     return _row_hash([*values, ready.cast("long"), born.cast("long"), route.cast("long")])
 
 
-def _attempt_chain_sums() -> list[Column]:
-    """The attempts' side of the chain digests, on :func:`_attempt_steps` rows with their
-    run's ``horizon_ms`` and ``load_end_ms``: every delivery takes a link (``take_*``); a
-    WaitingRetry due before the horizon offers one to the next delivery (``offer_*``); a DLQ
-    delivery gives one to its dead letter (``dlq_*``). Also the rows that break a rule on
-    their own, and the end states and gauges the message pass counts when a chain is
-    broken."""
+def _attempt_links() -> dict[str, Column]:
+    """The attempts' side of the chain digests, as columns of :func:`_attempt_steps` rows
+    with their run's ``horizon_ms`` and ``load_end_ms``: every delivery takes a link
+    (``link_take``); a WaitingRetry due before the horizon offers one to the next delivery
+    (``link_offer``); a DLQ delivery gives one to its dead letter (``link_dlq``). Also what
+    the row-by-row pass would count when the chains are whole: replayed deliveries, the
+    last states, the gauges at the end."""
     c = F.col
     code, why = _CODE, _REASON_CODE
     reason = c("t_ready_reason")
@@ -492,14 +499,15 @@ def _attempt_chain_sums() -> list[Column]:
         .when(reason == why[READY_REPLAYED], _REPLAY)
         .otherwise(_ODD)
     )
+    replayed = kind == _REPLAY
     no_route = F.lit(0)
     take = _link(
         kind,
         c("delivery"),
         c("a_reconsume_times"),
         c("t_ready_ms"),
-        F.when(kind != _REPLAY, c("a_born_ms")).otherwise(no_route),
-        F.when(kind != _REPLAY, c("t_route")).otherwise(no_route),
+        F.when(~replayed, c("a_born_ms")).otherwise(no_route),
+        F.when(~replayed, c("t_route")).otherwise(no_route),
     )
     offers = (
         (c("t_last_state") == code[WAITING_RETRY])
@@ -518,18 +526,40 @@ def _attempt_chain_sums() -> list[Column]:
     after_backoff = c("t_end_state") == code[WAITING_RETRY]
     until = F.coalesce(c("a_next_ready_ms"), c("a_settled_ms"))
     open_retry = after_backoff & (until.isNull() | (until >= c("load_end_ms")))
+    return {
+        "link_take": take,
+        "link_offer": F.when(offers, offer),
+        "link_dlq": F.when(dead, _dead_link(c("delivery"), c("a_settled_ms"))),
+        "c_replayed": replayed.cast("int"),
+        "c_last_commit": (c("t_last_state") == code[COMMIT]).cast("int"),
+        "c_last_dlq": dead.cast("int"),
+        "c_last_discard": (c("t_last_state") == code[DISCARD]).cast("int"),
+        "c_end_inflight": (c("a_state") == code[INFLIGHT]).cast("int"),
+        "c_end_ready_backlog": (c("a_state") == code[READY]).cast("int"),
+        "c_end_waiting_retry": F.coalesce(open_retry, F.lit(False)).cast("int"),
+        "c_rows_bad": (c("l_bad") != 0).cast("int"),
+    }
+
+
+# What :func:`_attempt_links` counts, summed per group under these names.
+_CHAIN_COUNTS = {"c_replayed": "replayed_takes", "c_last_commit": "last_commit",
+                 "c_last_dlq": "last_dlq", "c_last_discard": "last_discard",
+                 "c_end_inflight": "end_inflight", "c_end_ready_backlog": "end_ready_backlog",
+                 "c_end_waiting_retry": "end_waiting_retry",
+                 "c_rows_bad": "rows_bad"}  # fmt: skip
+
+
+def _attempt_chain_sums() -> list[Column]:
+    """The sums of :func:`_attempt_links` per run and group."""
+    c = F.col
     return [
-        *_digest_sums([take], "take"),
-        *_digest_sums([F.when(offers, offer)], "offer"),
-        *_digest_sums([F.when(dead, _dead_link(c("delivery"), c("a_settled_ms")))], "dlq"),
-        F.count_if(c("l_bad") != 0).alias("rows_bad"),
-        F.count_if(kind == _REPLAY).alias("replayed_takes"),
-        F.count_if(c("t_last_state") == code[COMMIT]).alias("last_commit"),
-        F.count_if(dead).alias("last_dlq"),
-        F.count_if(c("t_last_state") == code[DISCARD]).alias("last_discard"),
-        F.count_if(c("a_state") == code[INFLIGHT]).alias("end_inflight"),
-        F.count_if(c("a_state") == code[READY]).alias("end_ready_backlog"),
-        F.count_if(F.coalesce(open_retry, F.lit(False))).alias("end_waiting_retry"),
+        *_digest_sums([c("link_take")], "take"),
+        *_digest_sums([c("link_offer")], "offer"),
+        *_digest_sums([c("link_dlq")], "dlq"),
+        *[
+            F.coalesce(F.sum(column), F.lit(0)).alias(name)
+            for column, name in _CHAIN_COUNTS.items()
+        ],
     ]
 
 

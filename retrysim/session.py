@@ -14,7 +14,14 @@ import sys
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
+# The JVM does not JIT-compile a method of more than 8,000 bytes of bytecode; the code Spark
+# generates for retrysim's wide projections (a round's CASE columns, the invariant check's
+# step columns) is larger, and ran interpreted: the check's attempt scans took 3-10x longer
+# (bench/, 3M messages). spark-submit.sh passes the same through conf/spark.
+JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 BASE_CONF = {
+    "spark.driver.extraJavaOptions": JVM_OPTIONS,
+    "spark.executor.extraJavaOptions": JVM_OPTIONS,
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.ui.showConsoleProgress": "false",

@@ -266,7 +266,8 @@ def _fast_counts(
     parts = {
         "load": load,
         "summary": inv.summary_counts(tables["summary"]),
-        "derived": inv.derived_digest(tables, ends),
+        "derived": inv.derived_digest(tables["attempts"]),
+        "chains": inv.attempt_chain_digest(tables, ends),
         "messages": inv.message_chain_digest(tables["messages"], tables["runs"]),
         "ids": inv.message_ids(tables["messages"]),
         "dead": inv.dead_letter_chain_digest(tables["dead_letters"]),
