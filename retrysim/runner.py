@@ -218,7 +218,10 @@ def _run_sequential(
     messages = all_messages(spark, scenario, [plan.group for plan in plans])
     partitions = max(spark.sparkContext.defaultParallelism, min(keys, 200))
     path = os.path.join(staging, "attempts", f"engine={ENGINE_SEQUENTIAL}", "round=00000")
-    sequential_attempts(messages, specs, per_lane, partitions).write.parquet(path)
+    # up to 200 partitions balance the keys; their files are the attempts table's, so they
+    # are written as one file per core (each task runs its partitions' keys in turn)
+    attempts = sequential_attempts(messages, specs, per_lane, partitions)
+    attempts.coalesce(spark.sparkContext.defaultParallelism).write.parquet(path)
     count = spark.read.parquet(path).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
 
