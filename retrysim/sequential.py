@@ -116,6 +116,10 @@ class _Simulation:
         self.lane_cursor: dict[int, int] = {}
         self.lane_replays: dict[int, list[tuple]] = {}
         self.lane_busy: dict[int, bool] = {}
+        # the delivery a lane released last, and released deliveries taken back before they
+        # were eligible (by id: their events are skipped)
+        self.lane_released: dict[int, _Delivery] = {}
+        self.withdrawn: set[int] = set()
         if self.policy.blocking:
             self._build_lanes()
 
@@ -167,7 +171,25 @@ class _Simulation:
             return
         self.lane_busy[lane] = True
         entry.eligible_ms = max(self.policy.eligible_ms(entry.ready_ms), at_ms)
+        self.lane_released[lane] = entry
         self._push(entry.eligible_ms, _ELIGIBLE, entry)
+
+    def _withdraw_later_first(self, lane: int, ready_ms: int, msg_id: int, now: int) -> None:
+        """A replay Ready at ``ready_ms`` comes before a first delivery the lane released
+        while idle but which is not eligible yet (published later): take that one back, so
+        that :meth:`_release` serves the lane in Ready order (the reference's rule)."""
+        entry = self.lane_released.get(lane)
+        if (
+            entry is not None
+            and self.lane_busy.get(lane)
+            and entry.reason == READY_PUBLISHED
+            and entry.eligible_ms > now
+            and (entry.ready_ms, int(self.msg_ids[entry.index])) > (ready_ms, msg_id)
+        ):
+            self.withdrawn.add(id(entry))
+            self.lane_cursor[lane] -= 1
+            self.lane_busy[lane] = False
+            del self.lane_released[lane]
 
     def _next_arrival_ms(self) -> int | None:
         """Eligible time of the next first delivery of an unordered group, if any."""
@@ -243,7 +265,11 @@ class _Simulation:
                     self._release(payload, now)
             self._take_arrivals(now)
             while self.events and self.events[0][0] == now and self.events[0][1] == _ELIGIBLE:
-                self._wait(heapq.heappop(self.events)[3])
+                entry = heapq.heappop(self.events)[3]
+                if id(entry) in self.withdrawn:
+                    self.withdrawn.discard(id(entry))
+                else:
+                    self._wait(entry)
             if self.events and self.events[0][0] == now and self.events[0][1] == _REPLAY:
                 heapq.heappop(self.events)
                 self._replay(now)
@@ -400,6 +426,7 @@ class _Simulation:
                     self.lane_replays.setdefault(lane, []),
                     (ready, int(self.msg_ids[position]), entry),
                 )
+                self._withdraw_later_first(lane, ready, int(self.msg_ids[position]), now)
                 if not self.lane_busy.get(lane):
                     self._release(lane, now)
             else:
@@ -409,7 +436,11 @@ class _Simulation:
 
     def _flush_pending(self) -> None:
         """Deliveries Ready before the horizon that never started (docs/model.md §7)."""
-        left = [payload for _, phase, _, payload in self.events if phase == _ELIGIBLE]
+        left = [
+            payload
+            for _, phase, _, payload in self.events
+            if phase == _ELIGIBLE and id(payload) not in self.withdrawn
+        ]
         left += [item[3] for waiting in self.lane_waiting for item in waiting]
         left += [item[2] for replays in self.lane_replays.values() for item in replays]
         for lane, queue in self.lane_queue.items():

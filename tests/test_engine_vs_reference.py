@@ -222,3 +222,36 @@ def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario)
         validate=False,  # the row-by-row checks are stronger; test_validate covers it
     )
     compare(spark, result, simulate_scenario(scenario))
+
+
+# Found by the random scenarios: an ordered lane idle when a replay arrives had already
+# released its next first delivery (published 70 s later), and the replay waited behind it.
+REPLAY_ON_IDLE_LANE = {
+    "name": "replay-idle-lane", "seed": 0, "horizon": "1h",
+    "broker": {"message_delay_level": "1s 2s 5s 10s"},
+    "groups": [{
+        "name": "g3", "flavor": "rocketmq5.push", "ordered": True, "max_reconsume_times": 3,
+        "suspend_current_queue_time": "10ms", "consumers": {"instances": 2, "threads": 2},
+        "workload": {"messages": 3, "over": "5m", "arrival": "uniform", "queues": 1},
+        "behavior": {"fail_probability": 0.7, "poison_fraction": 0.2, "fail_first": 3,
+                     "processing_time": {"dist": "exponential", "mean": "10ms"},
+                     "ready_wait": "100ms",
+                     "outcome_mix": {"reconsume_later": 1, "exception": 1, "null_return": 1},
+                     "outages": [{"start": "1m", "end": "3m", "fail_probability": 1.0}]},
+        "replay": {"at": "30s", "rate": "1/s", "poison_fixed": False},
+    }],
+}  # fmt: skip
+
+
+def test_a_replay_on_an_idle_ordered_lane_goes_before_a_later_first_delivery(
+    spark, tmp_path_factory
+):
+    result = simulate(
+        spark,
+        build_scenario(REPLAY_ON_IDLE_LANE),
+        output=str(tmp_path_factory.mktemp("replay-idle-lane")),
+        run_id="idle",
+    )
+    replayed = result.attempts.where((F.col("msg_id") == 0) & (F.col("delivery") == 5)).first()
+    assert (replayed["ready_ms"], replayed["start_ms"]) == (30_000, 30_100)
+    compare(spark, result, simulate_scenario(REPLAY_ON_IDLE_LANE))
