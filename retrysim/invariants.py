@@ -370,9 +370,7 @@ def message_union(tables: dict[str, DataFrame], explain: bool = False) -> DataFr
         F.lit(_SRC_DEAD_LETTER).alias("src"),
         "dlq_at_ms",
         "replayed_at_ms",
-        _differs(c("dlq_topic"), F.concat(F.lit(limits.DLQ_TOPIC_PREFIX), c("group")))
-        .cast("int")
-        .alias("d_bad_topic"),
+        _off_dlq_topic().cast("int").alias("d_bad_topic"),
     )
     steps = _attempt_steps(tables["attempts"], _ROUTE_TEXT if explain else ())
     attempts = steps if explain else steps.select(*DELIVERY, *_NARROW)
@@ -475,7 +473,9 @@ def run_horizons(runs: DataFrame) -> DataFrame:
 _FIRST, _RETRY, _REPLAY, _ODD = 1, 2, 3, 0
 
 
-def _link(kind: Column, delivery: Column, rt: Column, ready: Column, born: Column, route: Column):
+def _link(
+    kind: Column, delivery: Column, rt: Column, ready: Column, born: Column, route: Column
+) -> Column:
     """A 64-bit hash of a link of a message's chain of deliveries: what a predecessor (the
     message, a WaitingRetry attempt, a replayed dead letter) offers and what the delivery's
     Ready takes. Both sides hash the same values when the chain is whole."""
@@ -563,6 +563,12 @@ def _attempt_chain_sums() -> list[Column]:
     ]
 
 
+def _off_dlq_topic() -> Column:
+    """Whether a dead letter is not on its group's DLQ topic (``%DLQ%<group>``)."""
+    expected = F.concat(F.lit(limits.DLQ_TOPIC_PREFIX), F.col("group"))
+    return _differs(F.col("dlq_topic"), expected)
+
+
 def _dead_link(delivery: Column, at_ms: Column) -> Column:
     """A hash of a DLQ delivery and its moment, as its attempt and its dead letter give it."""
     return _row_hash([F.col("msg_id"), delivery.cast("int"), at_ms.cast("long")])
@@ -603,9 +609,7 @@ def dead_letter_chain_digest(dead_letters: DataFrame) -> DataFrame:
     c = F.col
     none = F.lit(0)
     replay = _link(F.lit(_REPLAY), c("deliveries") + 1, F.lit(0), c("replayed_at_ms"), none, none)
-    wrong = _differs(c("dlq_topic"), F.concat(F.lit(limits.DLQ_TOPIC_PREFIX), c("group"))) | (
-        _before(c("replayed_at_ms"), c("dlq_at_ms"))
-    )
+    wrong = _off_dlq_topic() | _before(c("replayed_at_ms"), c("dlq_at_ms"))
     return dead_letters.groupBy(*GROUP).agg(
         *_digest_sums([_dead_link(c("deliveries"), c("dlq_at_ms"))], "dead"),
         *_digest_sums([F.when(c("replayed_at_ms").isNotNull(), replay)], "replay"),

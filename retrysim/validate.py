@@ -328,12 +328,11 @@ def _chains_whole(values: dict[str, Any]) -> bool:
 
 
 def _whole_chain_counts(values: dict[str, Any]) -> dict[str, int]:
-    """What the row-by-row pass would count for a group whose chains are whole: no
-    violations, and each message's final state is its last delivery's (a DLQ one only when
-    its dead letter is not replayed)."""
+    """What the row-by-row pass would count for a group whose chains are whole besides its
+    violations (none; :func:`_tally` counts a missing one as 0): each message's final state
+    is its last delivery's (a DLQ one only when its dead letter is not replayed)."""
     v = defaultdict(int, {key: value for key, value in values.items() if value is not None})
     return {
-        **{f"{prefix}_{name}": 0 for prefix, names in _ROW_CHECKS for name in names},
         "final_commit": v["last_commit"],
         "final_dlq": v["last_dlq"] - v["replayed_takes"],
         "final_discard": v["last_discard"],
