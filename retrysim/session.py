@@ -19,9 +19,8 @@ from pyspark.sql import SparkSession
 # step columns) is larger, and ran interpreted: the check's attempt scans took 3-10x longer
 # (bench/, 3M messages). spark-submit.sh passes the same through conf/spark.
 JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
+JVM_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 BASE_CONF = {
-    "spark.driver.extraJavaOptions": JVM_OPTIONS,
-    "spark.executor.extraJavaOptions": JVM_OPTIONS,
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.ui.showConsoleProgress": "false",
@@ -56,6 +55,10 @@ def build_session(
     settings = dict(BASE_CONF)
     if delta_jars_configured(SparkConf()):
         settings.update(DELTA_CONF)
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # the JVM starts with this session (a notebook, the tests). Under spark-submit it is
+        # running already and conf/spark passed the options, where a user's --conf wins.
+        settings.update({key: JVM_OPTIONS for key in JVM_OPTION_KEYS})
     if not os.environ.get("PYSPARK_PYTHON"):
         # Python workers (the sequential engine's pandas UDFs) need this interpreter's
         # packages. spark-submit.sh sets PYSPARK_PYTHON; a notebook or a script may not, and
