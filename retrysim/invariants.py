@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from functools import reduce
 from itertools import pairwise
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from retrysim import limits
@@ -577,7 +577,8 @@ def _dead_link(delivery: Column, at_ms: Column) -> Column:
 def message_chain_digest(messages: DataFrame, runs: DataFrame) -> DataFrame:
     """The messages' side of the chain digests: each message born before its run's horizon
     offers delivery 1 its link (Ready when born, on its topic and queue, published, poison
-    not fixed); the rows and distinct messages, which differ when a message is listed twice.
+    not fixed); the rows, and what shows a message listed twice without a shuffle: the
+    smallest and largest id and a digest of the ids (``ids_*``, :func:`id_range_digest`).
     """
     c = F.col
     born = messages.join(F.broadcast(run_horizons(runs)), PARTITION_COLUMN, "left")
@@ -585,14 +586,35 @@ def message_chain_digest(messages: DataFrame, runs: DataFrame) -> DataFrame:
     first = _link(F.lit(_FIRST), F.lit(1), F.lit(0), c("born_ms"), c("born_ms"), route)
     return born.groupBy(*GROUP).agg(
         *_digest_sums([F.when(c("born_ms") < c("horizon_ms"), first)], "first"),
+        *_digest_sums([F.xxhash64(c("msg_id"))], "ids"),
+        F.min("msg_id").alias("min_msg_id"),
+        F.max("msg_id").alias("max_msg_id"),
         F.count(F.lit(1)).alias("message_rows"),
         F.max("size_bytes").alias("size_bytes"),
     )
 
 
+def id_range_digest(
+    spark: SparkSession, ranges: dict[tuple[str, str], tuple[int, int]]
+) -> DataFrame:
+    """Per run and group, the ``ids_*`` digest of every id from its smallest to its largest
+    once (``range_*``). A group with as many message rows as ids in that range and the same
+    digest lists each id once (a listed-twice message leaves an id of the range out, and
+    the digests then differ but with probability about 2^-64); retrysim's ids are 0..n-1, so
+    this replaces a shuffle of every message key (:func:`message_ids`) by a generated range."""
+    frames = [
+        spark.range(low, high + 1).select(
+            F.lit(run).alias(PARTITION_COLUMN), F.lit(group).alias("group"), F.col("id")
+        )
+        for (run, group), (low, high) in sorted(ranges.items())
+    ]
+    ids = reduce(DataFrame.unionByName, frames)
+    return _digest(ids, [F.xxhash64(F.col("id"))], "range")
+
+
 def message_ids(messages: DataFrame) -> DataFrame:
     """Distinct messages per run and group (a message listed twice makes them fewer than the
-    rows): a shuffle of the message keys alone."""
+    rows): a shuffle of the message keys alone, for ids that are not one whole range."""
     return (
         messages.select(*MSG)
         .distinct()

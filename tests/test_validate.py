@@ -172,6 +172,38 @@ def _unrouted():
     return edit(attempts=attempts)
 
 
+def _message_0_twice():
+    """Message 0 listed twice with its delivery and transitions, and summary and load
+    counting it twice: every chain digest balances; only the ids show it."""
+    summary, load = copy.deepcopy(HAND["summary"]), copy.deepcopy(HAND["load"])
+    summary[0].update(
+        messages=3,
+        deliveries=4,
+        commits=3,
+        commitlog_writes=5,
+        amplification=4 / 3,
+        write_amplification=5 / 3,
+    )
+    load[0].update(deliveries=4, first_deliveries=3, commits=3, commitlog_writes=5,
+                   commitlog_bytes=500, busy_thread_ms=20.0)  # fmt: skip
+    return edit(
+        messages=[*HAND["messages"], HAND["messages"][0]],
+        attempts=[*HAND["attempts"], HAND["attempts"][0]],
+        transitions=[*HAND["transitions"], *HAND["transitions"][:3]],
+        summary=summary,
+        load=load,
+    )
+
+
+def _ids_apart():
+    """The hand run with message 1 renumbered 1000: ids that are not one range."""
+    changed = copy.deepcopy(HAND)
+    for name in ("messages", "attempts", "transitions"):
+        for row in changed[name]:
+            row["msg_id"] = 1000 if row["msg_id"] == 1 else row["msg_id"]
+    return changed
+
+
 def _summary_off():
     summary = copy.deepcopy(HAND["summary"])
     summary[0]["commits"] = 1
@@ -202,6 +234,13 @@ class Broken:
 
 RUNS = {
     "hand": Broken(HAND, set(), {}),
+    "ids-apart": Broken(_ids_apart(), set(), {}),
+    "message-twice": Broken(
+        _message_0_twice(),
+        {"messages_attempts", "attempts_transitions", "summary_counts"},
+        {"messages_attempts": "run_id=message-twice group=g msg_id=0: 2 message row(s)",
+         "attempts_transitions": "msg_id=0 delivery=1: 2 attempt row(s) ending Commit"},
+    ),
     "illegal": Broken(
         _illegal_first_ready(),
         {"legal_path"},
@@ -336,7 +375,7 @@ def test_broken_invariant_is_reported_with_examples(hand_report, run):
 # The hand runs whose chains of deliveries stay whole: what they break is found by the
 # passes without a shuffle (summary, load, the transitions digest). Every other broken run
 # must fail the chain digests, which is what sends validation row by row.
-WHOLE = {"hand", "seq-off", "summary", "load"}
+WHOLE = {"hand", "ids-apart", "seq-off", "summary", "load"}
 
 
 def test_chain_digests_see_every_broken_delivery_or_message(spark):
@@ -350,7 +389,7 @@ def test_chain_digests_see_every_broken_delivery_or_message(spark):
 def test_each_broken_run_alone_is_reported(spark):
     """A run validated on its own (the module's report checks them all together, where one
     broken chain sends every run row by row): the fast passes decide for whole chains."""
-    for run in ("hand", "load", "gap", "misrouted"):
+    for run in ("hand", "load", "gap", "misrouted", "message-twice", "ids-apart"):
         report = validate_tables(frames(spark, {run: RUNS[run].tables}))
         assert report.row_by_row == (run not in WHOLE), run
         assert set(report.broken_by_run().get(run, set())) == RUNS[run].broken, report.format()
