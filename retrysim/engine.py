@@ -301,16 +301,16 @@ def run_rounds(
     )
     while True:
         round_no += 1
-        attempts = round_.attempts(frontier)
+        # counted while written or held: no second pass over the round's rows
+        observed = Observation()
+        attempts = round_.attempts(frontier).observe(observed, *counted)
         if thin:
             staged = held.add(round_no, attempts, frontier_rows)
-            counts = staged.agg(*counted).first().asDict()
         else:
-            # counted while written: no second pass over the round's files
-            path, observed = f"{staging_dir}/round={round_no:05d}", Observation()
-            attempts.observe(observed, *counted).write.parquet(path)
-            counts = observed.get
+            path = f"{staging_dir}/round={round_no:05d}"
+            attempts.write.parquet(path)
             staged = spark.read.parquet(path)
+        counts = observed.get
         retrying = counts["retrying"] or 0
         progress(
             f"round {round_no}{' (replay)' if replayed else ''}: {counts['started']:,} "
