@@ -17,7 +17,7 @@ differ, :func:`transition_mismatches` finds the rows, for the report.
 **Chains.** Every delivery's Ready takes a *link* offered by its predecessor: its message
 (delivery 1, published, when born), the previous delivery's WaitingRetry (due before the
 horizon: the next delivery number, reconsume_times + 1, next_ready_ms, the topic, queue and
-reason it named) or its dead letter (replayed). :func:`derived_digest`,
+reason it named) or its dead letter (replayed). :func:`attempt_chain_digest`,
 :func:`message_chain_digest` and :func:`dead_letter_chain_digest` hash the links each side
 gives, per run and group, in the scans they make anyway; when the links taken equal the
 links offered (and DLQ deliveries their dead letters, and no row breaks a rule alone, and no

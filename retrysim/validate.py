@@ -117,9 +117,14 @@ class ValidationError(RuntimeError):
 # --------------------------------------------------------------------------- comparisons
 
 
+def _zeroed(values: dict[str, Any]) -> defaultdict[str, Any]:
+    """A group's collected values, 0 for any a pass did not give (or gave as null)."""
+    return defaultdict(int, {key: value for key, value in values.items() if value is not None})
+
+
 def _group_problems(values: dict[str, Any]) -> dict[str, list[str]]:
     """Counts of one run and group that must agree: invariant -> mismatches."""
-    v = defaultdict(int, {key: value for key, value in values.items() if value is not None})
+    v = _zeroed(values)
     messages, final = v["message_rows"], (v["final_commit"], v["final_dlq"], v["final_discard"])
     summed = v["s_commits"] + v["s_dlq"] + v["s_discards"] + v["s_pending"]
     summary = [
@@ -165,7 +170,7 @@ _DIGESTED = ("rows", "hash_hi", "hash_lo")
 
 def _digest_pairs(values: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The transitions table's rows and digest against those of the attempts' transitions."""
-    v = defaultdict(int, {key: value for key, value in values.items() if value is not None})
+    v = _zeroed(values)
     return [
         ("transitions rows (derived from the attempts)", v["t_rows"], v["derived_rows"]),
         ("transitions digest (derived from the attempts)", (v["t_hash_hi"], v["t_hash_lo"]),
@@ -284,7 +289,11 @@ def _fast_counts(
     if ranges:
         later["range"] = inv.id_range_digest(tables["messages"].sparkSession, ranges)
     _collect_parts(later, groups, runs)
-    if not all(_ids_once(values) for values in groups.values()):
+    for values in groups.values():
+        if _ids_once(values):
+            values["distinct_messages"] = values.get("message_rows", 0)
+    if not all("distinct_messages" in values for values in groups.values()):
+        # ids that are not one range: the exact count, a shuffle of the message keys
         _collect_parts({"ids": inv.message_ids(tables["messages"])}, groups, runs)
     return groups, runs, ends
 
@@ -302,18 +311,10 @@ def _id_ranges(
 
 
 def _ids_once(values: dict[str, Any]) -> bool:
-    """Whether a group lists each message once, as far as the fast passes know: no
-    messages, or one whole range of ids. Sets ``distinct_messages`` when it does; the exact
-    count (a shuffle of the keys, :func:`retrysim.invariants.message_ids`) is needed only
-    when it does not."""
-    if "distinct_messages" in values:
-        return True
-    v = defaultdict(int, values)
-    rows = v["message_rows"]
-    whole = rows == 0 or _digest_of(v, "ids") == _digest_of(v, "range")
-    if whole:
-        values["distinct_messages"] = rows
-    return whole
+    """Whether the fast passes show that a group lists each message once: it has no
+    messages, or its ids are one whole range (:func:`_id_ranges`) with the range's digest."""
+    v = _zeroed(values)
+    return v["message_rows"] == 0 or _digest_of(v, "ids") == _digest_of(v, "range")
 
 
 def _collect_parts(
@@ -353,7 +354,7 @@ def _chains_whole(values: dict[str, Any]) -> bool:
     letters match one to one, and no row breaks a rule on its own. Then every delivery
     check holds: each delivery is entered by a legal edge from the one before, at the time,
     place, delivery number and reconsume_times it was offered (retrysim.invariants)."""
-    v = defaultdict(int, {key: value for key, value in values.items() if value is not None})
+    v = _zeroed(values)
     return (
         _digest_of(v, "take") == _digest_of(v, "first", "offer", "replay")
         and _digest_of(v, "dlq") == _digest_of(v, "dead")
@@ -366,7 +367,7 @@ def _whole_chain_counts(values: dict[str, Any]) -> dict[str, int]:
     """What the row-by-row pass would count for a group whose chains are whole besides its
     violations (none; :func:`_tally` counts a missing one as 0): each message's final state
     is its last delivery's (a DLQ one only when its dead letter is not replayed)."""
-    v = defaultdict(int, {key: value for key, value in values.items() if value is not None})
+    v = _zeroed(values)
     return {
         "final_commit": v["last_commit"],
         "final_dlq": v["last_dlq"] - v["replayed_takes"],
