@@ -23,16 +23,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from retrysim.config import Scenario, scenario_from_json
+from retrysim.metrics import RETRY_NUMBER_CAP, retries_by_level
 from retrysim.sinks import read_table
 from retrysim.tables import PARTITION_COLUMN
 
 MINUTE_MS = 60_000
-# Retries by retry number are counted up to this number; later ones share the last bar
-# (an orderly poison message can retry thousands of times).
-RETRY_NUMBER_CAP = 24
 STATE_COLUMNS = {"ready_backlog": "Ready", "inflight": "Inflight", "waiting_retry": "WaitingRetry"}
 
 __all__ = [
+    "RETRY_NUMBER_CAP",
     "RunData",
     "active_span",
     "busiest_message",
@@ -168,20 +167,6 @@ def utilization(load: Frame, group: str | None = None) -> pd.DataFrame:
     )
 
 
-def retries_by_level(attempts: DataFrame) -> pd.DataFrame:
-    """Retries scheduled per group, delay level (4.x schedule topic; null for other retry
-    paths) and retry number (capped at RETRY_NUMBER_CAP), counted in Spark: a delivery that
-    failed and waits for its next delivery is one retry. Only the counts reach the driver."""
-    retry = F.least(F.col("reconsume_times") + F.lit(1), F.lit(RETRY_NUMBER_CAP))
-    return (
-        attempts.where(F.col("result_state") == F.lit("WaitingRetry"))
-        .groupBy("group", "delay_level", retry.alias("retry"))
-        .agg(F.count(F.lit(1)).alias("retries"))
-        .orderBy("group", "retry", "delay_level")
-        .toPandas()
-    )
-
-
 def summary_frame(summary: Frame) -> pd.DataFrame:
     return _pandas(summary).sort_values("group").reset_index(drop=True)
 
@@ -254,8 +239,11 @@ class RunData:
         return list(self.scenario.broker.message_delay_level)
 
 
-def run_data(spark: SparkSession, output: str, run_id: str) -> RunData | None:
-    """Read a run's aggregated data (None if there is no such run)."""
+def run_data(
+    spark: SparkSession, output: str, run_id: str, retries: pd.DataFrame | None = None
+) -> RunData | None:
+    """Read a run's aggregated data (None if there is no such run). ``retries``: the run's
+    :func:`retries_by_level`, when the caller counted them while staging the run."""
 
     def rows(table: str) -> DataFrame:
         return read_table(spark, output, table).where(F.col(PARTITION_COLUMN) == F.lit(run_id))
@@ -270,5 +258,5 @@ def run_data(spark: SparkSession, output: str, run_id: str) -> RunData | None:
         scenario=scenario_from_json(run["config_json"]),
         summary=summary_frame(rows("summary")),
         load=load_frame(rows("load")),
-        retries=retries_by_level(rows("attempts")),
+        retries=retries if retries is not None else retries_by_level(rows("attempts")),
     )

@@ -177,7 +177,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         )
         _print_summary(result)
         if not args.no_report:
-            _say(f"report: {write_run_report(spark, output, result.run_id)}")
+            report = write_run_report(spark, output, result.run_id, retries=result.retries)
+            _say(f"report: {report}")
     finally:
         spark.stop()
     return EXIT_OK

@@ -20,6 +20,7 @@ same tables on any cluster.
 
 from __future__ import annotations
 
+import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -37,6 +38,9 @@ from retrysim.policy import (
 from retrysim.tables import DEAD_LETTERS, LOAD, SUMMARY, data_schema, select_schema
 
 _PERCENTILES = (0.5, 0.95, 0.99)
+# Retries by retry number are counted up to this number; later ones share the last bar
+# (an orderly poison message can retry thousands of times).
+RETRY_NUMBER_CAP = 24
 _COUNTS = (
     "deliveries",
     "first_deliveries",
@@ -134,6 +138,7 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
         "b_next": F.when(scheduled, _bucket_of("next_ready_ms", bucket_ms)),
         "b_busy_last": F.when(busy, F.floor((busy_end - 1) / F.lit(bucket_ms))).cast("long"),
         "batch_size": F.col("batch_size"),
+        **_retry_columns(),
     }
     waited = F.col("start_ms").isNull() | (F.col("start_ms") > F.col("ready_ms"))
     return (
@@ -151,6 +156,43 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
             F.sum("busy_end").alias("busy_end_sum"),
             F.min("waited_ready").alias("min_waited_ready"),
         )
+    )
+
+
+def _retry_columns() -> dict[str, Column]:
+    """The retry a WaitingRetry attempt schedules: its delay level and its retry number
+    (capped at RETRY_NUMBER_CAP); null for any other attempt."""
+    waiting = F.col("result_state") == F.lit(WAITING_RETRY)
+    retry = F.least(F.col("reconsume_times") + F.lit(1), F.lit(RETRY_NUMBER_CAP))
+    return {
+        "retry_level": F.when(waiting, F.col("delay_level")),
+        "retry_number": F.when(waiting, retry),
+    }
+
+
+def retries_by_level(attempts: DataFrame, compact: DataFrame | None = None) -> pd.DataFrame:
+    """Retries scheduled per group, delay level (4.x schedule topic; null for other retry
+    paths) and retry number: a delivery that failed and waits for its next delivery is one
+    retry. Counted from ``compact`` (:func:`compact_attempts`) when the caller holds it, so
+    the report of a large run does not read every attempt again; only counts reach the
+    driver."""
+    counted = (
+        compact
+        if compact is not None
+        else attempts.select(
+            "group", *[c.alias(n) for n, c in _retry_columns().items()]
+        ).withColumn("n", F.lit(1))
+    )
+    return (
+        counted.where(F.col("retry_number").isNotNull())
+        .groupBy(
+            "group",
+            F.col("retry_level").alias("delay_level"),
+            F.col("retry_number").alias("retry"),
+        )
+        .agg(F.sum("n").alias("retries"))
+        .orderBy("group", "retry", "delay_level")
+        .toPandas()
     )
 
 
@@ -394,12 +436,14 @@ def summary_from(
     scenario: Scenario,
     engines: dict[str, str],
     compact: DataFrame | None = None,
+    times: DataFrame | None = None,
 ) -> DataFrame:
     """The ``summary`` table: one row per group, from staged attempts and the load table.
     The counts come from ``compact`` (:func:`compact_attempts`, a few rows per bucket and
-    kind of delivery), so only the times to commit and to DLQ read the attempts again."""
-    state = F.col("result_state")
+    kind of delivery), so only the times to commit and to DLQ read the attempts again
+    (``times``: :func:`times_to_settle`, when the caller computed them already)."""
     compact = compact if compact is not None else compact_attempts(attempts, scenario)
+    times = times if times is not None else times_to_settle(attempts)
 
     def total(kind: Column) -> Column:
         return F.coalesce(F.sum(F.when(kind, F.col("n"))), F.lit(0)).cast("long")
@@ -413,22 +457,7 @@ def summary_from(
         total(ended_in == F.lit(DISCARD)).alias("discards"),
         total(F.col("replayed")).alias("replayed"),
     )
-    per_group = per_group.join(
-        exact_percentiles(
-            attempts.where(state.isin(COMMIT, DLQ)).select(
-                "group",
-                state.alias("kind"),
-                (F.col("settled_ms") - F.col("born_ms")).alias("value"),
-            ),
-            _PERCENTILES,
-        )
-        .groupBy("group")
-        .pivot("kind", [COMMIT, DLQ])
-        .agg(F.first("percentiles"))
-        .withColumnsRenamed({COMMIT: "ttc", DLQ: "ttd"}),
-        on="group",
-        how="left",
-    )
+    per_group = per_group.join(times, on="group", how="left")
     from_load = load.groupBy("group").agg(
         F.sum("commitlog_writes").alias("commitlog_writes"),
         F.max("ready_backlog").alias("max_ready_backlog"),
@@ -453,3 +482,25 @@ def summary_from(
         columns[f"{label}_time_to_commit_ms"] = F.col("ttc")[index]
         columns[f"{label}_time_to_dlq_ms"] = F.col("ttd")[index]
     return select_schema(joined.withColumns(columns), data_schema(SUMMARY))
+
+
+def times_to_settle(attempts: DataFrame) -> DataFrame:
+    """Per group, the exact percentiles (_PERCENTILES) of the time from publishing to commit
+    (``ttc``) and to the DLQ (``ttd``), as arrays. Held in executor memory: a few rows, from
+    a scan of every attempt that needs nothing else, so it can run beside the other scans."""
+    state = F.col("result_state")
+    return (
+        exact_percentiles(
+            attempts.where(state.isin(COMMIT, DLQ)).select(
+                "group",
+                state.alias("kind"),
+                (F.col("settled_ms") - F.col("born_ms")).alias("value"),
+            ),
+            _PERCENTILES,
+        )
+        .groupBy("group")
+        .pivot("kind", [COMMIT, DLQ])
+        .agg(F.first("percentiles"))
+        .withColumnsRenamed({COMMIT: "ttc", DLQ: "ttd"})
+        .localCheckpoint()
+    )

@@ -229,9 +229,17 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
     return section
 
 
-def write_run_report(spark: SparkSession, output: str, run_id: str, path: str | None = None) -> str:
-    """Write ``<output>/reports/<run_id>.html`` (or ``path``) and return its path."""
-    data = analysis.run_data(spark, output, run_id)
+def write_run_report(
+    spark: SparkSession,
+    output: str,
+    run_id: str,
+    path: str | None = None,
+    retries: pd.DataFrame | None = None,
+) -> str:
+    """Write ``<output>/reports/<run_id>.html`` (or ``path``) and return its path.
+    ``retries``: the run's retries by level when the caller has them (a run just simulated),
+    else counted from its attempts."""
+    data = analysis.run_data(spark, output, run_id, retries)
     if data is None:
         raise ScenarioError("--run-id", f"no run {run_id!r} in {os.path.abspath(output)}")
     return _write(path or report_path(output, run_id), run_report_html(data))

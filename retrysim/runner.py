@@ -21,7 +21,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -42,7 +44,9 @@ from retrysim.metrics import (
     compact_attempts,
     dead_letters_from_attempts,
     load_from_attempts,
+    retries_by_level,
     summary_from,
+    times_to_settle,
 )
 from retrysim.recovery import publish_run, recover
 from retrysim.sequential import sequential_attempts
@@ -58,6 +62,7 @@ from retrysim.tables import (
 )
 from retrysim.transitions import transitions_from_attempts
 
+T = TypeVar("T")
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -88,6 +93,8 @@ class Result:
     sink: str
     elapsed_s: float
     tables: str = "full"
+    # the run's retries by level (metrics.retries_by_level), counted while staging, for its report
+    retries: pd.DataFrame | None = field(default=None, repr=False)
     _cache: dict[str, DataFrame] = field(default_factory=dict, repr=False)
 
     def table(self, name: str) -> DataFrame:
@@ -146,7 +153,7 @@ def simulate(
         rounds, engines = _simulate_attempts(spark, scenario, staging, say, tail_rows)
         say("staging tables ...")
         written = TABLE_SETS[tables]
-        staged = _stage_tables(spark, scenario, staging, engines, written, say)
+        staged, retries = _stage_tables(spark, scenario, staging, engines, written, say)
         rows = {
             status: _write_parquet(
                 _runs_row(spark, scenario, run_id, started_at, rounds, status, tables),
@@ -163,7 +170,8 @@ def simulate(
         say(f"committed {len(written)} tables with the {chosen.name} sink")
     finally:
         lease.release()
-    return Result(spark, output, run_id, rounds, chosen.name, time.monotonic() - began, tables)
+    elapsed = time.monotonic() - began
+    return Result(spark, output, run_id, rounds, chosen.name, elapsed, tables, retries)
 
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
@@ -254,17 +262,20 @@ def _stage_tables(
     engines: dict[str, str],
     written: tuple[str, ...] = TABLE_ORDER,
     say: Progress = lambda _line: None,
-) -> dict[str, str]:
+) -> tuple[dict[str, str], pd.DataFrame]:
     """Compute the ``written`` tables but ``runs`` into Parquet under ``staging/tables``;
-    later tables read earlier ones back so no plan is computed twice. The tables that do not
-    need each other are written at once, from threads: each is a job of a few big tasks, and
-    a core left idle by one job's last task takes the next job's (Spark's FIFO scheduler
-    runs the first job's tasks first; a fair scheduler pool per thread was measured and
-    ends at the same time). Says how long each took (the times overlap):
-    on a large run staging is minutes, and the split shows where they go."""
+    later tables read earlier ones back so no plan is computed twice. Returns their folders
+    and the run's retries by level (for its report, counted from the compacted attempts).
+
+    The tables and scans that do not need each other run at once, from threads: each is a
+    job of a few big tasks, and a core left idle by one job's last task takes the next job's
+    (Spark's FIFO scheduler runs the first job's tasks first; a fair scheduler pool per
+    thread was measured and ends at the same time). Says how long each took (the times
+    overlap): on a large run staging is minutes, and the split shows where they go."""
     tables = os.path.join(staging, "tables")
     path = {name: os.path.join(tables, name) for name in SCHEMAS}
     began = time.monotonic()
+    counted: dict[str, pd.DataFrame] = {}
     files = _stage_attempts(os.path.join(staging, "attempts"), path["attempts"])
     say(f"  staged attempts ({files} round files, as written)")
     attempts = spark.read.schema(data_schema(ATTEMPTS)).parquet(path["attempts"])
@@ -276,14 +287,16 @@ def _stage_tables(
 
     def load_and_summary() -> None:
         began = time.monotonic()
-        compact = compact_attempts(attempts, scenario)
+        # two scans of every attempt that need nothing else: at once
+        compact, times = run_together(
+            [lambda: compact_attempts(attempts, scenario), lambda: times_to_settle(attempts)]
+        )
         say(f"  compacted the attempts for load and summary ({time.monotonic() - began:.1f}s)")
+        counted["retries"] = retries_by_level(attempts, compact)
         stage("load", lambda: load_from_attempts(spark, attempts, scenario, compact).coalesce(1))
         load = spark.read.parquet(path["load"])
-        stage(
-            "summary",
-            lambda: summary_from(spark, attempts, load, scenario, engines, compact).coalesce(1),
-        )
+        summary = summary_from(spark, attempts, load, scenario, engines, compact, times)
+        stage("summary", lambda: summary.coalesce(1))
 
     work = [
         load_and_summary,
@@ -295,18 +308,17 @@ def _stage_tables(
         work.insert(0, lambda: stage("transitions", lambda: transitions_from_attempts(attempts)))
     run_together(work)
     say(f"  staged {len(written) - 1} tables ({time.monotonic() - began:.1f}s)")
-    return {name: folder for name, folder in path.items() if name in written}
+    return {name: folder for name, folder in path.items() if name in written}, counted["retries"]
 
 
-def run_together(work: list[Callable[[], None]]) -> None:
+def run_together(work: list[Callable[[], T]]) -> list[T]:
     """Run ``work`` in threads, each submitting its own Spark jobs, and wait for all of
-    them; re-raise the first failure (in ``work``'s order) once every one has stopped, so
-    nothing is still writing when the caller cleans up."""
+    them; return their results, or re-raise the first failure (in ``work``'s order) once
+    every one has stopped, so nothing is still writing when the caller cleans up."""
     with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="retrysim-stage") as pool:
         futures = [pool.submit(task) for task in work]
         wait(futures)
-    for future in futures:
-        future.result()
+    return [future.result() for future in futures]
 
 
 def _stage_attempts(rounds: str, table: str) -> int:

@@ -102,6 +102,33 @@ def test_scenario_runs_and_its_report_has_every_section(spark, tmp_path, name, d
     )
     _check_story(name, summary)
 
+    # a run just simulated hands its report the retries it counted while staging: the report
+    # reads no attempt, and the counts are those of the attempts, counted here in Python
+    tables.clear()
+    write_run_report(spark, str(tmp_path), name, retries=result.retries)
+    assert "attempts" not in tables
+    assert _retries(result.retries) == _python_retries(result.attempts.collect())
+    if name != "orderly-blocking":  # its retries are local: no WaitingRetry
+        assert sum(_python_retries(result.attempts.collect()).values()) > 0
+
+
+def _retries(retries) -> dict[tuple, int]:
+    return {
+        (row.group, None if row.delay_level != row.delay_level else int(row.delay_level),
+         int(row.retry)): int(row.retries)
+        for row in retries.itertuples()
+    }  # fmt: skip
+
+
+def _python_retries(attempts: list) -> dict[tuple, int]:
+    """Retries by group, delay level and retry number (capped), from the attempt rows."""
+    counts: dict[tuple, int] = {}
+    for row in attempts:
+        if row["result_state"] == "WaitingRetry":
+            key = (row["group"], row["delay_level"], min(row["reconsume_times"] + 1, 24))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
 
 def _check_story(name: str, summary: dict) -> None:
     """What each scenario is about shows in its small run too."""
