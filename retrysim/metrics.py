@@ -104,9 +104,10 @@ def _bucket_of(column: str, bucket_ms: int) -> Column:
 
 def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
     """Attempts grouped by everything the load table reads from them: which events a delivery
-    has and the bucket of each. Deliveries that look alike in those respects add up, so the
-    table has a few rows per bucket and kind of delivery, however many messages run; every
-    later step of the load works on it, not on the attempts.
+    has and the bucket of each; and by the retry a WaitingRetry attempt schedules, which the
+    run's report counts (:func:`retries_by_level`). Deliveries that look alike in those
+    respects add up, so the table has a few rows per bucket and kind of delivery, however
+    many messages run; every later step of the load works on it, not on the attempts.
 
     Busy time is kept exact as integer sums of start and end per row, so splitting a request
     across the buckets it spans needs no per-delivery row either.
