@@ -275,7 +275,6 @@ def _stage_tables(
     tables = os.path.join(staging, "tables")
     path = {name: os.path.join(tables, name) for name in SCHEMAS}
     began = time.monotonic()
-    counted: dict[str, pd.DataFrame] = {}
     files = _stage_attempts(os.path.join(staging, "attempts"), path["attempts"])
     say(f"  staged attempts ({files} round files, as written)")
     attempts = spark.read.schema(data_schema(ATTEMPTS)).parquet(path["attempts"])
@@ -285,18 +284,18 @@ def _stage_tables(
         _write_parquet(build(), path[name])
         say(f"  staged {name} ({time.monotonic() - began:.1f}s)")
 
-    def load_and_summary() -> None:
+    def load_and_summary() -> pd.DataFrame:
         began = time.monotonic()
         # two scans of every attempt that need nothing else: at once
         compact, times = run_together(
             [lambda: compact_attempts(attempts, scenario), lambda: times_to_settle(attempts)]
         )
         say(f"  compacted the attempts for load and summary ({time.monotonic() - began:.1f}s)")
-        counted["retries"] = retries_by_level(attempts, compact)
         stage("load", lambda: load_from_attempts(spark, attempts, scenario, compact).coalesce(1))
         load = spark.read.parquet(path["load"])
         summary = summary_from(spark, attempts, load, scenario, engines, compact, times)
         stage("summary", lambda: summary.coalesce(1))
+        return retries_by_level(attempts, compact)
 
     work = [
         load_and_summary,
@@ -306,9 +305,9 @@ def _stage_tables(
         work.insert(0, lambda: stage("messages", lambda: all_messages(spark, scenario)))
     if "transitions" in written:
         work.insert(0, lambda: stage("transitions", lambda: transitions_from_attempts(attempts)))
-    run_together(work)
+    retries = run_together(work)[work.index(load_and_summary)]
     say(f"  staged {len(written) - 1} tables ({time.monotonic() - began:.1f}s)")
-    return {name: folder for name, folder in path.items() if name in written}, counted["retries"]
+    return {name: folder for name, folder in path.items() if name in written}, retries
 
 
 def run_together(work: list[Callable[[], T]]) -> list[T]:

@@ -282,7 +282,7 @@ def _fast_counts(
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     runs: dict[str, dict[str, Any]] = {}
     _collect_parts(parts, groups, runs)
-    later = {}
+    later: dict[str, DataFrame] = {}
     if any(values.get("replayed_takes") for values in groups.values()):
         later["born"] = inv.replayed_born_mismatches(tables)
     ranges = _id_ranges(groups)
