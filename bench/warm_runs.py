@@ -1,0 +1,100 @@
+"""The same scenario simulated several times in one Spark session: what a sweep's later
+points and a notebook's reruns cost once the JVM is warm.
+
+A new JVM spends about half of a 10M-message lean run's CPU compiling Spark's own code
+(``-XX:+CITime``, README "Performance"); ``retrysim plan --sweep`` and a notebook pay that
+once per session. ``run_bench.py`` measures the new-JVM case through ``spark-submit``; this
+measures the rest, with the library's own ``simulate()`` on bench/scenario.yaml:
+
+    .venv/bin/python bench/warm_runs.py --size 10M --runs 3
+    .venv/bin/python bench/warm_runs.py --size 10M --tables lean --no-validate
+
+It prints each run's simulation seconds (rounds, staging, the check, Delta commits; the
+session is up before the first) and deliveries per second, and writes a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from pyspark.sql import functions as F
+from run_bench import _sizes_one
+
+from retrysim.config import load_scenario
+from retrysim.runner import simulate
+from retrysim.session import build_session
+
+BENCH = Path(__file__).resolve().parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=_sizes_one, default=10_000_000, help="messages (10M)")
+    parser.add_argument("--runs", type=int, default=3, help="runs in the one session (3)")
+    parser.add_argument("--tables", choices=("full", "lean"), default="full")
+    parser.add_argument("--no-validate", dest="validate", action="store_false")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--results", default=str(BENCH / "results" / "warm-latest.json"))
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs: use 1 or more")
+
+    scenario = load_scenario(BENCH / "scenario.yaml", [f"groups.0.workload.messages={args.size}"])
+    spark = build_session(
+        "retrysim-warm-runs", args.master, {"spark.driver.memory": args.driver_memory}
+    )
+    output = tempfile.mkdtemp(prefix="retrysim-warm-")
+    runs = []
+    try:
+        for number in range(1, args.runs + 1):
+            result = simulate(
+                spark,
+                scenario,
+                output=output,
+                run_id=f"warm-{number}",
+                tables=args.tables,
+                validate=args.validate,
+            )
+            deliveries = result.summary.agg(F.sum("deliveries")).first()[0]
+            runs.append(
+                {
+                    "run": number,
+                    "sim_s": round(result.elapsed_s, 2),
+                    "deliveries": deliveries,
+                    "deliveries_per_s": round(deliveries / result.elapsed_s),
+                }
+            )
+            print(
+                f"run {number}/{args.runs}: {result.elapsed_s:.1f}s, {deliveries:,} deliveries, "
+                f"{deliveries / result.elapsed_s:,.0f}/s",
+                flush=True,
+            )
+    finally:
+        spark.stop()
+        shutil.rmtree(output, ignore_errors=True)
+    report = {
+        "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "config": {
+            "size": args.size,
+            "tables": args.tables,
+            "validate": args.validate,
+            "master": args.master,
+            "driver_memory": args.driver_memory,
+        },
+        "runs": runs,
+    }
+    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.results).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
