@@ -1,8 +1,8 @@
 """The same scenario simulated several times in one Spark session: what a sweep's later
 points and a notebook's reruns cost once the JVM is warm.
 
-A new JVM spends about half of a 10M-message lean run's CPU compiling Spark's own code
-(``-XX:+CITime``, README "Performance"); ``retrysim plan --sweep`` and a notebook pay that
+A new JVM spends about a third of a 10M-message lean run's CPU compiling Spark's own code
+(its JIT threads' CPU, README "Performance"); ``retrysim plan --sweep`` and a notebook pay that
 once per session. ``run_bench.py`` measures the new-JVM case through ``spark-submit``; this
 measures the rest, with the library's own ``simulate()`` on bench/scenario.yaml:
 
