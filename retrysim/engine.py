@@ -16,8 +16,10 @@ sequentially when its pool would have been full.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
@@ -57,6 +59,17 @@ THIN_ROWS = 200_000
 # Held rounds are written once they hold this many rows, so executor memory stays bounded
 # (an HTTP group's poison messages retry for 289 rounds).
 HELD_ROWS = 1_000_000
+
+# How Spark splits file scans, which run_rounds sets per frontier (frontier_split_bytes).
+MAX_PARTITION_BYTES = "spark.sql.files.maxPartitionBytes"
+OPEN_COST_BYTES = "spark.sql.files.openCostInBytes"
+MIN_PARTITION_NUM = "spark.sql.files.minPartitionNum"
+
+
+def frontier_read(split: int) -> dict[str, str]:
+    """The session settings under which Spark splits a scan at ``split`` bytes."""
+    return {MAX_PARTITION_BYTES: str(split), MIN_PARTITION_NUM: "1"}
+
 
 # What a frontier row carries into its round.
 FRONTIER_COLUMNS = (
@@ -284,12 +297,14 @@ def run_rounds(
     no delivery is left or the frontier is thin enough to finish event by event; then the
     replay rounds, if any group replays its dead letters. Returns the number of rounds.
 
-    The driver sees only two counts per round.
+    The driver sees only two counts per round, and the sizes of a round's files.
     """
     messages = all_messages(spark, scenario, [plan.group for plan in plans])
     frontier = first_frontier(messages, scenario.horizon).select(*FRONTIER_COLUMNS)
     specs = key_specs(scenario, plans)
     partitions = spark.sparkContext.defaultParallelism
+    open_cost = int(spark.conf.get(OPEN_COST_BYTES, "4194304"))
+    split = None  # the split size for the next round's frontier, if not Spark's own
     started = time.monotonic()
     round_no, replayed = 0, False
     held = _HeldRounds(staging_dir, partitions)
@@ -304,12 +319,14 @@ def run_rounds(
         # counted while written or held: no second pass over the round's rows
         observed = Observation()
         attempts = round_.attempts(frontier).observe(observed, *counted)
-        if thin:
-            staged = held.add(round_no, attempts, frontier_rows)
-        else:
-            path = f"{staging_dir}/round={round_no:05d}"
-            attempts.write.parquet(path)
-            staged = spark.read.parquet(path)
+        with conf_set(spark, frontier_read(split) if split else {}):  # read when planned
+            if thin:
+                staged, split = held.add(round_no, attempts, frontier_rows), None
+            else:
+                path = f"{staging_dir}/round={round_no:05d}"
+                attempts.write.parquet(path)
+                split = frontier_split_bytes(parquet_file_sizes(path), partitions, open_cost)
+                staged = spark.read.parquet(path)
         counts = observed.get
         retrying = counts["retrying"] or 0
         progress(
@@ -339,6 +356,64 @@ def run_rounds(
             frontier = replay_frontier(spark.read.parquet(staging_dir), plans, scenario.horizon)
             if frontier is None or frontier.isEmpty():
                 return round_no
+
+
+def frontier_split_bytes(sizes: list[int], cores: int, open_cost: int) -> int | None:
+    """The split size (``spark.sql.files.maxPartitionBytes``) at which Spark reads a round's
+    files (``sizes``) as few tasks as keep every core busy to the end, or None to keep
+    Spark's own split.
+
+    Spark packs files into tasks of up to the split size, next fit by decreasing size, and
+    splits files over it. Its default split (128 MB) packed the 14 files of 60 MB that round 1
+    wrote at 100M messages two by two, into 7 tasks: the last ran alone on one of 2 cores.
+    Fewer, bigger tasks are also faster (bench/, round 2 at 100M, warm: 7 tasks 23.8-24.8 s,
+    14 tasks 23.5-25.0 s, 2 tasks 20.7-22.8 s). Here every task takes ``k`` whole files, the
+    ``k`` whose tasks finish soonest on ``cores`` cores, the fewest tasks among equals; the
+    split fits ``k`` files and not ``k + 1``, which holds when the files are about the same
+    size, as a round's are (one per task of the round before): Spark's lower bound on the
+    split (the bytes a core would read, total / ``spark.sql.files.minPartitionNum``) must
+    be lifted (:func:`frontier_read`)."""
+    if len(sizes) <= 1:
+        return None
+    biggest, smallest = max(sizes), min(sizes)
+
+    def finish(per_task: int) -> int:  # in files, the tasks taken in order by free cores
+        tasks = [per_task] * (len(sizes) // per_task) + [len(sizes) % per_task]
+        busy = [0] * cores
+        for files in sorted((t for t in tasks if t), reverse=True):
+            busy[busy.index(min(busy))] += files
+        return max(busy)
+
+    most = -(-len(sizes) // cores)  # files a task takes when there is one task a core
+    # k + 1 files of the smallest size outgrow k of the biggest
+    fitting = [k for k in range(1, most + 1) if k * (biggest - smallest) < smallest // 2]
+    if not fitting:
+        return None
+    per_task = min(fitting, key=lambda k: (finish(k), -k))
+    return per_task * (biggest + open_cost) + smallest // 2
+
+
+def parquet_file_sizes(folder: str) -> list[int]:
+    """The sizes of the Parquet files in a local ``folder`` (none for other file systems)."""
+    if not os.path.isdir(folder):
+        return []
+    return [entry.stat().st_size for entry in os.scandir(folder) if entry.name.endswith(".parquet")]
+
+
+@contextmanager
+def conf_set(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """The session's ``settings`` for the block, then each key as it was."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 class _HeldRounds:

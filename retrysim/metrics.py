@@ -23,6 +23,7 @@ from __future__ import annotations
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from retrysim import limits
 from retrysim.config import Scenario
@@ -35,7 +36,14 @@ from retrysim.policy import (
     READY_RETRY_DUE,
     WAITING_RETRY,
 )
-from retrysim.tables import DEAD_LETTERS, LOAD, SUMMARY, data_schema, select_schema
+from retrysim.tables import (
+    DEAD_LETTERS,
+    LOAD,
+    SUMMARY,
+    data_schema,
+    literal_rows,
+    select_schema,
+)
 
 _PERCENTILES = (0.5, 0.95, 0.99)
 # Retries by retry number are counted up to this number; later ones share the last bar
@@ -58,6 +66,21 @@ def _literal_map(values: dict[str, object]) -> Column:
     return F.create_map(*[x for key, value in values.items() for x in (F.lit(key), F.lit(value))])
 
 
+GROUPS = StructType(
+    [
+        StructField(name, dtype)
+        for name, dtype in (
+            ("group", StringType()),
+            ("origin_topic", StringType()),
+            ("messages", LongType()),
+            ("size_bytes", LongType()),
+            ("pool", LongType()),
+            ("levels", IntegerType()),
+        )
+    ]
+)
+
+
 def groups_df(spark: SparkSession, scenario: Scenario) -> DataFrame:
     """One row per group: message count, size, source topic, pool size, delay levels."""
     rows = [
@@ -71,10 +94,7 @@ def groups_df(spark: SparkSession, scenario: Scenario) -> DataFrame:
         )
         for g in scenario.groups
     ]
-    return spark.createDataFrame(
-        rows,
-        "group string, origin_topic string, messages long, size_bytes long, pool long, levels int",
-    )
+    return literal_rows(spark, rows, GROUPS)
 
 
 def dead_letters_from_attempts(attempts: DataFrame, scenario: Scenario) -> DataFrame:

@@ -59,6 +59,7 @@ from retrysim.tables import (
     TABLE_ORDER,
     TABLE_SETS,
     data_schema,
+    literal_rows,
 )
 from retrysim.transitions import transitions_from_attempts
 
@@ -367,4 +368,4 @@ def _runs_row(
         rounds,
         tables,
     )
-    return spark.createDataFrame([row], data_schema(RUNS)).coalesce(1)
+    return literal_rows(spark, [row], data_schema(RUNS))

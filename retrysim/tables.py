@@ -7,7 +7,7 @@ types are a contract checked in one place. Every table is partitioned by ``run_i
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -261,3 +261,22 @@ def select_schema(df: DataFrame, schema: StructType) -> DataFrame:
 def schema_columns(schema: StructType) -> list[Column]:
     """The projection :func:`select_schema` applies, as expressions."""
     return [F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields]
+
+
+def literal_rows(spark: SparkSession, rows: list[tuple], schema: StructType) -> DataFrame:
+    """``rows`` as a DataFrame of ``schema``, built from literals in the JVM. PySpark's
+    ``createDataFrame`` sends local rows through a Python worker, and a run's first one
+    starts in about a second: on the critical path of staging (bench/, 100M lean: the load's
+    chain of small jobs waited 1 s for the groups' row)."""
+    if not rows:
+        return spark.createDataFrame([], schema)
+    structs = [
+        F.struct(
+            *[
+                F.lit(value).cast(field.dataType).alias(field.name)
+                for value, field in zip(row, schema.fields, strict=True)
+            ]
+        )
+        for row in rows
+    ]
+    return spark.range(0, 1, numPartitions=1).select(F.inline(F.array(*structs)))

@@ -17,9 +17,12 @@ from retrysim.config import Group
 from retrysim.rng import uniform
 from retrysim.tables import MESSAGES, data_schema, select_schema
 
-# The first round's files are the attempts table's files (engine.py), one per partition:
-# 8M messages make files of about 100 MB. At 2M a 100M-message run wrote 70 files of 17 MB.
-ROWS_PER_PARTITION = 8_000_000
+# The first round's files are the attempts table's files (engine.py), one per partition.
+# Fewer, bigger tasks write faster (bench/, round 1 at 100M messages on 2 cores, warm: 14
+# partitions of 7.1M messages 76.4-79.1 s, 2 of 50M 73.7-74.5 s) and make fewer files (at 2M
+# a partition a 100M-message run wrote 70 attempts files, at 8M 33); the cap bounds what a
+# failed task has to redo on a cluster.
+ROWS_PER_PARTITION = 64_000_000
 _ARRIVAL_STREAM = "arrival"
 
 

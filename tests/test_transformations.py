@@ -16,7 +16,15 @@ from pyspark.sql import functions as F
 from support import group, scenario
 
 from retrysim.capacity import peak_concurrency
-from retrysim.engine import first_frontier, next_frontier, with_horizon_cut
+from retrysim.engine import (
+    conf_set,
+    first_frontier,
+    frontier_read,
+    frontier_split_bytes,
+    next_frontier,
+    parquet_file_sizes,
+    with_horizon_cut,
+)
 from retrysim.metrics import dead_letters_from_attempts, exact_percentiles, load_from_attempts
 from retrysim.tables import DEAD_LETTERS, MESSAGES, STAGE, TRANSITIONS, data_schema
 from retrysim.transitions import transitions_from_attempts
@@ -365,3 +373,43 @@ def test_exact_percentiles_equal_spark_percentile(spark):
     assert_df_equality(
         sort(exact_percentiles(values, shares)), sort(expected), ignore_nullable=True
     )
+
+
+@pytest.mark.parametrize(
+    ("files", "megabytes", "per_task"),
+    [
+        (14, 60, 7),  # round 1's files at 100M messages: Spark's own split made 7 tasks of 2
+        (14, 2, 7),  # Spark's own: 12 and 2
+        (3, 20, 2),
+        (4, 200, 2),  # over Spark's 128 MB: it would split them
+    ],
+)
+def test_a_rounds_files_are_read_as_tasks_that_keep_the_cores_busy(
+    spark, tmp_path, files, megabytes, per_task
+):
+    """frontier_split_bytes predicts Spark's packing: at the split it returns, Spark reads
+    a round's files (equal sizes, incompressible) as tasks of ``per_task`` whole files. The
+    files are small; the split and open cost are scaled down with them."""
+    folder = str(tmp_path / "round")
+    rows = 2_000
+    spark.range(files * rows, numPartitions=files).select(
+        F.sha2(F.col("id").cast("string"), 256).alias("noise")
+    ).write.parquet(folder)
+    sizes = parquet_file_sizes(folder)
+    assert len(sizes) == files
+    scale = (megabytes << 20) // max(sizes)
+    open_cost = 4 << 20
+    split = frontier_split_bytes([size * scale for size in sizes], 2, open_cost)
+    assert split is not None
+    read_at = {
+        **frontier_read(split // scale),
+        "spark.sql.files.openCostInBytes": open_cost // scale,
+    }
+    with conf_set(spark, {key: str(value) for key, value in read_at.items()}):
+        read = spark.read.parquet(folder)
+        tasks = read.groupBy(F.spark_partition_id().alias("task")).count()
+        counts = sorted((row["count"] for row in tasks.collect()), reverse=True)
+    assert counts == [per_task * rows] * (files // per_task) + [rows * (files % per_task)] * (
+        files % per_task > 0
+    )
+    assert spark.conf.get("spark.sql.files.maxPartitionBytes") != str(split // scale)
