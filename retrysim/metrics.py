@@ -23,7 +23,7 @@ from __future__ import annotations
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StringType
 
 from retrysim import limits
 from retrysim.config import Scenario
@@ -42,6 +42,7 @@ from retrysim.tables import (
     SUMMARY,
     data_schema,
     literal_rows,
+    nullable_schema,
     select_schema,
 )
 
@@ -66,18 +67,13 @@ def _literal_map(values: dict[str, object]) -> Column:
     return F.create_map(*[x for key, value in values.items() for x in (F.lit(key), F.lit(value))])
 
 
-GROUPS = StructType(
-    [
-        StructField(name, dtype)
-        for name, dtype in (
-            ("group", StringType()),
-            ("origin_topic", StringType()),
-            ("messages", LongType()),
-            ("size_bytes", LongType()),
-            ("pool", LongType()),
-            ("levels", IntegerType()),
-        )
-    ]
+GROUPS = nullable_schema(
+    ("group", StringType()),
+    ("origin_topic", StringType()),
+    ("messages", LongType()),
+    ("size_bytes", LongType()),
+    ("pool", LongType()),
+    ("levels", IntegerType()),
 )
 
 

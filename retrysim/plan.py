@@ -46,7 +46,7 @@ from retrysim.engine import Progress
 from retrysim.runner import RUN_ID_PATTERN, Result, simulate
 from retrysim.sinks import Sink, choose_sink, read_table, remove_tree
 from retrysim.sweep import PlanPoint, SweepAxis, parse_sweep, plan_points
-from retrysim.tables import PARTITION_COLUMN, PLAN, data_schema, literal_rows
+from retrysim.tables import PARTITION_COLUMN, PLAN, data_schema
 from retrysim.targets import (
     METRICS,
     Outcome,
@@ -305,7 +305,7 @@ def write_plan_table(
     staging_root = os.path.join(output, "_staging")
     staging = os.path.join(staging_root, f"plan-{plan_id}-{uuid.uuid4().hex[:8]}")
     try:
-        literal_rows(spark, rows, data_schema(PLAN)).coalesce(1).write.parquet(staging)
+        spark.createDataFrame(rows, data_schema(PLAN)).coalesce(1).write.parquet(staging)
         sink.publish(spark, output, "plan", staging, plan_id)
     finally:
         remove_tree(staging)

@@ -24,11 +24,12 @@ from pyspark.sql.types import (
 PARTITION_COLUMN = "run_id"
 
 
-def _schema(*fields: tuple[str, object]) -> StructType:
+def nullable_schema(*fields: tuple[str, object]) -> StructType:
+    """A schema of nullable ``(name, type)`` fields."""
     return StructType([StructField(name, dtype, True) for name, dtype in fields])
 
 
-RUNS = _schema(
+RUNS = nullable_schema(
     ("run_id", StringType()),
     ("scenario", StringType()),
     ("seed", LongType()),
@@ -42,7 +43,7 @@ RUNS = _schema(
     ("tables", StringType()),
 )
 
-MESSAGES = _schema(
+MESSAGES = nullable_schema(
     ("run_id", StringType()),
     ("group", StringType()),
     ("topic", StringType()),
@@ -52,7 +53,7 @@ MESSAGES = _schema(
     ("size_bytes", IntegerType()),
 )
 
-ATTEMPTS = _schema(
+ATTEMPTS = nullable_schema(
     ("run_id", StringType()),
     ("group", StringType()),
     ("msg_id", LongType()),
@@ -108,7 +109,7 @@ DERIVATION_COLUMNS = (
 # The attempts columns the engine carries into the next delivery.
 ROUTING_COLUMNS = ("born_ms", "next_topic", "next_queue_id", "next_reason", "poison_fixed")
 
-TRANSITIONS = _schema(
+TRANSITIONS = nullable_schema(
     ("run_id", StringType()),
     ("group", StringType()),
     ("msg_id", LongType()),
@@ -122,7 +123,7 @@ TRANSITIONS = _schema(
     ("reason", StringType()),
 )
 
-DEAD_LETTERS = _schema(
+DEAD_LETTERS = nullable_schema(
     ("run_id", StringType()),
     ("group", StringType()),
     ("msg_id", LongType()),
@@ -133,7 +134,7 @@ DEAD_LETTERS = _schema(
     ("replayed_at_ms", LongType()),
 )
 
-LOAD = _schema(
+LOAD = nullable_schema(
     ("run_id", StringType()),
     ("group", StringType()),
     ("bucket_start_ms", LongType()),
@@ -156,7 +157,7 @@ LOAD = _schema(
     ("oldest_ready_age_ms", LongType()),
 )
 
-SUMMARY = _schema(
+SUMMARY = nullable_schema(
     ("run_id", StringType()),
     ("group", StringType()),
     ("messages", LongType()),
@@ -197,7 +198,7 @@ assert sorted(STAGE.fieldNames()) == sorted(ATTEMPTS.fieldNames()[1:]), "STAGE !
 
 # A capacity plan (retrysim plan): one row per sweep point and group. Its run_id is the plan's
 # id; each point is a run of its own, named in point_run_id.
-PLAN = _schema(
+PLAN = nullable_schema(
     ("run_id", StringType()),
     ("point", IntegerType()),
     ("point_run_id", StringType()),
