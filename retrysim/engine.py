@@ -66,6 +66,12 @@ OPEN_COST_BYTES = "spark.sql.files.openCostInBytes"
 MIN_PARTITION_NUM = "spark.sql.files.minPartitionNum"
 
 
+def open_cost_bytes(spark: SparkSession) -> int:
+    """``spark.sql.files.openCostInBytes`` in bytes, as Spark parsed it (a user may set
+    ``8m``, which the session's string value keeps as written)."""
+    return int(spark._jsparkSession.sessionState().conf().filesOpenCostInBytes())
+
+
 def frontier_read(split: int) -> dict[str, str]:
     """The session settings under which Spark splits a scan at ``split`` bytes."""
     return {MAX_PARTITION_BYTES: str(split), MIN_PARTITION_NUM: "1"}
@@ -303,7 +309,7 @@ def run_rounds(
     frontier = first_frontier(messages, scenario.horizon).select(*FRONTIER_COLUMNS)
     specs = key_specs(scenario, plans)
     partitions = spark.sparkContext.defaultParallelism
-    open_cost = int(spark.conf.get(OPEN_COST_BYTES, "4194304"))
+    open_cost = open_cost_bytes(spark)
     split = None  # the split size for the next round's frontier, if not Spark's own
     started = time.monotonic()
     round_no, replayed = 0, False

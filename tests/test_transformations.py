@@ -17,11 +17,13 @@ from support import group, scenario
 
 from retrysim.capacity import peak_concurrency
 from retrysim.engine import (
+    OPEN_COST_BYTES,
     conf_set,
     first_frontier,
     frontier_read,
     frontier_split_bytes,
     next_frontier,
+    open_cost_bytes,
     parquet_file_sizes,
     with_horizon_cut,
 )
@@ -403,7 +405,7 @@ def test_a_rounds_files_are_read_as_tasks_that_keep_the_cores_busy(
     assert split is not None
     read_at = {
         **frontier_read(split // scale),
-        "spark.sql.files.openCostInBytes": open_cost // scale,
+        OPEN_COST_BYTES: open_cost // scale,
     }
     with conf_set(spark, {key: str(value) for key, value in read_at.items()}):
         read = spark.read.parquet(folder)
@@ -413,3 +415,10 @@ def test_a_rounds_files_are_read_as_tasks_that_keep_the_cores_busy(
         files % per_task > 0
     )
     assert spark.conf.get("spark.sql.files.maxPartitionBytes") != str(split // scale)
+
+
+def test_the_open_cost_is_read_in_bytes_however_it_was_written(spark):
+    """The split is computed from Spark's open cost, which a user may write as ``8m``."""
+    assert open_cost_bytes(spark) == 4 << 20  # Spark's default
+    with conf_set(spark, {OPEN_COST_BYTES: "8m"}):
+        assert open_cost_bytes(spark) == 8 << 20
