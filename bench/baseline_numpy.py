@@ -1,8 +1,8 @@
 """Vectorised NumPy baseline: the same per-message timelines as retrysim, in closed form.
 
 This is the single-machine lower bound of the benchmark. It reads the same scenario (through
-``retrysim.config``, overrides included), makes the same hash-based draws
-(``retrysim.rng.uniform_np``, bit for bit those of the Spark engine, docs/model.md §2-§3)
+``retrysim.scenario.spec``, overrides included), makes the same hash-based draws
+(``retrysim.model.rng.uniform_np``, bit for bit those of the Spark engine, docs/model.md §2-§3)
 and writes the attempts (one row per delivery) to ONE Parquet file with pyarrow.
 
 The model it covers is the one the benchmark needs, with unlimited consumer capacity
@@ -61,8 +61,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from retrysim.config import ScenarioError, load_scenario  # noqa: E402
-from retrysim.rng import uniform_np  # noqa: E402
+from retrysim.model.rng import uniform_np  # noqa: E402
+from retrysim.scenario.errors import ScenarioError  # noqa: E402
+from retrysim.scenario.loading import load_scenario  # noqa: E402
 
 DEFAULT_SCENARIO = ROOT / "bench" / "scenario.yaml"
 DEFAULT_CHUNK = 500_000

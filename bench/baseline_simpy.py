@@ -8,9 +8,9 @@ delivery, until Commit or DLQ. ``env.run(until=horizon)`` stops the clock: a del
 running then stays Inflight and a retry due at or after the horizon is never delivered,
 exactly docs/model.md §7 (SimPy handles the stop before any other event at the horizon).
 
-The draws are the engine's (docs/model.md §2): the same xxhash64 as ``retrysim.rng``, in
+The draws are the engine's (docs/model.md §2): the same xxhash64 as ``retrysim.model.rng``, in
 plain Python integers, one call per draw, as a DES would make them. They are checked
-against ``retrysim.rng.uniform_np`` at start-up, and the delivery count (and every row) is
+against ``retrysim.model.rng.uniform_np`` at start-up, and the delivery count (and every row) is
 checked against the NumPy baseline for the same message ids.
 
 The subsample is every ``N // n``-th message id of the full size ``N``, so its publish
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_numpy besid
 
 import baseline_numpy as bn
 
-from retrysim.rng import key_prefix, uniform_np
+from retrysim.model.rng import key_prefix, uniform_np
 
 _M = 2**64 - 1
 _P1, _P2, _P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9

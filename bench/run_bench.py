@@ -34,8 +34,11 @@ For each baseline: wall time, its own timing (compute and Parquet write), delive
 second, peak RSS; and per size the delivery count of retrysim against the NumPy baseline
 (same draws, so they must be equal) and the ratio of retrysim's rate to each baseline's.
 
-Results are printed as tables and written to bench/results/latest.json (rewritten after each
-size). Output folders are removed afterwards unless --keep (or the run failed).
+Results are printed as tables and written to the configuration's one file in bench/results/,
+``<tables>[-novalidate]-<sizes>.json`` (``full-10M.json``, ``lean-novalidate-100M.json``;
+``simpy-10M.json`` when only a baseline runs), rewritten after each size and overwritten by
+the next run of the same configuration (``--results`` names another file). Output folders are
+removed afterwards unless --keep (or the run failed).
 
     .venv/bin/python bench/run_bench.py --quick            # 1M messages only, a few minutes
     .venv/bin/python bench/run_bench.py                    # 1M, 10M and 50M
@@ -62,6 +65,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
+RESULTS = BENCH / "results"
 TABLES = ("runs", "messages", "attempts", "transitions", "dead_letters", "load", "summary")
 PUBLISH_ORDER = ("messages", "attempts", "transitions", "dead_letters", "load", "summary", "runs")
 POLL_S = 0.2
@@ -960,7 +964,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="extra scenario override")
     parser.add_argument("--out-dir", default=str(BENCH / "out"), help="default bench/out")
     parser.add_argument(
-        "--results", default=str(BENCH / "results" / "latest.json"), help="JSON results file"
+        "--results",
+        help="JSON results file (default: the configuration's own, e.g. "
+        "bench/results/full-10M.json or lean-novalidate-100M.json)",
     )
     parser.add_argument("--keep", action="store_true", help="keep each size's output folder")
     parser.add_argument(
@@ -998,7 +1004,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     sizes = [1_000_000] if args.quick else args.sizes
-    results_path = Path(args.results)
+    results_path = (
+        Path(args.results)
+        if args.results
+        else RESULTS / results_name(args.tables, args.validate, sizes, args.skip)
+    )
 
     simpy = None
     if "simpy" not in args.skip:
@@ -1022,6 +1032,28 @@ def main(argv: list[str] | None = None) -> int:
         simpy.get("returncode") != 0 or not simpy.get("delivery_count_match", False)
     )
     return 1 if failed or mismatch or simpy_bad else 0
+
+
+def size_label(size: int) -> str:
+    """A message count as result files name it: 10000000 -> 10M, 100000 -> 100k."""
+    for unit, scale in (("M", 1_000_000), ("k", 1_000)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+def results_name(
+    tables: str, validate: bool, sizes: list[int], skip: set[str] | frozenset[str] = frozenset()
+) -> str:
+    """The one results file of a bench configuration, overwritten by its next run:
+    ``full-10M.json``, ``lean-novalidate-100M.json``, ``full-1M-10M-50M.json``, or the
+    baselines run alone, ``simpy-10M.json``. (--set, --conf, --scenario, --master and
+    --driver-memory are not in the name: give such a run its own --results.)"""
+    if "retrysim" in skip:
+        what = "-".join(part for part in ("numpy", "simpy") if part not in skip) or "nothing"
+    else:
+        what = tables if validate else f"{tables}-novalidate"
+    return f"{what}-{'-'.join(size_label(size) for size in sizes)}.json"
 
 
 def _sizes_one(text: str) -> int:

@@ -2,7 +2,7 @@
 points and a notebook's reruns cost once the JVM is warm.
 
 A new JVM spends about a third of a 10M-message lean run's CPU compiling Spark's own code
-(its JIT threads' CPU, README "Performance"); ``retrysim plan --sweep`` and a notebook pay that
+(its JIT threads' CPU, docs/performance.md); ``retrysim plan --sweep`` and a notebook pay that
 once per session. ``run_bench.py`` measures the new-JVM case through ``spark-submit``; this
 measures the rest, with the library's own ``simulate()`` on bench/scenario.yaml:
 
@@ -24,10 +24,10 @@ import tempfile
 from pathlib import Path
 
 from pyspark.sql import functions as F
-from run_bench import _sizes_one
+from run_bench import RESULTS, _sizes_one, results_name
 
-from retrysim.config import load_scenario
 from retrysim.runner import simulate
+from retrysim.scenario.loading import load_scenario
 from retrysim.session import build_session
 
 BENCH = Path(__file__).resolve().parent
@@ -41,10 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-validate", dest="validate", action="store_false")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="4g")
-    parser.add_argument("--results", default=str(BENCH / "results" / "warm-latest.json"))
+    parser.add_argument(
+        "--results",
+        help="JSON results file (default: the configuration's own, "
+        "bench/results/warm-<tables>[-novalidate]-<size>.json)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs: use 1 or more")
+    results = (
+        Path(args.results)
+        if args.results
+        else RESULTS / f"warm-{results_name(args.tables, args.validate, [args.size])}"
+    )
 
     scenario = load_scenario(BENCH / "scenario.yaml", [f"groups.0.workload.messages={args.size}"])
     spark = build_session(
@@ -90,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": runs,
     }
-    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.results).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.results}")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {results}")
     return 0
 
 

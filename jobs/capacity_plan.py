@@ -1,11 +1,11 @@
 """spark-submit entrypoint: ``./spark-submit.sh jobs/capacity_plan.py --sweep key=a,b ...``.
 
-Thin on purpose: all logic lives in the retrysim package (see retrysim/plan.py).
+Thin on purpose: all logic lives in the retrysim package (retrysim/cli/plan.py).
 """
 
 import sys
 
-from retrysim.cli import main
+from retrysim.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["plan", *sys.argv[1:]]))

@@ -7,14 +7,15 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from retrysim.config import Scenario, ScenarioError, load_scenario
 from retrysim.runner import Result, simulate
+from retrysim.scenario.errors import ScenarioError
+from retrysim.scenario.loading import load_scenario
+from retrysim.scenario.spec import Scenario
 from retrysim.session import build_session
-from retrysim.sinks import read_table
-from retrysim.transitions import transitions_from_attempts
-from retrysim.views import register_views
+from retrysim.store.sinks import read_table
+from retrysim.store.views import register_views
+from retrysim.tables.transitions import transitions_from_attempts
+from retrysim.version import __version__
 
 __all__ = [
     "Result",

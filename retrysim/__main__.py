@@ -1,5 +1,5 @@
 import sys
 
-from retrysim.cli import main
+from retrysim.cli.main import main
 
 sys.exit(main())

@@ -16,8 +16,8 @@ from pyspark.sql import SparkSession
 
 # The JVM does not JIT-compile a method of more than 8,000 bytes of bytecode; the code Spark
 # generates for retrysim's wide projections (a round's CASE columns, the invariant check's
-# step columns) is larger, and ran interpreted: the check's attempt scans took 3-10x longer
-# (bench/, 3M messages). spark-submit.sh passes the same through conf/spark.
+# step columns) is larger, and ran interpreted, several times slower. spark-submit.sh passes
+# the same through conf/spark.
 JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 JVM_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 BASE_CONF = {

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
-from retrysim.config import Scenario, build_scenario
+from retrysim.scenario.loading import build_scenario
+from retrysim.scenario.spec import Scenario
+
+# The repository's root: conf/, jobs/, notebooks/ and the launchers are read from here.
+PROJECT = Path(__file__).resolve().parents[1]
 
 DEFAULT_TABLE_MS = (
     1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,

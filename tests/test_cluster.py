@@ -39,8 +39,10 @@ from test_determinism import (
     start,
 )
 
-from retrysim.digest import table_digests
-from retrysim.sinks import read_table
+from retrysim.checks.digest import table_digests
+from retrysim.store.sinks import read_table
+
+pytestmark = pytest.mark.spark  # spark-submit runs, each in its own JVM
 
 SCRIPT = str(PROJECT / "scripts" / "local-cluster.sh")
 HOST = "127.0.0.1"

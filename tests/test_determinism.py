@@ -10,7 +10,7 @@ launcher, ``./spark-submit.sh jobs/simulate.py``, as subprocesses:
 * C: A again, same run id into the same folder (the run is replaced, never duplicated).
 
 A and B run side by side to keep the wall time down (separate folders). The digests of
-all seven tables (``retrysim.digest``) must be equal. The digest itself is unit-tested
+all seven tables (``retrysim.checks.digest``) must be equal. The digest itself is unit-tested
 below on small frames. test_cluster.py reuses the scenario and helpers of this module.
 """
 
@@ -25,12 +25,14 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from support import PROJECT
 
-from retrysim.digest import digest_columns, format_digests, frame_digest, table_digests
-from retrysim.sinks import read_table
-from retrysim.tables import SCHEMAS
+from retrysim.checks.digest import digest_columns, format_digests, frame_digest, table_digests
+from retrysim.store.sinks import read_table
+from retrysim.tables.schemas import SCHEMAS
 
-PROJECT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.spark  # spark-submit runs, each in its own JVM
+
 SUBMIT = str(PROJECT / "spark-submit.sh")
 # conf/default.yaml, small: 2,000 messages over 1 h, 5 % failures, 1 % poison, the 10m-25m
 # outage; at most 3 retries, so the outage and the poison messages reach the DLQ in 4 rounds.

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from reference.simulator import parse_duration_ms, simulate_scenario
 from reference.strategies import FLAVORS, group_configs, pool_size
 
-from retrysim.rng import uniform_np
+from retrysim.model.rng import uniform_np
 
 S = 1000
 MIN = 60 * S

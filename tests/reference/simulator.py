@@ -1,7 +1,7 @@
 """Independent reference simulator of retrysim: every flavor, event by event, in plain Python.
 
 Written only from docs/model.md and docs/flavors.md (and the documents they cite), never from
-the engine's code; the one piece of engine code used is ``retrysim.rng.uniform_np``, the
+the engine's code; the one piece of engine code used is ``retrysim.model.rng.uniform_np``, the
 hash-based uniform draws (checked against Spark elsewhere). Everything else -- duration and
 delay-table parsing, defaults, the listener model, the retry policies and the dispatch of
 deliveries to consumer threads -- is re-derived here, so the engine can be checked against it
@@ -107,7 +107,7 @@ from typing import Any
 
 import numpy as np
 
-from retrysim.rng import uniform_np
+from retrysim.model.rng import uniform_np
 
 __all__ = ["parse_duration_ms", "simulate_scenario"]
 

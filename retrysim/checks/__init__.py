@@ -1,0 +1,1 @@
+"""Proof before publishing: the invariants, their digests and row checks, and run digests."""

@@ -1,0 +1,56 @@
+"""What every command shares: exit codes, the progress line, and the output folder check."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from deltalake import DeltaTable
+
+from retrysim.scenario.errors import ScenarioError
+from retrysim.store.sinks import arrow_schema, table_path
+from retrysim.tables.schemas import ALL_SCHEMAS
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def say(line: str) -> None:
+    """One progress line on stdout, as every command prints them."""
+    print(f"retrysim: {line}", flush=True)
+
+
+def add_scenario_options(command: argparse.ArgumentParser, set_help: str) -> None:
+    """The options of the commands that run a scenario: --scenario, --output, --master, --set."""
+    command.add_argument("--scenario", help="scenario YAML (default: conf/default.yaml)")
+    command.add_argument(
+        "--output", default="out", help="folder of the Delta tables (default: out)"
+    )
+    command.add_argument("--master", help="Spark master, e.g. local[2] (default: spark-submit's)")
+    command.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=set_help
+    )
+
+
+def check_output(output: str) -> str:
+    """The output folder must be a writable directory (or creatable), and any table already
+    in it must have the schema this version writes."""
+    path = os.path.abspath(output)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ScenarioError("--output", f"{path} is a file; give a folder for the Delta tables")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise ScenarioError("--output", f"{existing} is not a writable folder")
+    for table, schema in ALL_SCHEMAS.items():
+        location = table_path(path, table)
+        if DeltaTable.is_deltatable(location):
+            found = [f.name for f in DeltaTable(location).schema().fields]
+            wanted = arrow_schema(schema).names
+            if found != wanted:
+                raise ScenarioError(
+                    "--output",
+                    f"table {location} has columns {found}, this version writes {wanted}; "
+                    "use another --output folder",
+                )
+    return path

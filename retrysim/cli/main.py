@@ -1,0 +1,51 @@
+"""The ``retrysim`` command: argparse and dispatch; each subcommand lives in its own module.
+
+Bad input exits with code 2 and one line naming the field and what is allowed; a broken
+invariant exits with code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from retrysim.checks.validate import ValidationError
+from retrysim.cli import digest, plan, report, simulate, validate
+from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED
+from retrysim.scenario.errors import ScenarioError
+
+# Each command's parser and its run, looked up when called (so a test can replace one).
+COMMANDS = {
+    "simulate": (simulate.add_simulate_command, lambda args: simulate.simulate_command(args)),
+    "digest": (digest.add_digest_command, lambda args: digest.digest_command(args)),
+    "validate": (validate.add_validate_command, lambda args: validate.validate_command(args)),
+    "plan": (plan.add_plan_command, lambda args: plan.plan_command(args)),
+    "report": (report.add_report_command, lambda args: report.report_command(args)),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="retrysim", description="Simulate RocketMQ consumer retry and dead-letter flow."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add, _run in COMMANDS.values():
+        add(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command][1](args)
+    except ScenarioError as error:
+        print(f"retrysim: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValidationError as error:
+        print(f"retrysim: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""``retrysim plan`` (also ``jobs/capacity_plan.py``): a sweep, its plan table and report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from retrysim.cli.common import add_scenario_options, check_output, say
+from retrysim.engine.sizing import check_size
+from retrysim.planning.plan import (
+    check_plan_id,
+    default_plan_id,
+    format_plan,
+    point_run_id,
+    prepare_plan,
+    run_plan,
+)
+from retrysim.planning.targets import METRICS
+from retrysim.reporting.report import write_plan_report
+from retrysim.session import build_session
+
+
+def add_plan_command(commands: argparse._SubParsersAction) -> None:
+    """``retrysim plan`` (wired into retrysim.cli; also jobs/capacity_plan.py)."""
+    command = commands.add_parser(
+        "plan",
+        help="sweep scenario keys and recommend the smallest consumer pool meeting targets",
+        description="Run the scenario once per point of a sweep grid, write the plan table, "
+        "and recommend per group the smallest consumer pool (instances x threads) that "
+        "meets every --target, naming the binding target.",
+    )
+    add_scenario_options(command, "override a scenario key for every point")
+    command.add_argument(
+        "--sweep",
+        dest="sweeps",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="sweep a scenario key over values (repeat for a cartesian grid), e.g. "
+        "groups.order-service.consumers.instances=2,4,8; a group key without 'groups.<name>.' "
+        "(consumers.instances=2,4,8) is accepted when the scenario has exactly one group",
+    )
+    command.add_argument(
+        "--target",
+        dest="targets",
+        action="append",
+        default=[],
+        metavar="[GROUP.]METRIC=LIMIT",
+        help=f"an upper bound every group (or GROUP) must meet; metrics: {', '.join(METRICS)} "
+        "(durations like 5m, counts, peak_utilization as 0.8 or 80%%)",
+    )
+    command.add_argument("--plan-id", help="plan id (default: <name>-plan-<UTC time>-<random>)")
+    command.add_argument(
+        "--delta-sink",
+        choices=("auto", "delta-rs", "delta-spark"),
+        default="auto",
+        help="as for simulate",
+    )
+    command.add_argument(
+        "--force", action="store_true", help="run even when a point's size estimate cannot fit"
+    )
+    command.add_argument("--quiet", action="store_true", help="one progress line per point only")
+    command.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    spec = prepare_plan(args.scenario, args.overrides, args.sweeps, args.targets)
+    output = check_output(args.output)
+    plan_id = check_plan_id(args.plan_id or default_plan_id(spec.base))
+    for point in spec.points:  # each point's tables stay, so each must fit on its own
+        check_size(point.scenario, output, args.master, force=args.force)
+
+    say(
+        f"plan {plan_id}: {len(spec.points)} points of {spec.base.name}, runs "
+        f"{point_run_id(plan_id, 1)} .. {point_run_id(plan_id, len(spec.points))}"
+    )
+    spark = build_session(f"retrysim:plan:{spec.base.name}", args.master)
+    try:
+        result = run_plan(spark, spec, output, plan_id, say, args.delta_sink, not args.quiet)
+        print(format_plan(result), flush=True)
+        say(f"plan table: {os.path.join(output, 'plan')} (run_id = {plan_id})")
+        if not args.no_report:
+            say(f"report: {write_plan_report(spark, output, plan_id)}")
+    finally:
+        spark.stop()
+    return 0

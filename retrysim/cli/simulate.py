@@ -1,0 +1,127 @@
+"""``retrysim simulate`` (also ``jobs/simulate.py``): one run, its summary and report.
+
+Input is validated before Spark starts, so bad input costs a second, not a JVM start.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from retrysim.cli.common import EXIT_OK, add_scenario_options, check_output, say
+from retrysim.engine.rounds import TAIL_ROWS
+from retrysim.engine.sizing import check_size
+from retrysim.planning.targets import human_ms
+from retrysim.reporting.report import write_run_report
+from retrysim.runner import check_run_id, simulate
+from retrysim.scenario.loading import load_scenario
+from retrysim.session import build_session
+from retrysim.tables.schemas import ALL_SCHEMAS, TABLE_SETS
+
+
+def add_simulate_command(commands: argparse._SubParsersAction) -> None:
+    """``retrysim simulate [--scenario FILE] [--set key=value] ...``."""
+    sim = commands.add_parser("simulate", help="run a scenario and write the Delta tables")
+    add_scenario_options(
+        sim, "override a scenario key, e.g. groups.0.behavior.fail_probability=0.05"
+    )
+    sim.add_argument("--run-id", help="run id (default: <name>-<UTC time>-<random>)")
+    sim.add_argument(
+        "--delta-sink",
+        choices=("auto", "delta-rs", "delta-spark"),
+        default="auto",
+        help="auto: delta-spark when its JARs are on the classpath, else delta-rs commits",
+    )
+    sim.add_argument(
+        "--tables",
+        choices=("full", "lean"),
+        default="full",
+        help="lean: skip the transitions and messages tables, derived when read (large runs)",
+    )
+    sim.add_argument("--quiet", action="store_true", help="no per-round progress")
+    sim.add_argument(
+        "--tail-rows",
+        type=_non_negative,
+        default=TAIL_ROWS,
+        metavar="N",
+        help=f"finish a retry frontier of at most N messages event by event in one stage "
+        f"(default {TAIL_ROWS:,}; 0: one Spark stage per round)",
+    )
+    sim.add_argument(
+        "--force", action="store_true", help="run even when the size estimate says it cannot fit"
+    )
+    sim.add_argument(
+        "--no-validate",
+        dest="validate",
+        action="store_false",
+        help="publish without checking the invariants first (`retrysim validate` can check "
+        "later); for benchmarks and very large trusted runs",
+    )
+    sim.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+
+
+def _non_negative(text: str) -> int:
+    """An argparse type: argparse reports the option and exits with code 2."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"value {text!r}: must be an integer >= 0")
+    return int(text)
+
+
+def _print_summary(result) -> None:
+    rows = result.summary.orderBy("group").collect()
+    say(f"run {result.run_id} finished in {result.elapsed_s:.1f}s over {result.rounds} rounds")
+    for row in rows:
+        say(
+            f"group {row['group']}: {row['messages']:,} messages, {row['deliveries']:,} "
+            f"deliveries ({row['retries']:,} retries, x{row['amplification']:.3f}), "
+            f"{row['commits']:,} commits, {row['dlq']:,} DLQ, {row['discards']:,} discarded, "
+            f"{row['pending']:,} pending at horizon ({row['engine']} engine)"
+        )
+        say(
+            f"  time to commit p50 {_ms(row['p50_time_to_commit_ms'])}, "
+            f"p99 {_ms(row['p99_time_to_commit_ms'])}; time to DLQ p50 "
+            f"{_ms(row['p50_time_to_dlq_ms'])}; commitlog writes {row['commitlog_writes']:,} "
+            f"(x{row['write_amplification']:.3f} per message)"
+        )
+    written = ",".join(sorted(TABLE_SETS[result.tables], key=list(ALL_SCHEMAS).index))
+    say(f"tables ({result.sink}, {result.tables}): {result.output}/{{{written}}}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else human_ms(value)
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario, args.overrides)
+    output = check_output(args.output)
+    if args.run_id:
+        check_run_id(args.run_id)
+    check_size(scenario, output, args.master, force=args.force)
+    for group in scenario.groups:
+        pool = group.consumers.pool_size
+        threads = (
+            "unlimited consumer threads"
+            if pool is None
+            else f"{group.consumers.instances} x {group.consumers.threads} = {pool:,} "
+            "consumer threads"
+        )
+        say(f"group {group.name}: {group.flavor}, {group.workload.messages:,} messages, {threads}")
+    spark = build_session(f"retrysim:{scenario.name}", args.master)
+    try:
+        result = simulate(
+            spark,
+            scenario,
+            output=output,
+            run_id=args.run_id,
+            progress=None if args.quiet else say,
+            sink=args.delta_sink,
+            tables=args.tables,
+            tail_rows=args.tail_rows,
+            validate=args.validate,
+        )
+        _print_summary(result)
+        if not args.no_report:
+            report = write_run_report(spark, output, result.run_id, retries=result.retries)
+            say(f"report: {report}")
+    finally:
+        spark.stop()
+    return EXIT_OK

@@ -1,0 +1,88 @@
+"""Finite consumer capacity: when is the round engine's answer exact, and how busy is the pool?
+
+The consumer pool of a group is ``instances x threads`` threads shared first come, first
+served (docs/model.md §5). A round run assumes every delivery starts when it is eligible. For
+unordered consumption that assumption is exactly right as long as the pool is never full:
+if at no moment more than ``C`` consume requests run at once in the unlimited run, then a
+``C``-thread pool finds a free thread for every delivery at its eligible time (each delivery
+sees the same busy count in both), and the two runs are the same, row for row. So the runner
+simulates with rounds first and checks the peak concurrency here; a group whose peak exceeds
+its pool is re-simulated event by event (:mod:`retrysim.engine.sequential`), which models the
+waiting exactly. There is no approximation error either way; the check only decides which
+engine is exact for the group.
+
+The check is cheap first: per time bucket, the threads busy at the bucket's start plus the
+requests starting in it bound the bucket's peak. Only buckets whose bound exceeds the pool
+are examined event by event (a window per bucket, parallel across buckets).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+CHECK_BUCKET_MS = 1_000
+# Order of events at one millisecond (model §5): threads freed first, then starts, then the
+# end of a zero-length request, which held its thread for that instant.
+_END, _START, _ZERO_END = 0, 1, 2
+
+
+def _busy_end(attempts: DataFrame) -> Column:
+    return F.col("start_ms") + F.col("processing_ms")
+
+
+def peak_concurrency(attempts: DataFrame, pools: dict[str, int]) -> dict[str, int]:
+    """The largest number of consume requests running at once, per group in ``pools``,
+    where that number exceeds the group's pool size (groups within their pool are omitted)."""
+    started = attempts.where(F.col("group").isin(*pools) & F.col("start_ms").isNotNull()).select(
+        "group", "msg_id", "delivery", "start_ms", _busy_end(attempts).alias("busy_end")
+    )
+    bucket = F.lit(CHECK_BUCKET_MS)
+    events = started.select(
+        "group",
+        "msg_id",
+        "delivery",
+        F.explode(
+            F.array(
+                F.struct(
+                    F.col("start_ms").alias("at_ms"),
+                    F.lit(_START).alias("kind"),
+                    F.lit(1).alias("delta"),
+                ),
+                F.struct(
+                    F.col("busy_end").alias("at_ms"),
+                    F.when(F.col("busy_end") == F.col("start_ms"), F.lit(_ZERO_END))
+                    .otherwise(F.lit(_END))
+                    .alias("kind"),
+                    F.lit(-1).alias("delta"),
+                ),
+            )
+        ).alias("event"),
+    ).select("group", "msg_id", "delivery", "event.*")
+    events = events.withColumn("bucket", F.floor(F.col("at_ms") / bucket))
+    per_bucket = events.groupBy("group", "bucket").agg(
+        F.sum("delta").alias("delta"),
+        F.sum(F.when(F.col("kind") == F.lit(_START), 1).otherwise(0)).alias("starts"),
+    )
+    before = (
+        Window.partitionBy("group").orderBy("bucket").rowsBetween(Window.unboundedPreceding, -1)
+    )
+    levels = per_bucket.withColumn("level", F.coalesce(F.sum("delta").over(before), F.lit(0)))
+    pool = F.create_map(*[x for name, size in pools.items() for x in (F.lit(name), F.lit(size))])
+    suspect = levels.where(F.col("level") + F.col("starts") > pool[F.col("group")])
+    if suspect.isEmpty():
+        return {}
+    in_order = (
+        Window.partitionBy("group", "bucket")
+        .orderBy("at_ms", "kind", "msg_id", "delivery")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    exact = (
+        events.join(suspect.select("group", "bucket", "level"), ["group", "bucket"], "inner")
+        .withColumn("running", F.col("level") + F.sum("delta").over(in_order))
+        .where(F.col("kind") == F.lit(_START))
+        .groupBy("group")
+        .agg(F.max("running").alias("peak"))
+        .where(F.col("peak") > pool[F.col("group")])
+    )
+    return {row["group"]: row["peak"] for row in exact.collect()}

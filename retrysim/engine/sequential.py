@@ -1,0 +1,583 @@
+"""The sequential engine: an exact event-by-event simulation, one Spark task per key.
+
+Ordered queues (head-of-line blocking), a consumer pool that fills up (time in Ready emerges
+from load) and batches cannot be computed a round at a time: whether a delivery starts
+depends on other messages. docs/model.md §5 is simulated with a heap of events per key (one
+ordered queue when the pool can never be full, else a whole group): messages arrive as a
+sorted stream, hashed draws come in NumPy blocks, rows leave in chunks, so memory is bounded
+by the deliveries in flight. Keys run as tasks of one ``mapInPandas`` stage.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from retrysim.model.behavior import CONSUME_SUCCESS, RECONSUME_LATER, DrawCache, ListenerModel
+from retrysim.model.policy import Policy, Step
+from retrysim.model.states import (
+    DLQ,
+    INFLIGHT,
+    READY,
+    READY_PUBLISHED,
+    READY_REPLAYED,
+    REASON_BEYOND_ACK,
+    WAITING_RETRY,
+)
+from retrysim.scenario.spec import Behavior
+from retrysim.tables.schemas import STAGE
+
+KEY_COLUMN = "_key"
+OUTPUT_CHUNK_ROWS = 100_000
+_FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (model §5)
+_THREAD = -1  # a _FREE event's payload: a thread, or the id of a released lane
+_COLUMNS = STAGE.fieldNames()
+_NO_STEP = (None,) * 11
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """What a task needs to simulate one group: its rules, behavior, seed and horizon."""
+
+    group: str
+    topic: str
+    policy: Policy
+    behavior: Behavior
+    seed: int
+    horizon_ms: int
+    queues: int
+
+
+class _Delivery:
+    """A delivery that is Ready: waiting for its eligible time, a lane or a thread."""
+
+    __slots__ = (
+        "delivery",
+        "eligible_ms",
+        "index",
+        "queue_id",
+        "ready_ms",
+        "reason",
+        "rt",
+        "topic",
+    )
+
+    def __init__(self, index, delivery, rt, topic, queue_id, ready_ms, reason, eligible_ms):
+        self.index, self.delivery, self.rt = index, delivery, rt
+        self.topic, self.queue_id = topic, queue_id
+        self.ready_ms, self.reason, self.eligible_ms = ready_ms, reason, eligible_ms
+
+
+class _Simulation:
+    """One key's event loop (docs/model.md §5-§8). Messages are addressed by their position
+    in publish order, ``(born_ms, msg_id)``."""
+
+    def __init__(self, spec: KeySpec, msg_ids: np.ndarray, queue_ids: np.ndarray, born,
+                 publish: bool = True):  # fmt: skip
+        order = np.lexsort((msg_ids, born))
+        self.msg_ids, self.queue_ids, self.born = msg_ids[order], queue_ids[order], born[order]
+        # messages published in time (none when continuing a frontier of retries)
+        self.count = int(np.searchsorted(self.born, spec.horizon_ms)) if publish else 0
+        self.spec, self.policy, self.horizon = spec, spec.policy, spec.horizon_ms
+        self.model = ListenerModel(spec.behavior, self.policy.send_back_failure_probability)
+        self.draws = DrawCache(spec.seed, spec.group, self.msg_ids, spec.behavior.poison_fraction)
+        self.free = self.policy.pool_size  # None: unlimited
+        self.events: list[tuple] = []
+        self.sequence = 0
+        self.lane_ids: dict[tuple[str, int], int] = {}
+        self.lane_waiting: list[list[tuple]] = []
+        self.heads: list[tuple] = []
+        self.rows: list[tuple] = []
+        self.fixed: set[int] = set()  # positions whose poison was fixed by a replay
+        self.last_delivery: dict[int, int] = {}
+        self.dead: list[tuple[int, int, int]] = []  # (dlq_at_ms, msg_id, position)
+        self.next_arrival = 0
+        # blocking lanes: positions in publish order, a cursor, replays, and a busy flag
+        self.lane_queue: dict[int, np.ndarray] = {}
+        self.lane_cursor: dict[int, int] = {}
+        self.lane_replays: dict[int, list[tuple]] = {}
+        self.lane_busy: dict[int, bool] = {}
+        # the delivery a lane released last, and released deliveries taken back before they
+        # were eligible (by id: their events are skipped)
+        self.lane_released: dict[int, _Delivery] = {}
+        self.withdrawn: set[int] = set()
+        if self.policy.blocking:
+            self._build_lanes()
+
+    # ------------------------------------------------------------------ lanes and events
+
+    def _push(self, at_ms: int, phase: int, payload: object) -> None:
+        self.sequence += 1
+        heapq.heappush(self.events, (at_ms, phase, self.sequence, payload))
+
+    def _lane(self, topic: str, queue_id: int) -> int:
+        key = (topic, queue_id)
+        lane = self.lane_ids.get(key)
+        if lane is None:
+            lane = self.lane_ids[key] = len(self.lane_waiting)
+            self.lane_waiting.append([])
+        return lane
+
+    def _build_lanes(self) -> None:
+        queues = self.queue_ids[: self.count]
+        for queue_id in np.unique(queues).tolist():
+            lane = self._lane(self.spec.topic, queue_id)
+            self.lane_queue[lane] = np.flatnonzero(queues == queue_id)
+            self.lane_cursor[lane] = 0
+        for lane in list(self.lane_queue):
+            self._release(lane, 0)
+
+    def _first_delivery(self, position: int, delivery: int, ready_ms: int, queue_id: int,
+                        reason: str) -> _Delivery:  # fmt: skip
+        return _Delivery(position, delivery, 0, self.spec.topic, queue_id, ready_ms, reason, 0)
+
+    def _release(self, lane: int, at_ms: int) -> None:
+        """A blocking lane is free: its next message (publish order) becomes eligible."""
+        queue, cursor = self.lane_queue.get(lane), self.lane_cursor.get(lane, 0)
+        original = None
+        if queue is not None and cursor < len(queue):
+            position = int(queue[cursor])
+            original = (int(self.born[position]), int(self.msg_ids[position]), position)
+        replays = self.lane_replays.get(lane)
+        if replays and (original is None or replays[0][:2] < original[:2]):
+            _, _, entry = heapq.heappop(replays)
+        elif original is not None:
+            self.lane_cursor[lane] = cursor + 1
+            position = original[2]
+            entry = self._first_delivery(
+                position, 1, original[0], int(self.queue_ids[position]), READY_PUBLISHED
+            )
+        else:
+            self.lane_busy[lane] = False
+            return
+        self.lane_busy[lane] = True
+        entry.eligible_ms = max(self.policy.eligible_ms(entry.ready_ms), at_ms)
+        self.lane_released[lane] = entry
+        self._push(entry.eligible_ms, _ELIGIBLE, entry)
+
+    def _withdraw_later_first(self, lane: int, ready_ms: int, msg_id: int, now: int) -> None:
+        """A replay Ready at ``ready_ms`` comes before a first delivery the lane released
+        while idle but which is not eligible yet (published later): take that one back, so
+        that :meth:`_release` serves the lane in Ready order (the reference's rule)."""
+        entry = self.lane_released.get(lane)
+        if (
+            entry is not None
+            and self.lane_busy.get(lane)
+            and entry.reason == READY_PUBLISHED
+            and entry.eligible_ms > now
+            and (entry.ready_ms, int(self.msg_ids[entry.index])) > (ready_ms, msg_id)
+        ):
+            self.withdrawn.add(id(entry))
+            self.lane_cursor[lane] -= 1
+            self.lane_busy[lane] = False
+            del self.lane_released[lane]
+
+    def _next_arrival_ms(self) -> int | None:
+        """Eligible time of the next first delivery of an unordered group, if any."""
+        if self.policy.blocking or self.next_arrival >= self.count:
+            return None
+        return self.policy.eligible_ms(int(self.born[self.next_arrival]))
+
+    def _take_arrivals(self, now: int) -> None:
+        while not self.policy.blocking and self.next_arrival < self.count:
+            position = self.next_arrival
+            ready = int(self.born[position])
+            eligible = self.policy.eligible_ms(ready)
+            if eligible != now:
+                return
+            entry = self._first_delivery(
+                position, 1, ready, int(self.queue_ids[position]), READY_PUBLISHED
+            )
+            entry.eligible_ms = eligible
+            self._wait(entry)
+            self.next_arrival += 1
+
+    def continue_from(self, frontier: pd.DataFrame) -> None:
+        """Start from deliveries already Ready (a round run's frontier) instead of publishing:
+        each message's later deliveries are simulated from there."""
+        position_of = {msg_id: index for index, msg_id in enumerate(self.msg_ids.tolist())}
+        positions = [position_of[msg_id] for msg_id in frontier["msg_id"].tolist()]
+        columns = (
+            "delivery",
+            "reconsume_times",
+            "source_topic",
+            "queue_id",
+            "ready_ms",
+            "ready_reason",
+            "poison_fixed",
+        )
+        values = zip(positions, *(frontier[c].tolist() for c in columns), strict=True)
+        for position, delivery, rt, topic, queue_id, ready, reason, fixed in values:
+            if fixed:
+                self.fixed.add(position)
+            self.last_delivery[position] = delivery - 1
+            entry = _Delivery(
+                position,
+                delivery,
+                rt,
+                topic,
+                queue_id,
+                ready,
+                reason,
+                self.policy.eligible_ms(ready),
+            )
+            self._push(entry.eligible_ms, _ELIGIBLE, entry)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> Iterator[list[tuple]]:
+        """Simulate to the horizon, yielding staged rows in chunks."""
+        replay = self.policy.replay
+        if replay is not None and replay.at < self.horizon and self.count:
+            self._push(replay.at, _REPLAY, None)
+        while True:
+            arrival = self._next_arrival_ms()
+            event = self.events[0][0] if self.events else None
+            if arrival is None and event is None:
+                break
+            now = min(t for t in (arrival, event) if t is not None)
+            if now >= self.horizon:
+                break
+            while self.events and self.events[0][0] == now and self.events[0][1] == _FREE:
+                payload = heapq.heappop(self.events)[3]
+                if payload == _THREAD:
+                    self.free += 1
+                else:
+                    self._release(payload, now)
+            self._take_arrivals(now)
+            while self.events and self.events[0][0] == now and self.events[0][1] == _ELIGIBLE:
+                entry = heapq.heappop(self.events)[3]
+                if id(entry) in self.withdrawn:
+                    self.withdrawn.discard(id(entry))
+                else:
+                    self._wait(entry)
+            if self.events and self.events[0][0] == now and self.events[0][1] == _REPLAY:
+                heapq.heappop(self.events)
+                self._replay(now)
+                continue  # replayed deliveries may be eligible now: take them first
+            self._dispatch(now)
+            if len(self.rows) >= OUTPUT_CHUNK_ROWS:
+                yield self.rows
+                self.rows = []
+        self._flush_pending()
+        yield self.rows
+
+    def _wait(self, entry: _Delivery) -> None:
+        lane = self._lane(entry.topic, entry.queue_id)
+        key = (entry.eligible_ms, int(self.msg_ids[entry.index]), entry.delivery)
+        waiting = self.lane_waiting[lane]
+        if not waiting or key < waiting[0][:3]:
+            heapq.heappush(self.heads, (*key, lane))
+        heapq.heappush(waiting, (*key, entry))
+
+    def _dispatch(self, now: int) -> None:
+        size = self.policy.batch_size
+        while self.heads and (self.free is None or self.free > 0):
+            *key, lane = heapq.heappop(self.heads)
+            waiting = self.lane_waiting[lane]
+            if not waiting or list(waiting[0][:3]) != key:
+                continue  # a stale head: that delivery left in an earlier batch
+            batch = [heapq.heappop(waiting)[3] for _ in range(min(size, len(waiting)))]
+            if waiting:
+                heapq.heappush(self.heads, (*waiting[0][:3], lane))
+            self._start(batch, now)
+
+    # ------------------------------------------------------------------ a consume request
+
+    def _start(self, batch: list[_Delivery], now: int) -> None:
+        policy = self.policy
+        results = []
+        for entry in batch:
+            draws = self.draws.get(entry.index, entry.delivery)
+            poisoned = self.draws.is_poisoned(entry.index) and entry.index not in self.fixed
+            results.append(self.model.result(draws, entry.delivery, now, poisoned))
+        processing = sum(result[1] for result in results)
+        failing = next((result[0] for result in results if result[0] != CONSUME_SUCCESS), None)
+        outcome, end = policy.consume_result(now, processing, failing or CONSUME_SUCCESS)
+        if self.free is not None:
+            self.free -= 1
+            self._push(now + processing, _FREE, _THREAD)
+        for position, (entry, result) in enumerate(zip(batch, results, strict=True)):
+            beyond_ack = (
+                outcome == CONSUME_SUCCESS
+                and policy.ack_index is not None
+                and position > policy.ack_index
+            )
+            self._settle(entry, now, processing, outcome, end, result[2], len(batch), beyond_ack)
+
+    def _settle(
+        self, entry: _Delivery, now: int, processing: int, outcome: str, end: int,
+        send_back_failed: bool, batch_size: int, beyond_ack: bool,
+    ) -> None:  # fmt: skip
+        policy = self.policy
+        self.last_delivery[entry.index] = entry.delivery
+        if end >= self.horizon:
+            self._row(
+                entry,
+                (now, processing, None, None, INFLIGHT, None, None, None, batch_size, *_NO_STEP),
+            )
+            return
+        step = policy.next_step(
+            entry.rt,
+            RECONSUME_LATER if beyond_ack else outcome,
+            now,
+            end,
+            send_back_failed,
+            entry.topic,
+            entry.queue_id,
+        )
+        if beyond_ack and step.end_state == WAITING_RETRY:
+            step = step._replace(end_reason=REASON_BEYOND_ACK)
+        if step.leave_state is not None and step.settled_ms >= self.horizon:
+            step = step._replace(
+                result_state=WAITING_RETRY,
+                settled_ms=None,
+                leave_state=None,
+                leave_topic=None,
+                leave_queue_id=None,
+                leave_reason=None,
+            )
+        self._row(entry, _step_values(now, processing, outcome, end, step, batch_size))
+        if step.result_state == WAITING_RETRY:
+            due = step.next_ready_ms
+            if due is not None and due < self.horizon:
+                self._push(
+                    policy.eligible_ms(due),
+                    _ELIGIBLE,
+                    _Delivery(
+                        entry.index,
+                        entry.delivery + 1,
+                        entry.rt + 1,
+                        step.next_topic,
+                        step.next_queue_id,
+                        due,
+                        step.next_reason,
+                        policy.eligible_ms(due),
+                    ),
+                )
+            return
+        self.draws.forget(entry.index)
+        if step.result_state == DLQ:
+            self.dead.append((step.settled_ms, int(self.msg_ids[entry.index]), entry.index))
+        if policy.blocking:
+            self._push(step.settled_ms, _FREE, self._lane(entry.topic, entry.queue_id))
+
+    def _row(self, entry: _Delivery, rest: tuple) -> None:
+        """Append one staged attempt row (STAGE column order)."""
+        self.rows.append(
+            (
+                self.spec.group,
+                int(self.msg_ids[entry.index]),
+                entry.delivery,
+                entry.rt,
+                entry.topic,
+                entry.queue_id,
+                int(self.born[entry.index]),
+                entry.ready_ms,
+                entry.reason,
+                *rest,
+                entry.index in self.fixed,
+            )
+        )
+
+    # ------------------------------------------------------------------ replay and horizon
+
+    def _replay(self, now: int) -> None:
+        """docs/model.md §8: re-publish the dead letters so far, ``rate`` per second."""
+        replay = self.policy.replay
+        # A dead letter is known when its last delivery settles, which for an after-backoff
+        # leave is before it reaches the DLQ: only those already there are replayed.
+        dead = sorted(entry for entry in self.dead if entry[0] < now)
+        for rank, (_, _, position) in enumerate(dead):
+            ready = now + int(rank * 1000.0 / replay.rate)
+            if ready >= self.horizon:
+                break
+            if replay.poison_fixed:
+                self.fixed.add(position)
+            entry = self._first_delivery(
+                position,
+                self.last_delivery[position] + 1,
+                ready,
+                rank % self.spec.queues,
+                READY_REPLAYED,
+            )
+            if self.policy.blocking:
+                lane = self._lane(entry.topic, entry.queue_id)
+                heapq.heappush(
+                    self.lane_replays.setdefault(lane, []),
+                    (ready, int(self.msg_ids[position]), entry),
+                )
+                self._withdraw_later_first(lane, ready, int(self.msg_ids[position]), now)
+                if not self.lane_busy.get(lane):
+                    self._release(lane, now)
+            else:
+                entry.eligible_ms = self.policy.eligible_ms(ready)
+                self._push(entry.eligible_ms, _ELIGIBLE, entry)
+        self.dead = []
+
+    def _flush_pending(self) -> None:
+        """Deliveries Ready before the horizon that never started (docs/model.md §7)."""
+        left = [
+            payload
+            for _, phase, _, payload in self.events
+            if phase == _ELIGIBLE and id(payload) not in self.withdrawn
+        ]
+        left += [item[3] for waiting in self.lane_waiting for item in waiting]
+        left += [item[2] for replays in self.lane_replays.values() for item in replays]
+        for lane, queue in self.lane_queue.items():
+            for position in queue[self.lane_cursor[lane] :].tolist():
+                left.append(
+                    self._first_delivery(
+                        position,
+                        1,
+                        int(self.born[position]),
+                        int(self.queue_ids[position]),
+                        READY_PUBLISHED,
+                    )
+                )
+        for position in range(
+            self.next_arrival if not self.policy.blocking else self.count, self.count
+        ):
+            left.append(
+                self._first_delivery(
+                    position,
+                    1,
+                    int(self.born[position]),
+                    int(self.queue_ids[position]),
+                    READY_PUBLISHED,
+                )
+            )
+        for entry in left:
+            if entry.ready_ms < self.horizon:
+                self._row(entry, (None, None, None, None, READY, None, None, None, None, *_NO_STEP))
+
+
+def _step_values(start, processing, outcome, end, step: Step, batch_size: int) -> tuple:
+    return (
+        start,
+        processing,
+        end,
+        outcome,
+        step.result_state,
+        step.delay_level,
+        step.next_ready_ms,
+        step.settled_ms,
+        batch_size,
+        step.end_state,
+        step.end_topic,
+        step.end_queue_id,
+        step.end_reason,
+        step.leave_state,
+        step.leave_topic,
+        step.leave_queue_id,
+        step.leave_reason,
+        step.next_topic,
+        step.next_queue_id,
+        step.next_reason,
+    )
+
+
+_PANDAS_TYPES = {
+    field.name: {"string": "object", "bigint": "Int64", "int": "Int32", "boolean": "bool"}[
+        field.dataType.simpleString()
+    ]
+    for field in STAGE.fields
+}
+
+
+def simulate_key(spec: KeySpec, msg_ids, queue_ids, born) -> Iterator[pd.DataFrame]:
+    """Staged attempt rows of one key's messages, as pandas frames in STAGE's shape."""
+    simulation = _Simulation(
+        spec,
+        np.asarray(msg_ids, dtype=np.int64),
+        np.asarray(queue_ids, dtype=np.int64),
+        np.asarray(born, dtype=np.int64),
+    )
+    for rows in simulation.run():
+        if rows:
+            frame = pd.DataFrame.from_records(rows, columns=_COLUMNS)
+            yield frame.astype(_PANDAS_TYPES)
+
+
+def sequential_attempts(
+    messages: DataFrame, specs: list[KeySpec], per_lane: set[str], partitions: int
+) -> DataFrame:
+    """Staged attempts of ``specs``' groups, one task per key: a queue of the groups in
+    ``per_lane`` (ordered queues that never fill the pool), else the whole group."""
+    names = [spec.group for spec in specs]
+    by_index = dict(enumerate(specs))
+    group_index = F.create_map(*[x for i, n in enumerate(names) for x in (F.lit(n), F.lit(i))])
+    lane_of = F.when(F.col("group").isin(*sorted(per_lane or {""})), F.col("queue_id"))
+    keyed = messages.where(F.col("group").isin(*names)).select(
+        (
+            group_index[F.col("group")].cast("long") * F.lit(1 << 20)
+            + F.coalesce(lane_of, F.lit((1 << 20) - 1)).cast("long")
+        ).alias(KEY_COLUMN),
+        "msg_id",
+        "queue_id",
+        "born_ms",
+    )
+
+    def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        current, parts = None, []
+        for batch in batches:
+            keys = batch[KEY_COLUMN].to_numpy()
+            for key in pd.unique(keys).tolist():
+                part = batch[keys == key]
+                if key != current and parts:
+                    yield from _simulate_parts(by_index[current >> 20], parts)
+                    parts = []
+                current = key
+                parts.append(part)
+        if parts:
+            yield from _simulate_parts(by_index[current >> 20], parts)
+
+    return (
+        keyed.repartition(partitions, KEY_COLUMN)
+        .sortWithinPartitions(KEY_COLUMN, "born_ms", "msg_id")
+        .mapInPandas(run, STAGE)
+    )
+
+
+def _simulate_parts(spec: KeySpec, parts: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    data = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    yield from simulate_key(spec, data["msg_id"], data["queue_id"], data["born_ms"])
+
+
+def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:
+    """The rest of the deliveries of a round run's frontier, in one stage.
+
+    For unordered consumption with a pool that is not full, messages do not interact, so a
+    thin frontier of long retry chains is finished event by event in one stage instead of
+    one Spark stage per remaining round (an always-failing HTTP message alone takes 289).
+    Messages are spread over tasks by id; each task simulates its messages' chains.
+    """
+    by_name = {spec.group: spec for spec in specs}
+
+    def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        data = [batch for batch in batches if len(batch)]
+        if not data:
+            return
+        rows = pd.concat(data, ignore_index=True)
+        for name, part in rows.groupby("group", sort=True):
+            spec = by_name[name]
+            messages = part.drop_duplicates("msg_id")
+            simulation = _Simulation(
+                spec,
+                messages["msg_id"].to_numpy(np.int64),
+                messages["queue_id"].to_numpy(np.int64),
+                messages["born_ms"].to_numpy(np.int64),
+                publish=False,
+            )
+            simulation.continue_from(part)
+            for chunk in simulation.run():
+                if chunk:
+                    yield pd.DataFrame.from_records(chunk, columns=_COLUMNS).astype(_PANDAS_TYPES)
+
+    return frontier.repartition(partitions, "group", "msg_id").mapInPandas(run, STAGE)

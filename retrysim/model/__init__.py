@@ -1,0 +1,1 @@
+"""The RocketMQ rules without Spark state: flavors, policies, listener behavior, draws, workload."""

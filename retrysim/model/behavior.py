@@ -1,0 +1,264 @@
+"""What makes a delivery fail and how long the listener runs (docs/model.md §2-§3).
+
+A delivery's listener result depends only on the message, the delivery number and the time
+it starts (outages are time windows). The round engine computes it as Spark column
+expressions inside the round's stage; the sequential engine computes it in plain Python at
+dispatch from the same hashed uniforms (:class:`DrawCache`), so both give the same result
+for the same delivery started at the same time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from retrysim.model.rng import uniform, uniform_np
+from retrysim.scenario import limits
+from retrysim.scenario.spec import Behavior, ProcessingTime
+
+CONSUME_SUCCESS = "CONSUME_SUCCESS"
+RECONSUME_LATER = "RECONSUME_LATER"
+EXCEPTION = "EXCEPTION"
+NULL_RETURN = "NULL_RETURN"
+TIMEOUT = "TIMEOUT"
+OUTCOMES = (CONSUME_SUCCESS, RECONSUME_LATER, EXCEPTION, NULL_RETURN, TIMEOUT)
+
+# Streams keep the draws of one delivery independent of each other.
+POISON, FAIL, KIND, TIME_A, TIME_B, SEND_BACK = (
+    "poison",
+    "fail",
+    "kind",
+    "time_a",
+    "time_b",
+    "send_back",
+)
+DELIVERY_STREAMS = (FAIL, KIND, TIME_A, TIME_B, SEND_BACK)
+
+
+def lognormal_params(mean_ms: float, p99_ms: float) -> tuple[float, float]:
+    """(mu, sigma) of the lognormal with this mean and 99th percentile (smaller sigma root)."""
+    gap = math.log(p99_ms) - math.log(mean_ms)
+    sigma = limits.Z_99 - math.sqrt(max(limits.Z_99**2 - 2.0 * gap, 0.0))
+    return math.log(mean_ms) - sigma**2 / 2.0, sigma
+
+
+def _kind_thresholds(behavior: Behavior) -> tuple[float, float]:
+    mix = behavior.outcome_mix
+    total = mix.reconsume_later + mix.exception + mix.null_return
+    return mix.reconsume_later / total, (mix.reconsume_later + mix.exception) / total
+
+
+# --------------------------------------------------------------------------- Spark columns
+
+
+def processing_ms(spec: ProcessingTime, u_a: Column, u_b: Column) -> Column:
+    """Milliseconds the listener runs, drawn from ``spec`` with two independent uniforms."""
+    if spec.dist == "constant" or spec.mean == 0:
+        value = F.lit(float(spec.mean))
+    elif spec.dist == "exponential":
+        value = -F.lit(float(spec.mean)) * F.log(u_a)
+    else:
+        mu, sigma = lognormal_params(spec.mean, spec.p99)
+        # Box-Muller: a standard normal from two uniforms with built-in functions only.
+        normal = F.sqrt(F.lit(-2.0) * F.log(u_a)) * F.cos(F.lit(2.0 * math.pi) * u_b)
+        value = F.exp(F.lit(mu) + F.lit(sigma) * normal)
+    return F.round(value).cast("long")
+
+
+def _in_window(start_ms: Column, outage_start: int, outage_end: int) -> Column:
+    return (start_ms >= F.lit(outage_start)) & (start_ms < F.lit(outage_end))
+
+
+def with_listener_draws(
+    df: DataFrame,
+    behavior: Behavior,
+    seed: int,
+    group: str,
+    send_back_probability: float = 0.0,
+) -> DataFrame:
+    """Add ``processing_ms``, ``listener_outcome`` and ``send_back_failed`` for deliveries
+    starting at ``start_ms`` (needs ``msg_id``, ``delivery`` and ``poison_fixed``)."""
+    return df.withColumns(listener_draw_columns(behavior, seed, group, send_back_probability))
+
+
+def listener_draw_columns(
+    behavior: Behavior, seed: int, group: str, send_back_probability: float = 0.0
+) -> dict[str, Column]:
+    """The columns :func:`with_listener_draws` adds, as expressions (the round engine
+    builds them once per run and applies them every round)."""
+    msg_id, delivery, start = F.col("msg_id"), F.col("delivery"), F.col("start_ms")
+
+    def u(stream: str) -> Column:
+        return uniform(seed, group, stream, msg_id, delivery)
+
+    u_a, u_b = u(TIME_A), u(TIME_B)
+    time_ms: Column = processing_ms(behavior.processing_time, u_a, u_b)
+    for outage in behavior.outages:
+        if outage.processing_time is not None:
+            slow = processing_ms(outage.processing_time, u_a, u_b)
+            time_ms = F.when(_in_window(start, outage.start, outage.end), slow).otherwise(time_ms)
+    probability: Column = F.lit(behavior.fail_probability)
+    for outage in sorted(behavior.outages, key=lambda window: window.fail_probability):
+        inside = _in_window(start, outage.start, outage.end)
+        probability = F.when(inside, F.lit(outage.fail_probability)).otherwise(probability)
+    poisoned = (uniform(seed, group, POISON, msg_id) < F.lit(behavior.poison_fraction)) & ~F.col(
+        "poison_fixed"
+    )
+    fails = poisoned | (delivery <= F.lit(behavior.fail_first)) | (u(FAIL) < probability)
+    first, second = _kind_thresholds(behavior)
+    kind = u(KIND)
+    failure = (
+        F.when(kind < F.lit(first), F.lit(RECONSUME_LATER))
+        .when(kind < F.lit(second), F.lit(EXCEPTION))
+        .otherwise(F.lit(NULL_RETURN))
+    )
+    send_back = (
+        u(SEND_BACK) < F.lit(send_back_probability) if send_back_probability > 0 else F.lit(False)
+    )
+    return {
+        "processing_ms": time_ms,
+        "listener_outcome": F.when(fails, failure).otherwise(F.lit(CONSUME_SUCCESS)),
+        "send_back_failed": send_back,
+    }
+
+
+# --------------------------------------------------------------------------- plain Python
+
+
+@dataclass(frozen=True)
+class _Dist:
+    kind: str
+    mean: float
+    mu: float = 0.0
+    sigma: float = 0.0
+
+    @classmethod
+    def of(cls, spec: ProcessingTime) -> _Dist:
+        if spec.dist == "constant" or spec.mean == 0:
+            return cls("constant", float(spec.mean))
+        if spec.dist == "exponential":
+            return cls("exponential", float(spec.mean))
+        mu, sigma = lognormal_params(spec.mean, spec.p99)
+        return cls("lognormal", float(spec.mean), mu, sigma)
+
+    def sample(self, u_a: float, u_b: float) -> int:
+        if self.kind == "constant":
+            value = self.mean
+        elif self.kind == "exponential":
+            value = -self.mean * math.log(u_a)
+        else:
+            normal = math.sqrt(-2.0 * math.log(u_a)) * math.cos(2.0 * math.pi * u_b)
+            value = math.exp(self.mu + self.sigma * normal)
+        return math.floor(value + 0.5)
+
+
+class ListenerModel:
+    """The plain-Python twin of :func:`with_listener_draws`, for one group."""
+
+    def __init__(self, behavior: Behavior, send_back_probability: float = 0.0) -> None:
+        self.fail_first = behavior.fail_first
+        self.base_probability = behavior.fail_probability
+        self.windows = tuple(
+            (o.start, o.end, o.fail_probability, _Dist.of(o.processing_time) if
+             o.processing_time is not None else None)
+            for o in behavior.outages
+        )  # fmt: skip
+        self.base_dist = _Dist.of(behavior.processing_time)
+        self.kind_first, self.kind_second = _kind_thresholds(behavior)
+        self.send_back_probability = send_back_probability
+
+    def result(
+        self, draws: tuple[float, ...], delivery: int, start_ms: int, poisoned: bool
+    ) -> tuple[str, int, bool]:
+        """(listener_outcome, processing_ms, send_back_failed) of one delivery.
+
+        ``draws`` are the delivery's uniforms in :data:`DELIVERY_STREAMS` order.
+        """
+        u_fail, u_kind, u_a, u_b, u_send_back = draws
+        probability, dist = None, self.base_dist
+        for start, end, window_probability, window_dist in self.windows:
+            if start <= start_ms < end:
+                if probability is None or window_probability > probability:
+                    probability = window_probability
+                if window_dist is not None:
+                    dist = window_dist
+        if probability is None:
+            probability = self.base_probability
+        fails = poisoned or delivery <= self.fail_first or u_fail < probability
+        if not fails:
+            outcome = CONSUME_SUCCESS
+        elif u_kind < self.kind_first:
+            outcome = RECONSUME_LATER
+        elif u_kind < self.kind_second:
+            outcome = EXCEPTION
+        else:
+            outcome = NULL_RETURN
+        return outcome, dist.sample(u_a, u_b), u_send_back < self.send_back_probability
+
+
+class DrawCache:
+    """Hashed uniforms of one group's messages, computed in vectorised blocks.
+
+    Messages are addressed by their position in ``msg_ids`` (publish order). First
+    deliveries are drawn for blocks of ``block`` consecutive positions at once and a bounded
+    number of blocks is kept (dispatch follows publish order closely, and a block dropped too
+    early is simply drawn again). Later deliveries are drawn per message, ``later`` at a time,
+    and dropped when the message leaves (:meth:`forget`). Memory stays bounded however many
+    messages the group has.
+    """
+
+    def __init__(
+        self, seed: int, group: str, msg_ids: np.ndarray, poison_fraction: float,
+        block: int = 16_384, keep_blocks: int = 64, later: int = 8,
+    ) -> None:  # fmt: skip
+        self.seed, self.group = seed, group
+        self.msg_ids = np.asarray(msg_ids, dtype=np.int64)
+        self.block, self.keep_blocks, self.later = block, keep_blocks, later
+        self.poisoned = (
+            uniform_np(seed, group, POISON, self.msg_ids) < poison_fraction
+            if poison_fraction > 0
+            else np.zeros(len(self.msg_ids), dtype=bool)
+        )
+        self._first: dict[int, list[tuple[float, ...]]] = {}
+        self._later: dict[int, dict[int, tuple[float, ...]]] = {}
+
+    def _draw(self, ids: np.ndarray, deliveries: np.ndarray | int) -> list[tuple[float, ...]]:
+        columns = [
+            uniform_np(self.seed, self.group, stream, ids, deliveries).tolist()
+            for stream in DELIVERY_STREAMS
+        ]
+        return list(zip(*columns, strict=True))
+
+    def get(self, index: int, delivery: int) -> tuple[float, ...]:
+        """The uniforms of delivery ``delivery`` of the message at ``index``."""
+        if delivery == 1:
+            number = index // self.block
+            found = self._first.get(number)
+            if found is None:
+                if len(self._first) >= self.keep_blocks:
+                    self._first.pop(next(iter(self._first)))
+                start = number * self.block
+                found = self._first[number] = self._draw(
+                    self.msg_ids[start : start + self.block], 1
+                )
+            return found[index - number * self.block]
+        known = self._later.setdefault(index, {})
+        found = known.get(delivery)
+        if found is None:
+            numbers = np.arange(delivery, delivery + self.later)
+            ids = np.full(self.later, self.msg_ids[index])
+            for offset, values in enumerate(self._draw(ids, numbers)):
+                known[delivery + offset] = values
+            found = known[delivery]
+        return found
+
+    def is_poisoned(self, index: int) -> bool:
+        return bool(self.poisoned[index])
+
+    def forget(self, index: int) -> None:
+        """Drop a message's cached later draws once it has left, to bound memory."""
+        self._later.pop(index, None)

@@ -1,0 +1,371 @@
+"""The consumer flavors: one record per flavor, holding everything that differs between them.
+
+A record says which flavor-specific scenario keys the flavor reads, the retry_policy kinds it
+takes, whether its ``max_reconsume_times`` is fixed, and its retry rules: the fields of its
+:class:`retrysim.model.policy.Policy`, each rule with its source in docs/flavors.md. Adding a
+flavor is one record in :data:`CATALOGUE`, its tests and its row in docs/flavors.md.
+
+Interval tables are indexed by retry number ``n = reconsume_times + 1``:
+``intervals_ms[min(n, len) - 1]``, so a table's last entry repeats (RocketMQ clamps a level
+past the end of its delay table the same way).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from retrysim.model.states import LOCAL, NO_RETRY, REVIVE, SCHEDULE, VISIBLE
+from retrysim.scenario import limits
+from retrysim.scenario.units import parse_delay_levels
+
+if TYPE_CHECKING:
+    from retrysim.scenario.spec import Group
+
+Rules = Callable[["Group", tuple[int, ...]], dict[str, object]]
+
+# The scenario keys that only some flavors read, in the order their errors are reported;
+# a key a flavor does not read is an error, not a silently ignored line.
+FLAVOR_KEYS = (
+    "delay_level_when_next_consume",
+    "consume_timeout_check",
+    "consume_message_batch_max_size",
+    "ack_index",
+    "pull_interval",
+    "suspend_current_queue_time",
+    "invisible_duration",
+    "ordered",
+    "consume_timeout",
+    "behavior.send_back_failure_probability",
+)
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One consumer flavor: what a scenario may set for it and how it retries."""
+
+    name: str
+    rules: Rules
+    # flavor-specific keys (FLAVOR_KEYS) it reads
+    reads: frozenset[str] = frozenset()
+    # where its consume timeout is set when consume_timeout does not apply
+    timeout_key: str | None = None
+    # retry_policy kinds it takes, and the kind in force when none is given
+    policy_kinds: tuple[str, ...] = ()
+    default_policy_kind: str | None = None
+    # why max_reconsume_times must stay -1 (None: it can be set, up to max_retries_limit)
+    fixed_max_retries: str | None = None
+    max_retries_limit: int = limits.MAX_RECONSUME_TIMES_4X
+    # ordered consumption: one message of a queue at a time
+    blocking: bool = False
+    # the broker's delay-level table decides its retry intervals
+    uses_delay_table: bool = False
+    # whether a dead-letter queue exists (DLQ replay needs one)
+    has_dlq: bool = True
+    # the record an ``ordered: true`` group takes instead, and how errors name it
+    ordered: Flavor | None = None
+    label: str = ""
+    # every key the flavor or its ordered variant reads
+    reads_any: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        extra = self.ordered.reads if self.ordered else frozenset()
+        object.__setattr__(self, "reads_any", self.reads | extra)
+        object.__setattr__(self, "label", self.label or self.name)
+
+    def variant(self, ordered: bool) -> Flavor:
+        """The record in force for a group with ``ordered`` set as given."""
+        return self.ordered if ordered and self.ordered is not None else self
+
+
+# --------------------------------------------------------------------------- retry rules
+
+
+def delay_table_levels(delay_table_ms: tuple[int, ...], first_level: int) -> tuple[int, ...]:
+    """4.x broker levels of retries 1, 2, ...: ``first_level + rt``, clamped to the table."""
+    last = len(delay_table_ms)
+    return tuple(min(level, last) for level in range(first_level, max(first_level, last) + 1))
+
+
+def exponential_intervals(initial: int, cap: int, multiplier: float, retries: int) -> tuple:
+    """``min(cap, round_half_up(initial * multiplier^(n-1)))`` until it reaches the cap."""
+    values: list[int] = []
+    for n in range(1, retries + 2):
+        value = min(cap, math.floor(initial * multiplier ** (n - 1) + 0.5))
+        values.append(value)
+        if value >= cap:
+            break
+    return tuple(values)
+
+
+def retries_of(group: Group, default: int) -> int:
+    """The group's max_reconsume_times, or the flavor's default for -1."""
+    return default if group.max_reconsume_times == -1 else group.max_reconsume_times
+
+
+def policy_fields(**overrides: object) -> dict[str, object]:
+    """A rules function's result: the flavor's Policy fields over the common defaults."""
+    base: dict[str, object] = {
+        "levels": None,
+        "from_start": False,
+        "leave_after_backoff": True,
+        "timeout_level": None,
+        "timeout_interval_ms": None,
+        "dlq_now": False,
+    }
+    base.update(overrides)
+    return base
+
+
+def _concurrently(group: Group, table: tuple[int, ...]) -> dict[str, object]:
+    asked = group.delay_level_when_next_consume
+    levels = delay_table_levels(table, limits.BROKER_FIRST_RETRY_LEVEL)
+    if asked > 0:
+        levels = (min(asked, len(table)),)
+    timeout_level = min(limits.TIMEOUT_SEND_BACK_LEVEL, len(table))
+    return policy_fields(
+        retry_path=SCHEDULE,
+        max_retries=retries_of(group, limits.DEFAULT_MAX_RECONSUME_TIMES_CONCURRENT),
+        intervals_ms=tuple(table[level - 1] for level in levels),
+        levels=levels,
+        leave_after_backoff=False,
+        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_4X_MS,
+        timeout_level=timeout_level,
+        timeout_interval_ms=table[timeout_level - 1],
+        dlq_now=asked < 0,
+    )
+
+
+def _orderly(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return policy_fields(
+        retry_path=LOCAL,
+        max_retries=retries_of(group, limits.INTEGER_MAX_VALUE),
+        intervals_ms=(group.suspend_current_queue_time,),
+        leave_after_backoff=False,
+        timeout_ms=None,
+    )
+
+
+def _broadcasting(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return policy_fields(
+        retry_path=NO_RETRY,
+        max_retries=0,
+        intervals_ms=(0,),
+        leave_after_backoff=False,
+        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_4X_MS,
+    )
+
+
+def _http(interval_ms: int):
+    def rules(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+        return policy_fields(
+            retry_path=VISIBLE,
+            max_retries=limits.HTTP_MAX_RETRIES,
+            intervals_ms=(interval_ms,),
+            timeout_ms=group.consume_timeout or interval_ms,
+        )
+
+    return rules
+
+
+def _five_intervals(group: Group) -> tuple[int, ...]:
+    policy = group.retry_policy
+    kind = group.policy_kind
+    max_retries = retries_of(group, limits.DEFAULT_MAX_RETRIES_5X)
+    if kind == "exponential":
+        initial = policy.initial if policy else limits.EXPONENTIAL_INITIAL_MS
+        cap = policy.max if policy else limits.EXPONENTIAL_MAX_MS
+        multiplier = policy.multiplier if policy else limits.EXPONENTIAL_MULTIPLIER
+        return exponential_intervals(initial, cap, multiplier, max_retries)
+    if kind == "customized" and policy is not None:
+        return tuple(policy.intervals)
+    if kind == "grpc_client":
+        return parse_delay_levels(limits.GRPC_CLIENT_INTERVALS)
+    return parse_delay_levels(limits.APSARAMQ_PUSH_INTERVALS)
+
+
+def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return policy_fields(
+        retry_path=REVIVE,
+        max_retries=retries_of(group, limits.DEFAULT_MAX_RETRIES_5X),
+        intervals_ms=_five_intervals(group),
+        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_5X_MS,
+    )
+
+
+def _push_ordered(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return policy_fields(
+        retry_path=LOCAL,
+        max_retries=retries_of(group, limits.DEFAULT_MAX_RETRIES_5X),
+        intervals_ms=(group.suspend_current_queue_time,),
+        leave_after_backoff=False,
+        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_5X_MS,
+    )
+
+
+def _simple(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    return policy_fields(
+        retry_path=REVIVE,
+        max_retries=retries_of(group, limits.DEFAULT_MAX_RETRIES_5X),
+        intervals_ms=(group.invisible_duration,),
+        from_start=True,
+        timeout_ms=group.invisible_duration,
+    )
+
+
+def _sqs(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    policy = group.retry_policy
+    visibility = policy.visibility_timeout if policy else limits.SQS_DEFAULT_VISIBILITY_MS
+    receives = policy.max_receive_count if policy else limits.SQS_DEFAULT_MAX_RECEIVE
+    return policy_fields(
+        retry_path=VISIBLE,
+        max_retries=receives - 1,
+        intervals_ms=(visibility,),
+        from_start=True,
+        timeout_ms=visibility,
+    )
+
+
+def _pubsub(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    policy = group.retry_policy
+    low = policy.minimum_backoff if policy else limits.PUBSUB_MIN_BACKOFF_MS
+    high = policy.maximum_backoff if policy else limits.PUBSUB_MAX_BACKOFF_MS
+    attempts = policy.max_delivery_attempts if policy else limits.PUBSUB_DEFAULT_ATTEMPTS
+    deadline = policy.ack_deadline if policy else limits.PUBSUB_DEFAULT_ACK_DEADLINE_MS
+    return policy_fields(
+        retry_path=VISIBLE,
+        max_retries=attempts - 1,
+        intervals_ms=exponential_intervals(low, high, 2.0, attempts) if low else (0,),
+        timeout_ms=deadline,
+    )
+
+
+# --------------------------------------------------------------------------- the catalogue
+
+_HTTP_FIXED = "HTTP consumers retry a fixed 288 times (not configurable)"
+_5X = {"max_retries_limit": limits.MAX_RETRIES_5X}
+_PUSH_READS = frozenset({"ordered", "consume_timeout"})
+
+CATALOGUE: tuple[Flavor, ...] = (
+    Flavor(
+        "rocketmq4.concurrently",
+        _concurrently,
+        reads=frozenset(
+            {
+                "delay_level_when_next_consume",
+                "consume_timeout_check",
+                "consume_message_batch_max_size",
+                "ack_index",
+                "pull_interval",
+                "consume_timeout",
+                "behavior.send_back_failure_probability",
+            }
+        ),
+        uses_delay_table=True,
+    ),
+    Flavor(
+        "rocketmq4.orderly",
+        _orderly,
+        reads=frozenset({"suspend_current_queue_time"}),
+        timeout_key="none: the orderly service never expires a message",
+        blocking=True,
+    ),
+    Flavor(
+        "rocketmq4.broadcasting",
+        _broadcasting,
+        reads=frozenset({"consume_timeout_check", "consume_timeout"}),
+        fixed_max_retries="broadcasting consumption never retries",
+        has_dlq=False,
+    ),
+    Flavor(
+        "http.unordered",
+        _http(limits.HTTP_UNORDERED_INTERVAL_MS),
+        reads=frozenset({"consume_timeout"}),
+        fixed_max_retries=_HTTP_FIXED,
+    ),
+    Flavor(
+        "http.ordered",
+        _http(limits.HTTP_ORDERED_INTERVAL_MS),
+        reads=frozenset({"consume_timeout"}),
+        fixed_max_retries=_HTTP_FIXED,
+        blocking=True,
+    ),
+    Flavor(
+        "rocketmq5.push",
+        _push,
+        reads=_PUSH_READS,
+        policy_kinds=("exponential", "customized", "grpc_client"),
+        ordered=Flavor(
+            "rocketmq5.push",
+            _push_ordered,
+            reads=_PUSH_READS | {"suspend_current_queue_time"},
+            blocking=True,
+            label="ordered rocketmq5.push",
+            **_5X,
+        ),
+        **_5X,
+    ),
+    Flavor(
+        "rocketmq5.simple",
+        _simple,
+        reads=frozenset({"invisible_duration"}),
+        timeout_key="invisible_duration",
+        **_5X,
+    ),
+    Flavor(
+        "exponential",
+        _push,
+        reads=frozenset({"consume_timeout"}),
+        policy_kinds=("exponential",),
+        default_policy_kind="exponential",
+        **_5X,
+    ),
+    Flavor(
+        "customized",
+        _push,
+        reads=frozenset({"consume_timeout"}),
+        policy_kinds=("customized",),
+        default_policy_kind="customized",
+        **_5X,
+    ),
+    Flavor(
+        "sqs",
+        _sqs,
+        timeout_key="retry_policy.visibility_timeout",
+        policy_kinds=("sqs",),
+        default_policy_kind="sqs",
+        fixed_max_retries="set retry_policy.max_receive_count instead",
+    ),
+    Flavor(
+        "pubsub",
+        _pubsub,
+        timeout_key="retry_policy.ack_deadline",
+        policy_kinds=("pubsub",),
+        default_policy_kind="pubsub",
+        fixed_max_retries="set retry_policy.max_delivery_attempts instead",
+    ),
+)
+NAMES = tuple(flavor.name for flavor in CATALOGUE)
+
+
+def get(name: str) -> Flavor:
+    """The record of a flavor named in a validated scenario."""
+    return next(flavor for flavor in CATALOGUE if flavor.name == name)
+
+
+def known(name: str) -> str:
+    """A pydantic validator: the flavor exists, else an error that suggests the closest."""
+    names = [flavor.name for flavor in CATALOGUE]
+    if name not in names:
+        guess = difflib.get_close_matches(name, names, n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        raise ValueError(f"unknown flavor; {hint}allowed: {', '.join(names)}")
+    return name
+
+
+def readers(key: str) -> list[str]:
+    """The flavors that read a flavor-specific key, for the error that names them."""
+    return [flavor.name for flavor in CATALOGUE if key in flavor.reads_any]

@@ -1,0 +1,364 @@
+"""Retry policies: "what delay, and is this the end?", as data with two interpreters.
+
+A group's rules are a :class:`Policy`, built by :func:`policy_for` from its flavor's record
+(:mod:`retrysim.model.flavors`). Two small interpreters read it and must agree: Spark column
+expressions for the round engine (``with_consume_result``, ``with_next_step``) and plain
+Python for the sequential engine (``consume_result``, ``next_step``); the tests check the
+two against each other on a grid of cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from retrysim.model.behavior import CONSUME_SUCCESS, TIMEOUT
+from retrysim.model.states import (
+    COMMIT,
+    DISCARD,
+    DLQ,
+    NO_RETRY,
+    READY_LOCAL,
+    READY_RETRY_DUE,
+    READY_VISIBLE,
+    REASON_BROADCAST,
+    REASON_MAX_RECONSUME,
+    REASON_NEGATIVE_LEVEL,
+    REASON_SEND_BACK_FAILED,
+    REVIVE,
+    SCHEDULE,
+    VISIBLE,
+    WAITING_RETRY,
+)
+from retrysim.scenario import limits
+from retrysim.scenario.spec import Group, Replay
+
+# The six cases after a settled delivery, in the order with_next_step picks values by.
+_OK, _DROPPED, _RESUBMIT, _GONE, _LATER, _RETRIED = range(6)
+_READY_REASON = {SCHEDULE: READY_RETRY_DUE, REVIVE: READY_RETRY_DUE, VISIBLE: READY_VISIBLE}
+
+
+class Step(NamedTuple):
+    """What follows a settled delivery (the plain-Python twin of ``with_next_step``)."""
+
+    result_state: str
+    delay_level: int | None
+    next_ready_ms: int | None
+    settled_ms: int | None
+    end_state: str
+    end_topic: str
+    end_queue_id: int
+    end_reason: str
+    leave_state: str | None
+    leave_topic: str | None
+    leave_queue_id: int | None
+    leave_reason: str | None
+    next_topic: str | None
+    next_queue_id: int | None
+    next_reason: str | None
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A group's retry rules as data. Build it with :func:`policy_for`."""
+
+    flavor: str
+    group: str
+    topic: str
+    blocking: bool
+    retry_path: str
+    max_retries: int
+    intervals_ms: tuple[int, ...]
+    levels: tuple[int, ...] | None
+    from_start: bool
+    leave_after_backoff: bool
+    timeout_ms: int | None
+    periodic_timeout: bool
+    timeout_level: int | None
+    timeout_interval_ms: int | None
+    dlq_now: bool
+    dlq_enabled: bool
+    send_back_failure_probability: float
+    batch_size: int
+    ack_index: int | None
+    pull_interval_ms: int
+    ready_wait_ms: int
+    pool_size: int | None
+    replay: Replay | None
+
+    @property
+    def dlq_topic(self) -> str:
+        return limits.DLQ_TOPIC_PREFIX + self.group
+
+    @property
+    def retry_topic(self) -> str | None:
+        """The topic a broker-side retry comes back on (None: the same topic and queue)."""
+        if self.retry_path == SCHEDULE:
+            return limits.RETRY_TOPIC_PREFIX + self.group
+        if self.retry_path == REVIVE:
+            return f"{limits.RETRY_TOPIC_PREFIX}{self.group}_{self.topic}"
+        return None
+
+    @property
+    def sequential(self) -> bool:
+        """Whether this group needs the sequential engine from the start (not just on
+        saturation): ordered queues and batches are decided by dispatch order."""
+        return self.blocking or self.batch_size > 1
+
+    # ----------------------------------------------------------------- plain Python
+
+    def interval(self, retry: int) -> int:
+        return self.intervals_ms[min(retry, len(self.intervals_ms)) - 1]
+
+    def level(self, retry: int) -> int | None:
+        return None if self.levels is None else self.levels[min(retry, len(self.levels)) - 1]
+
+    def eligible_ms(self, ready_ms: int) -> int:
+        """When a Ready delivery can start: after the ready wait, at the next pull tick."""
+        due = ready_ms + self.ready_wait_ms
+        pull = self.pull_interval_ms
+        return due if pull <= 0 else -(-due // pull) * pull
+
+    def consume_result(self, start_ms: int, processing_ms: int, listener: str) -> tuple[str, int]:
+        """(outcome, end_ms): the listener's outcome, or TIMEOUT when it runs too long."""
+        if self.timeout_ms is not None:
+            timeout = self.timeout_ms
+            if self.periodic_timeout:
+                leave = (timeout * ((start_ms + timeout) // timeout + 1)) if timeout else start_ms
+            else:
+                leave = start_ms + timeout
+            if start_ms + processing_ms > leave:
+                return TIMEOUT, leave
+        return listener, start_ms + processing_ms
+
+    def next_step(
+        self,
+        rt: int,
+        outcome: str,
+        start_ms: int,
+        end_ms: int,
+        send_back_failed: bool,
+        topic: str,
+        queue_id: int,
+    ) -> Step:
+        """The rules of docs/model.md §6 and docs/flavors.md for one settled delivery."""
+        here = (topic, queue_id)
+        if outcome == CONSUME_SUCCESS:
+            return Step(COMMIT, None, None, end_ms, COMMIT, *here, CONSUME_SUCCESS,
+                        None, None, None, None, None, None, None)  # fmt: skip
+        if self.retry_path == NO_RETRY:
+            return Step(DISCARD, None, None, end_ms, DISCARD, *here, REASON_BROADCAST,
+                        None, None, None, None, None, None, None)  # fmt: skip
+        timed_out = outcome == TIMEOUT
+        if send_back_failed and not timed_out:
+            due = end_ms + limits.SEND_BACK_RESUBMIT_MS
+            return Step(WAITING_RETRY, None, due, None, WAITING_RETRY, *here,
+                        REASON_SEND_BACK_FAILED, None, None, None, None, *here,
+                        READY_LOCAL)  # fmt: skip
+        retry = rt + 1
+        if timed_out and self.timeout_interval_ms is not None:
+            interval, level = self.timeout_interval_ms, self.timeout_level
+        else:
+            interval, level = self.interval(retry), self.level(retry)
+        due = (start_ms if self.from_start else end_ms) + interval
+        exhausted = rt >= self.max_retries
+        negative = self.dlq_now and not timed_out
+        if exhausted or negative:
+            reason = REASON_MAX_RECONSUME if exhausted else REASON_NEGATIVE_LEVEL
+            state = DLQ if self.dlq_enabled else DISCARD
+            where = (self.dlq_topic, limits.DLQ_QUEUE_ID) if self.dlq_enabled else here
+            if self.leave_after_backoff and not negative:
+                return Step(state, None, None, due, WAITING_RETRY, *here, outcome,
+                            state, *where, reason, None, None, None)  # fmt: skip
+            return Step(state, None, None, end_ms, state, *where, reason,
+                        None, None, None, None, None, None, None)  # fmt: skip
+        if self.retry_path == SCHEDULE:
+            wait_at = (limits.SCHEDULE_TOPIC, level - 1)
+            back_at = (self.retry_topic, limits.RETRY_QUEUE_ID)
+        elif self.retry_path == REVIVE:
+            wait_at, back_at = here, (self.retry_topic, limits.RETRY_QUEUE_ID)
+        else:
+            wait_at, back_at = here, here
+        return Step(WAITING_RETRY, level, due, None, WAITING_RETRY, *wait_at, outcome,
+                    None, None, None, None, *back_at,
+                    _READY_REASON.get(self.retry_path, READY_LOCAL))  # fmt: skip
+
+    # ----------------------------------------------------------------- Spark columns
+
+    def with_consume_result(self, df: DataFrame) -> DataFrame:
+        """Add ``outcome`` and ``end_ms`` (the column twin of :meth:`consume_result`)."""
+        return df.withColumns(self.consume_result_columns())
+
+    def consume_result_columns(self) -> dict[str, Column]:
+        """The columns :meth:`with_consume_result` adds, as expressions."""
+        start, processing = F.col("start_ms"), F.col("processing_ms")
+        if self.timeout_ms is None:
+            return {"outcome": F.col("listener_outcome"), "end_ms": start + processing}
+        timeout = F.lit(self.timeout_ms).cast("long")
+        if self.periodic_timeout and self.timeout_ms:
+            leave = (F.floor((start + timeout) / timeout).cast("long") + F.lit(1)) * timeout
+        else:
+            leave = start + timeout
+        timed_out = start + processing > leave
+        return {
+            "outcome": F.when(timed_out, F.lit(TIMEOUT)).otherwise(F.col("listener_outcome")),
+            "end_ms": F.when(timed_out, leave).otherwise(start + processing),
+        }
+
+    def with_next_step(self, df: DataFrame) -> DataFrame:
+        """Add the :class:`Step` columns (the column twin of :meth:`next_step`)."""
+        cases, steps = self.next_step_columns()
+        return df.withColumns(cases).withColumns(steps).drop(*cases)
+
+    def next_step_columns(self) -> tuple[dict[str, Column], dict[str, Column]]:
+        """What :meth:`with_next_step` adds, as two projections of expressions: the helper
+        columns of the first are dropped after the second.
+
+        The first computes which of six cases applies (commit, dropped, resubmitted
+        locally, leaving now, leaving after the backoff, retried) and the retry's level and
+        due time; each output column then picks its value for that case, so no condition is
+        written, or evaluated, twice.
+        """
+        rt, outcome = F.col("reconsume_times"), F.col("outcome")
+        timed_out = outcome == F.lit(TIMEOUT)
+        retry = rt + F.lit(1)
+        interval = _table_lookup(self.intervals_ms, retry)
+        level = _table_lookup(self.levels, retry) if self.levels else F.lit(None).cast("int")
+        if self.timeout_interval_ms is not None:
+            interval = F.when(timed_out, F.lit(self.timeout_interval_ms)).otherwise(interval)
+            level = F.when(timed_out, F.lit(self.timeout_level)).otherwise(level)
+        origin = F.col("start_ms" if self.from_start else "end_ms")
+        exhausted = rt >= F.lit(self.max_retries)
+        negative = F.lit(self.dlq_now) & ~timed_out
+        case = (
+            F.when(outcome == F.lit(CONSUME_SUCCESS), F.lit(_OK))
+            .when(F.lit(self.retry_path == NO_RETRY), F.lit(_DROPPED))
+            .when(F.col("send_back_failed") & ~timed_out, F.lit(_RESUBMIT))
+            .when(negative | (exhausted & F.lit(not self.leave_after_backoff)), F.lit(_GONE))
+            .when(exhausted, F.lit(_LATER))
+            .otherwise(F.lit(_RETRIED))
+        )
+        cases = {
+            "_case": case,
+            "_level": level.cast("int"),
+            "_due": (origin + interval).cast("long"),
+            "_leave_reason": F.when(exhausted, F.lit(REASON_MAX_RECONSUME)).otherwise(
+                F.lit(REASON_NEGATIVE_LEVEL)
+            ),
+        }
+        return cases, self._step_columns()
+
+    def _step_columns(self) -> dict[str, Column]:
+        here_topic, here_queue = F.col("source_topic"), F.col("queue_id")
+        end, due, level = F.col("end_ms"), F.col("_due"), F.col("_level")
+        state = F.lit(DLQ if self.dlq_enabled else DISCARD)
+        leave_topic = F.lit(self.dlq_topic) if self.dlq_enabled else here_topic
+        leave_queue = F.lit(limits.DLQ_QUEUE_ID) if self.dlq_enabled else here_queue
+        leave_reason = F.col("_leave_reason")
+        wait_topic, wait_queue, back_topic, back_queue = self._wait_and_back(level)
+        null_int, null_long, null_str = (F.lit(None).cast(t) for t in ("int", "long", "string"))
+        wr, commit, discard = F.lit(WAITING_RETRY), F.lit(COMMIT), F.lit(DISCARD)
+        back_reason = F.lit(_READY_REASON.get(self.retry_path, READY_LOCAL))
+
+        def pick(*by_case: Column) -> Column:
+            """The value for the row's case (order: ok, dropped, resubmit, gone, later, retried).
+
+            A CASE over the case number, cases with the same value merged into one branch and
+            null the default: picking from an array would build that array for every row and
+            column, which made this step the costliest of the round.
+            """
+            branches: dict[str, tuple[list[int], Column]] = {}
+            for number, value in enumerate(by_case):
+                branches.setdefault(str(value), ([], value))[0].append(number)
+            case = F.col("_case")
+            result: Column | None = None
+            for numbers, value in branches.values():
+                if any(value is null for null in (null_int, null_long, null_str)):
+                    continue
+                condition = case == F.lit(numbers[0]) if len(numbers) == 1 else case.isin(*numbers)
+                result = (
+                    F.when(condition, value) if result is None else result.when(condition, value)
+                )
+            return result if result is not None else by_case[0]
+
+        resubmit_due = end + F.lit(limits.SEND_BACK_RESUBMIT_MS)
+        return {
+            "result_state": pick(commit, discard, wr, state, state, wr),
+            "delay_level": pick(null_int, null_int, null_int, null_int, null_int, level),
+            "next_ready_ms": pick(null_long, null_long, resubmit_due, null_long, null_long, due),
+            "settled_ms": pick(end, end, null_long, end, due, null_long),
+            "end_state": pick(commit, discard, wr, state, wr, wr),
+            "end_topic": pick(
+                here_topic, here_topic, here_topic, leave_topic, here_topic, wait_topic
+            ),
+            "end_queue_id": pick(
+                here_queue, here_queue, here_queue, leave_queue, here_queue, wait_queue
+            ),
+            "end_reason": pick(
+                F.lit(CONSUME_SUCCESS),
+                F.lit(REASON_BROADCAST),
+                F.lit(REASON_SEND_BACK_FAILED),
+                leave_reason,
+                F.col("outcome"),
+                F.col("outcome"),
+            ),
+            "leave_state": pick(null_str, null_str, null_str, null_str, state, null_str),
+            "leave_topic": pick(null_str, null_str, null_str, null_str, leave_topic, null_str),
+            "leave_queue_id": pick(null_int, null_int, null_int, null_int, leave_queue, null_int),
+            "leave_reason": pick(null_str, null_str, null_str, null_str, leave_reason, null_str),
+            "next_topic": pick(null_str, null_str, here_topic, null_str, null_str, back_topic),
+            "next_queue_id": pick(null_int, null_int, here_queue, null_int, null_int, back_queue),
+            "next_reason": pick(
+                null_str, null_str, F.lit(READY_LOCAL), null_str, null_str, back_reason
+            ),
+        }
+
+    def _wait_and_back(self, level: Column) -> tuple[Column, Column, Column, Column]:
+        here_topic, here_queue = F.col("source_topic"), F.col("queue_id")
+        if self.retry_path == SCHEDULE:
+            return (
+                F.lit(limits.SCHEDULE_TOPIC),
+                (level - F.lit(1)).cast("int"),
+                F.lit(self.retry_topic),
+                F.lit(limits.RETRY_QUEUE_ID),
+            )
+        if self.retry_path == REVIVE:
+            return here_topic, here_queue, F.lit(self.retry_topic), F.lit(limits.RETRY_QUEUE_ID)
+        return here_topic, here_queue, here_topic, here_queue
+
+    def eligible_col(self, ready: Column) -> Column:
+        """The column twin of :meth:`eligible_ms`."""
+        due = ready + F.lit(self.ready_wait_ms)
+        if self.pull_interval_ms <= 0:
+            return due
+        pull = F.lit(self.pull_interval_ms)
+        return (F.ceil(due / pull) * pull).cast("long")
+
+
+def _table_lookup(table: tuple[int, ...], retry: Column) -> Column:
+    values = F.array(*[F.lit(v) for v in table])
+    return F.element_at(values, F.least(retry, F.lit(len(table))).cast("int"))
+
+
+def policy_for(group: Group, delay_table_ms: tuple[int, ...]) -> Policy:
+    """The :class:`Policy` of a validated group (docs/flavors.md, row by row)."""
+    fields = group.flavor_record.rules(group, delay_table_ms)
+    return Policy(
+        flavor=group.flavor,
+        group=group.name,
+        topic=group.source_topic,
+        blocking=group.blocking,
+        periodic_timeout=group.consume_timeout_check == "periodic",
+        dlq_enabled=group.dlq_enabled,
+        send_back_failure_probability=group.behavior.send_back_failure_probability,
+        batch_size=group.consume_message_batch_max_size,
+        ack_index=group.ack_index,
+        pull_interval_ms=group.pull_interval,
+        ready_wait_ms=group.behavior.ready_wait,
+        pool_size=group.consumers.pool_size,
+        replay=group.replay,
+        **fields,
+    )

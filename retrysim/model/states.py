@@ -1,0 +1,26 @@
+"""The names a run's tables use: states, end and Ready reasons, and the retry paths."""
+
+from __future__ import annotations
+
+COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY = (
+    "Commit",
+    "WaitingRetry",
+    "DLQ",
+    "Discard",
+    "Inflight",
+    "Ready",
+)
+REASON_MAX_RECONSUME = "max_reconsume_times"
+REASON_NEGATIVE_LEVEL = "delay_level_negative"
+REASON_BROADCAST = "broadcast_no_retry"
+REASON_SEND_BACK_FAILED = "send_back_failed"
+REASON_BEYOND_ACK = "beyond_ack_index"
+READY_PUBLISHED, READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE, READY_REPLAYED = (
+    "published",
+    "retry_due",
+    "local_retry",
+    "visible_again",
+    "replayed",
+)
+# Retry paths (docs/flavors.md): where a retried message waits and where it comes back.
+SCHEDULE, REVIVE, VISIBLE, LOCAL, NO_RETRY = "schedule", "revive", "visible", "local", "none"

@@ -1,0 +1,1 @@
+"""Many runs: sweep grids, targets, and the capacity plan."""

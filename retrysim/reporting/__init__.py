@@ -1,0 +1,1 @@
+"""Reading runs: pandas analysis, plots, and the HTML reports."""

@@ -1,0 +1,263 @@
+"""Small pandas views of a run's tables, for notebooks, reports and plots.
+
+Everything here reads *aggregated* data to the driver: the ``load`` table (one row per
+group and time bucket), ``summary`` and ``plan`` (one row per group or point), the ``runs``
+row, and Spark-side aggregates of ``attempts`` (a few rows per group). The only
+message-level rows that ever reach the driver are one message's own transitions, in
+:func:`message_timeline`. Functions take a Spark DataFrame or an already converted pandas
+frame, so a notebook can convert once and slice many times.
+
+>>> load = load_frame(result.load)  # doctest: +SKIP
+>>> states = state_counts(load, "order-service")  # doctest: +SKIP
+>>> states.plot(x="minute_end", y=["Ready", "Inflight", "WaitingRetry"])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from retrysim.scenario.loading import scenario_from_json
+from retrysim.scenario.spec import Scenario
+from retrysim.store.sinks import read_table
+from retrysim.tables.load import RETRY_NUMBER_CAP, retries_by_level
+from retrysim.tables.schemas import PARTITION_COLUMN
+
+MINUTE_MS = 60_000
+STATE_COLUMNS = {"ready_backlog": "Ready", "inflight": "Inflight", "waiting_retry": "WaitingRetry"}
+
+__all__ = [
+    "RETRY_NUMBER_CAP",
+    "RunData",
+    "active_span",
+    "busiest_message",
+    "case_label",
+    "commitlog_writes",
+    "delivery_rates",
+    "dlq_flow",
+    "load_frame",
+    "message_timeline",
+    "plan_frame",
+    "retries_by_level",
+    "run_data",
+    "schedule_backlog",
+    "state_counts",
+    "summary_frame",
+    "utilization",
+]
+
+Frame = DataFrame | pd.DataFrame
+
+
+def _pandas(frame: Frame) -> pd.DataFrame:
+    return frame.toPandas() if isinstance(frame, DataFrame) else frame
+
+
+def load_frame(load: Frame) -> pd.DataFrame:
+    """The load table as pandas, ordered by group and time, with ``minute`` (bucket start)
+    and ``minute_end`` (bucket end: where the gauges are measured) in minutes."""
+    pdf = _pandas(load).sort_values(["group", "bucket_start_ms"]).reset_index(drop=True)
+    pdf["minute"] = pdf["bucket_start_ms"] / MINUTE_MS
+    pdf["minute_end"] = (pdf["bucket_start_ms"] + pdf["bucket_ms"]) / MINUTE_MS
+    return pdf
+
+
+_ACTIVITY = (
+    "deliveries",
+    "commitlog_writes",
+    "dlq",
+    "discards",
+    "replays",
+    "inflight",
+    "waiting_retry",
+    "ready_backlog",
+)
+
+
+def active_span(load: Frame, margin: float = 0.1) -> pd.DataFrame:
+    """The load rows up to the last bucket where anything happens (plus ``margin`` of that
+    span, at least one bucket): a run with a long quiet tail plots its busy part."""
+    pdf = _of(load, None)
+    busy = pdf[(pdf[list(_ACTIVITY)] != 0).any(axis=1)]
+    if busy.empty:
+        return pdf
+    last = float(busy["minute_end"].max())
+    step = float(pdf["bucket_ms"].iloc[0]) / MINUTE_MS
+    return pdf[pdf["minute"] < last + max(last * margin, step)].reset_index(drop=True)
+
+
+def _of(load: Frame, group: str | None) -> pd.DataFrame:
+    pdf = load if isinstance(load, pd.DataFrame) and "minute" in load else load_frame(load)
+    return pdf if group is None else pdf[pdf["group"] == group].reset_index(drop=True)
+
+
+def state_counts(load: Frame, group: str | None = None) -> pd.DataFrame:
+    """Messages Ready (backlog), Inflight and WaitingRetry at each bucket's end."""
+    pdf = _of(load, group)
+    return pdf[["group", "minute_end", *STATE_COLUMNS]].rename(columns=STATE_COLUMNS)
+
+
+def delivery_rates(load: Frame, group: str | None = None) -> pd.DataFrame:
+    """First deliveries, retries and all deliveries per second, per bucket."""
+    pdf = _of(load, group)
+    seconds = pdf["bucket_ms"] / 1000
+    return pd.DataFrame(
+        {
+            "group": pdf["group"],
+            "minute": pdf["minute"],
+            "first_per_s": pdf["first_deliveries"] / seconds,
+            "retries_per_s": pdf["retries"] / seconds,
+            "deliveries_per_s": pdf["deliveries"] / seconds,
+        }
+    )
+
+
+def schedule_backlog(load: Frame, group: str | None = None) -> pd.DataFrame:
+    """Messages waiting in SCHEDULE_TOPIC_XXXX per delay level at each bucket's end, one
+    column per level that ever holds a message (``L3``, ``L4``, ...); empty for flavors
+    without the schedule topic."""
+    pdf = _of(load, group)
+    levels = pdf["schedule_backlog"].apply(lambda a: list(a) if a is not None else [])
+    width = int(levels.map(len).max()) if len(levels) else 0
+    wide = pd.DataFrame(
+        [row + [0] * (width - len(row)) for row in levels],
+        columns=[f"L{level}" for level in range(1, width + 1)],
+        index=pdf.index,
+    )
+    used = [column for column in wide if wide[column].sum() > 0]
+    return pd.concat([pdf[["group", "minute_end"]], wide[used]], axis=1)
+
+
+def dlq_flow(load: Frame, group: str | None = None) -> pd.DataFrame:
+    """Moves into the DLQ and replays out of it per bucket, and their running totals."""
+    pdf = _of(load, group)
+    out = pdf[["group", "minute", "minute_end", "dlq", "replays", "discards"]].copy()
+    by_group = out.groupby("group", sort=False)
+    out["dlq_total"] = by_group["dlq"].cumsum()
+    out["replayed_total"] = by_group["replays"].cumsum()
+    return out
+
+
+def commitlog_writes(load: Frame, group: str | None = None) -> pd.DataFrame:
+    """Commitlog writes per second and their running total (publishes, schedule-topic
+    copies, retry-topic copies, DLQ writes, replays: docs/model.md §9)."""
+    pdf = _of(load, group)
+    out = pdf[["group", "minute", "minute_end", "commitlog_writes", "commitlog_bytes"]].copy()
+    out["writes_per_s"] = out["commitlog_writes"] / (pdf["bucket_ms"] / 1000)
+    out["writes_total"] = out.groupby("group", sort=False)["commitlog_writes"].cumsum()
+    return out
+
+
+def utilization(load: Frame, group: str | None = None) -> pd.DataFrame:
+    """Consumer pool utilization (busy thread time / pool time; empty for an unlimited pool)
+    and the age of the oldest Ready message at each bucket's end, in seconds."""
+    pdf = _of(load, group)
+    return pd.DataFrame(
+        {
+            "group": pdf["group"],
+            "minute": pdf["minute"],
+            "minute_end": pdf["minute_end"],
+            "utilization": pdf["utilization"],
+            "oldest_ready_age_s": pdf["oldest_ready_age_ms"] / 1000,
+        }
+    )
+
+
+def summary_frame(summary: Frame) -> pd.DataFrame:
+    return _pandas(summary).sort_values("group").reset_index(drop=True)
+
+
+def plan_frame(plan: Frame) -> pd.DataFrame:
+    """The plan table as pandas, ordered by group and point, settings and targets decoded."""
+    pdf = _pandas(plan).sort_values(["group", "point"]).reset_index(drop=True)
+    pdf["settings"] = pdf["settings_json"].map(json.loads)
+    pdf["targets"] = pdf["targets_json"].map(json.loads)
+    return pdf
+
+
+def case_label(settings: dict[str, Any], group: str) -> str:
+    """A plan row's settings that do not set ``group``'s pool, as one label (its case)."""
+    prefix = f"groups.{group}."
+    return ", ".join(
+        f"{key.removeprefix(prefix)}={value}"
+        for key, value in settings.items()
+        if not key.startswith(f"{prefix}consumers")
+    )
+
+
+def busiest_message(attempts: DataFrame, group: str) -> int | None:
+    """The message of ``group`` with the most deliveries (lowest id on ties): a good one to
+    follow with :func:`message_timeline`. One row reaches the driver."""
+    row = (
+        attempts.where(F.col("group") == F.lit(group))
+        .groupBy("msg_id")
+        .agg(F.max("delivery").alias("deliveries"))
+        .orderBy(F.col("deliveries").desc(), "msg_id")
+        .first()
+    )
+    return None if row is None else int(row["msg_id"])
+
+
+def message_timeline(source: Any, group: str, msg_id: int) -> pd.DataFrame:
+    """One message's state changes in order (``source``: a Result or its transitions
+    DataFrame), with the time since the previous change."""
+    transitions = source.transitions if hasattr(source, "transitions") else source
+    pdf = (
+        transitions.where((F.col("group") == F.lit(group)) & (F.col("msg_id") == F.lit(msg_id)))
+        .select("delivery", "seq", "state", "at_ms", "topic", "queue_id", "delay_level", "reason")
+        .orderBy("seq")
+        .toPandas()
+    )
+    pdf["at"] = pd.to_timedelta(pdf["at_ms"], unit="ms")
+    pdf["since_previous"] = pd.to_timedelta(pdf["at_ms"].diff().fillna(0), unit="ms")
+    return pdf
+
+
+@dataclass(frozen=True)
+class RunData:
+    """Everything a run's report shows, already on the driver (all aggregated): ``config``
+    is the stored ``runs.config_json`` as a dict, ``scenario`` the Scenario it came from."""
+
+    run_id: str
+    run: dict[str, Any]
+    config: dict[str, Any]
+    scenario: Scenario
+    summary: pd.DataFrame
+    load: pd.DataFrame
+    retries: pd.DataFrame
+
+    def flavor(self, group: str) -> str:
+        found = [g.flavor for g in self.scenario.groups if g.name == group]
+        return found[0] if found else "?"
+
+    @property
+    def delay_levels_ms(self) -> list[int]:
+        return list(self.scenario.broker.message_delay_level)
+
+
+def run_data(
+    spark: SparkSession, output: str, run_id: str, retries: pd.DataFrame | None = None
+) -> RunData | None:
+    """Read a run's aggregated data (None if there is no such run). ``retries``: the run's
+    :func:`retries_by_level`, when the caller counted them while staging the run."""
+
+    def rows(table: str) -> DataFrame:
+        return read_table(spark, output, table).where(F.col(PARTITION_COLUMN) == F.lit(run_id))
+
+    run = rows("runs").drop(PARTITION_COLUMN).first()
+    if run is None:
+        return None
+    return RunData(
+        run_id=run_id,
+        run=run.asDict(),
+        config=json.loads(run["config_json"]),
+        scenario=scenario_from_json(run["config_json"]),
+        summary=summary_frame(rows("summary")),
+        load=load_frame(rows("load")),
+        retries=retries if retries is not None else retries_by_level(rows("attempts")),
+    )

@@ -1,0 +1,85 @@
+"""Named constants: RocketMQ defaults (with their source) and the simulator's own bounds."""
+
+from __future__ import annotations
+
+SECOND_MS = 1_000
+MINUTE_MS = 60 * SECOND_MS
+HOUR_MS = 60 * MINUTE_MS
+
+# store/.../config/MessageStoreConfig.messageDelayLevel
+DEFAULT_MESSAGE_DELAY_LEVEL = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+# DefaultMQPushConsumerImpl.getMaxReconsumeTimes: -1 means 16 for concurrent consumption.
+DEFAULT_MAX_RECONSUME_TIMES_CONCURRENT = 16
+# ConsumeMessageOrderlyService.getMaxReconsumeTimes: -1 means Integer.MAX_VALUE.
+INTEGER_MAX_VALUE = 2**31 - 1
+# AbstractSendMessageProcessor.consumerSendMsgBack: delayLevel 0 => 3 + reconsumeTimes.
+BROKER_FIRST_RETRY_LEVEL = 3
+# ProcessQueue.cleanExpiredMsg sends an expired message back at this fixed level.
+TIMEOUT_SEND_BACK_LEVEL = 3
+# DefaultMQPushConsumer.consumeTimeout: 15 minutes.
+DEFAULT_CONSUME_TIMEOUT_4X_MS = 15 * MINUTE_MS
+# ConsumeMessageConcurrentlyService.submitConsumeRequestLater: a failed send-back is resubmitted
+# locally after 5 s.
+SEND_BACK_RESUBMIT_MS = 5 * SECOND_MS
+# DefaultMQPushConsumer.suspendCurrentQueueTimeMillis (1000) and its clamp in
+# ConsumeMessageOrderlyService.submitConsumeRequestLater (10 .. 30000 ms).
+DEFAULT_SUSPEND_MS = 1_000
+MIN_SUSPEND_MS, MAX_SUSPEND_MS = 10, 30_000
+# DefaultMQPushConsumerImpl.checkConfig: consumeMessageBatchMaxSize in [1, 1024].
+MAX_CONSUME_BATCH = 1_024
+
+# TopicValidator.RMQ_SYS_SCHEDULE_TOPIC, MixAll.RETRY_GROUP_TOPIC_PREFIX / DLQ_GROUP_TOPIC_PREFIX
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+RETRY_TOPIC_PREFIX = "%RETRY%"
+DLQ_TOPIC_PREFIX = "%DLQ%"
+# SubscriptionGroupConfig.retryQueueNums = 1 and MixAll.DLQ_NUMS_PER_GROUP = 1: one queue each.
+RETRY_QUEUE_ID = 0
+DLQ_QUEUE_ID = 0
+
+# ApsaraMQ 5.x (the consumption-retry document, docs/flavors.md): push-consumer retry intervals for
+# unordered messages, 2 h after the 16th; default 16 and at most 1000 retries; the push
+# consumer's consume timeout is 1 minute; simple-consumer invisible time 10 s .. 12 h.
+APSARAMQ_PUSH_INTERVALS = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+DEFAULT_MAX_RETRIES_5X = 16
+MAX_RETRIES_5X = 1_000
+DEFAULT_CONSUME_TIMEOUT_5X_MS = MINUTE_MS
+MIN_INVISIBLE_MS, MAX_INVISIBLE_MS = 10 * SECOND_MS, 12 * HOUR_MS
+DEFAULT_INVISIBLE_MS = 30 * SECOND_MS
+# CustomizedRetryPolicy.next (remoting/.../subscription): the open-source gRPC clients index
+# it from its first entry (CustomizedBackoffRetryPolicy), docs/flavors.md.
+GRPC_CLIENT_INTERVALS = DEFAULT_MESSAGE_DELAY_LEVEL
+# ExponentialRetryPolicy defaults: initial 5 s, max 2 h, multiplier 2.
+EXPONENTIAL_INITIAL_MS, EXPONENTIAL_MAX_MS, EXPONENTIAL_MULTIPLIER = 5_000, 2 * HOUR_MS, 2.0
+# Alibaba Cloud MQ TCP/HTTP retry document (docs/flavors.md): HTTP retries every 5 min
+# (unordered) or 1 min (ordered), at most 288 times, fixed by the service.
+HTTP_UNORDERED_INTERVAL_MS, HTTP_ORDERED_INTERVAL_MS = 5 * MINUTE_MS, MINUTE_MS
+HTTP_MAX_RETRIES = 288
+
+# Comparison presets (AWS SQS and Google Pub/Sub documented limits and defaults).
+SQS_DEFAULT_VISIBILITY_MS, SQS_MAX_VISIBILITY_MS = 30 * SECOND_MS, 12 * HOUR_MS
+SQS_DEFAULT_MAX_RECEIVE, SQS_MAX_RECEIVE = 10, 1_000
+PUBSUB_MIN_BACKOFF_MS, PUBSUB_MAX_BACKOFF_MS = 10 * SECOND_MS, 600 * SECOND_MS
+PUBSUB_BACKOFF_LIMIT_MS = 600 * SECOND_MS
+PUBSUB_DEFAULT_ATTEMPTS, PUBSUB_MIN_ATTEMPTS, PUBSUB_MAX_ATTEMPTS = 5, 5, 100
+PUBSUB_DEFAULT_ACK_DEADLINE_MS = 10 * SECOND_MS
+PUBSUB_MIN_ACK_DEADLINE_MS, PUBSUB_MAX_ACK_DEADLINE_MS = 10 * SECOND_MS, 600 * SECOND_MS
+
+# DefaultMQPushConsumer.consumeThreadMin: 20 threads per instance.
+DEFAULT_CONSUMER_THREADS = 20
+
+# Simulator bounds: large enough for capacity planning, small enough to fail fast on typos.
+MAX_DELAY_LEVELS = 64
+MAX_RECONSUME_TIMES_4X = 10_000
+MAX_FAIL_FIRST = 100_000
+MAX_MESSAGES_PER_GROUP = 10_000_000_000
+MAX_QUEUES = 65_536
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # broker maxMessageSize default 4 MiB
+MAX_CONSUMER_INSTANCES = 100_000
+MAX_CONSUMER_THREADS = 1_000
+MAX_HORIZON_MS = 366 * 86_400_000
+MAX_LOAD_BUCKETS = 1_000_000
+MAX_CUSTOM_INTERVALS = 1_000
+DEFAULT_PROCESSING_MS = 10
+# A lognormal with p99 above exp(z99^2 / 2) ~ 14.97 x its mean does not exist.
+LOGNORMAL_MAX_P99_RATIO = 14.97
+Z_99 = 2.3263478740408408

@@ -1,0 +1,395 @@
+"""The scenario's models: every key, its type, default and range, frozen once validated.
+
+A scenario is validated once at the entrypoint and passed down frozen, so every later stage
+can trust its values. Flavor-specific keys are checked against the flavor's record
+(:mod:`retrysim.model.flavors`), so a key the flavor does not read is an error, not a line
+silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    model_validator,
+)
+
+from retrysim.model import flavors
+from retrysim.scenario import limits
+from retrysim.scenario.errors import FieldRuleError
+from retrysim.scenario.units import (
+    DelayLevels,
+    Duration,
+    NonNegativeDuration,
+    Probability,
+    StrictInt,
+    format_duration,
+    in_range,
+    is_stored,
+    parse_delay_levels,
+    parse_rate,
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- behavior
+
+
+class ProcessingTime(_Model):
+    """How long the listener runs. Lognormal is given by mean and p99, as people measure it."""
+
+    dist: Literal["constant", "exponential", "lognormal"] = "constant"
+    mean: NonNegativeDuration = 0
+    p99: NonNegativeDuration | None = None
+
+    @model_validator(mode="after")
+    def _p99_fits(self) -> ProcessingTime:
+        if self.dist == "lognormal":
+            if self.p99 is None:
+                raise ValueError("lognormal needs p99 as well as mean")
+            if self.mean <= 0 or not self.mean < self.p99 <= limits.LOGNORMAL_MAX_P99_RATIO * (
+                self.mean
+            ):
+                raise ValueError(
+                    f"lognormal needs 0 < mean < p99 <= {limits.LOGNORMAL_MAX_P99_RATIO:.2f} x "
+                    f"mean (got mean {self.mean} ms, p99 {self.p99} ms)"
+                )
+        elif self.p99 is not None:
+            raise ValueError(f"p99 applies only to dist: lognormal, not {self.dist}")
+        return self
+
+
+def _processing_time(value: Any) -> Any:
+    """A bare duration means a constant processing time."""
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        return {"dist": "constant", "mean": value}
+    return value
+
+
+ProcessingTimeField = Annotated[ProcessingTime, BeforeValidator(_processing_time)]
+
+
+class Outage(_Model):
+    """A window of a failing downstream: its own failure chance, optionally slower calls."""
+
+    start: NonNegativeDuration
+    end: NonNegativeDuration
+    fail_probability: Probability = 1.0
+    processing_time: ProcessingTimeField | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Outage:
+        if self.end <= self.start:
+            raise ValueError(f"end ({self.end} ms) must be after start ({self.start} ms)")
+        return self
+
+
+class OutcomeMix(_Model):
+    """Relative weights of the ways a failed delivery fails (all retried the same way in 4.x)."""
+
+    reconsume_later: Annotated[float, in_range(0.0, None)] = 1.0
+    exception: Annotated[float, in_range(0.0, None)] = 0.0
+    null_return: Annotated[float, in_range(0.0, None)] = 0.0
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> OutcomeMix:
+        if self.reconsume_later + self.exception + self.null_return <= 0:
+            raise ValueError("weights must not all be 0")
+        return self
+
+
+class Behavior(_Model):
+    """What makes a delivery fail and how long it runs (docs/model.md §3)."""
+
+    fail_probability: Probability = 0.0
+    poison_fraction: Probability = 0.0
+    fail_first: Annotated[StrictInt, in_range(0, limits.MAX_FAIL_FIRST)] = 0
+    processing_time: ProcessingTimeField = ProcessingTime(mean=f"{limits.DEFAULT_PROCESSING_MS}ms")
+    outages: tuple[Outage, ...] = ()
+    outcome_mix: OutcomeMix = OutcomeMix()
+    send_back_failure_probability: Probability = 0.0
+    ready_wait: Annotated[Duration, in_range(0, limits.HOUR_MS, duration=True)] = 0
+
+
+class Workload(_Model):
+    messages: Annotated[StrictInt, in_range(1, limits.MAX_MESSAGES_PER_GROUP)] = 10_000
+    over: NonNegativeDuration = 3_600_000
+    arrival: Literal["uniform", "poisson"] = "uniform"
+    queues: Annotated[StrictInt, in_range(1, limits.MAX_QUEUES)] = 8
+    size_bytes: Annotated[StrictInt, in_range(1, limits.MAX_MESSAGE_BYTES)] = 1024
+
+
+def _unlimited(value: Any) -> Any:
+    """``consumers: unlimited`` is an infinite pool of consumer threads."""
+    if value == "unlimited":
+        return {"unlimited": True}
+    if isinstance(value, str):
+        raise ValueError("must be {instances, threads} or 'unlimited'")
+    return value
+
+
+class Consumers(_Model):
+    """The consumer thread pool of a group: ``instances x threads`` threads (docs/model.md §5)."""
+
+    instances: Annotated[StrictInt, in_range(1, limits.MAX_CONSUMER_INSTANCES)] = 1
+    threads: Annotated[StrictInt, in_range(1, limits.MAX_CONSUMER_THREADS)] = (
+        limits.DEFAULT_CONSUMER_THREADS
+    )
+    unlimited: bool = False
+
+    @property
+    def pool_size(self) -> int | None:
+        """Threads in the pool, or None for an unlimited pool."""
+        return None if self.unlimited else self.instances * self.threads
+
+
+ConsumersField = Annotated[Consumers, BeforeValidator(_unlimited)]
+
+# --------------------------------------------------------------------------- retry policies
+
+
+class ExponentialPolicy(_Model):
+    """RocketMQ 5 ExponentialRetryPolicy: ``min(max, initial * multiplier^(n-1))``."""
+
+    kind: Literal["exponential"]
+    initial: Annotated[Duration, in_range(1, limits.MAX_INVISIBLE_MS, duration=True)] = (
+        limits.EXPONENTIAL_INITIAL_MS
+    )
+    max: Annotated[Duration, in_range(1, limits.MAX_INVISIBLE_MS, duration=True)] = (
+        limits.EXPONENTIAL_MAX_MS
+    )
+    multiplier: Annotated[float, in_range(1.0, 100.0)] = limits.EXPONENTIAL_MULTIPLIER
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ExponentialPolicy:
+        if self.max < self.initial:
+            raise ValueError(f"max ({format_duration(self.max)}) must be >= initial")
+        return self
+
+
+class CustomizedPolicy(_Model):
+    """RocketMQ 5 CustomizedRetryPolicy: retry n waits ``intervals[min(n, len) - 1]``."""
+
+    kind: Literal["customized"]
+    intervals: Annotated[
+        tuple[Annotated[Duration, in_range(0, limits.MAX_INVISIBLE_MS, duration=True)], ...],
+        Field(min_length=1, max_length=limits.MAX_CUSTOM_INTERVALS),
+    ] = tuple(parse_delay_levels(limits.APSARAMQ_PUSH_INTERVALS))
+
+
+class GrpcClientPolicy(_Model):
+    """The open-source gRPC clients' default: the 18 levels indexed from 1 s."""
+
+    kind: Literal["grpc_client"]
+
+
+class SqsPolicy(_Model):
+    """AWS SQS: visibility timeout and a redrive policy's ``maxReceiveCount``."""
+
+    kind: Literal["sqs"]
+    visibility_timeout: Annotated[
+        Duration, in_range(0, limits.SQS_MAX_VISIBILITY_MS, duration=True)
+    ] = limits.SQS_DEFAULT_VISIBILITY_MS
+    max_receive_count: Annotated[StrictInt, in_range(1, limits.SQS_MAX_RECEIVE)] = (
+        limits.SQS_DEFAULT_MAX_RECEIVE
+    )
+
+
+class PubsubPolicy(_Model):
+    """Google Pub/Sub: exponential retry backoff, dead-letter policy, ack deadline."""
+
+    kind: Literal["pubsub"]
+    minimum_backoff: Annotated[
+        Duration, in_range(0, limits.PUBSUB_BACKOFF_LIMIT_MS, duration=True)
+    ] = limits.PUBSUB_MIN_BACKOFF_MS
+    maximum_backoff: Annotated[
+        Duration, in_range(0, limits.PUBSUB_BACKOFF_LIMIT_MS, duration=True)
+    ] = limits.PUBSUB_MAX_BACKOFF_MS
+    max_delivery_attempts: Annotated[
+        StrictInt, in_range(limits.PUBSUB_MIN_ATTEMPTS, limits.PUBSUB_MAX_ATTEMPTS)
+    ] = limits.PUBSUB_DEFAULT_ATTEMPTS
+    ack_deadline: Annotated[
+        Duration,
+        in_range(
+            limits.PUBSUB_MIN_ACK_DEADLINE_MS, limits.PUBSUB_MAX_ACK_DEADLINE_MS, duration=True
+        ),
+    ] = limits.PUBSUB_DEFAULT_ACK_DEADLINE_MS
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PubsubPolicy:
+        if self.maximum_backoff < self.minimum_backoff:
+            raise ValueError("maximum_backoff must be >= minimum_backoff")
+        return self
+
+
+RetryPolicy = Annotated[
+    ExponentialPolicy | CustomizedPolicy | GrpcClientPolicy | SqsPolicy | PubsubPolicy,
+    Field(discriminator="kind"),
+]
+RETRY_POLICY_MODELS: dict[str, type[BaseModel]] = {
+    "exponential": ExponentialPolicy,
+    "customized": CustomizedPolicy,
+    "grpc_client": GrpcClientPolicy,
+    "sqs": SqsPolicy,
+    "pubsub": PubsubPolicy,
+}
+
+
+# --------------------------------------------------------------------------- replay
+class Replay(_Model):
+    """DLQ replay what-if (docs/model.md §8): re-send dead letters after a fix."""
+
+    at: NonNegativeDuration
+    rate: Annotated[float, BeforeValidator(parse_rate)]
+    poison_fixed: bool = True
+
+
+# --------------------------------------------------------------------------- groups
+
+
+class Group(_Model):
+    """One consumer group: what it consumes, how it retries, how its listener behaves.
+
+    Flavor-specific keys (docs/flavors.md) are checked against the flavor once the group is
+    parsed, so ``suspend_current_queue_time`` on a concurrent consumer is an error, not a
+    silently ignored line.
+    """
+
+    name: Annotated[str, Field(pattern=r"^[%|a-zA-Z0-9_-]{1,255}$")]
+    flavor: Annotated[str, AfterValidator(flavors.known)]
+    topic: Annotated[str, Field(pattern=r"^[%|a-zA-Z0-9_-]{1,127}$")] | None = None
+    ordered: bool = False
+    max_reconsume_times: Annotated[StrictInt, in_range(-1, limits.MAX_RECONSUME_TIMES_4X)] = -1
+    delay_level_when_next_consume: Annotated[StrictInt, in_range(-1, None)] = 0
+    consume_timeout: Annotated[Duration, in_range(1_000, 24 * 3_600_000, duration=True)] | None = (
+        None
+    )
+    consume_timeout_check: Literal["exact", "periodic"] = "exact"
+    dlq_enabled: bool = True
+    suspend_current_queue_time: Annotated[
+        Duration, in_range(limits.MIN_SUSPEND_MS, limits.MAX_SUSPEND_MS, duration=True)
+    ] = limits.DEFAULT_SUSPEND_MS
+    invisible_duration: Annotated[
+        Duration, in_range(limits.MIN_INVISIBLE_MS, limits.MAX_INVISIBLE_MS, duration=True)
+    ] = limits.DEFAULT_INVISIBLE_MS
+    retry_policy: RetryPolicy | None = None
+    consume_message_batch_max_size: Annotated[StrictInt, in_range(1, limits.MAX_CONSUME_BATCH)] = 1
+    ack_index: Annotated[StrictInt, in_range(0, limits.MAX_CONSUME_BATCH - 1)] | None = None
+    pull_interval: Annotated[Duration, in_range(0, limits.HOUR_MS, duration=True)] = 0
+    consumers: ConsumersField = Consumers()
+    workload: Workload = Workload()
+    behavior: Behavior = Behavior()
+    replay: Replay | None = None
+
+    @property
+    def source_topic(self) -> str:
+        return self.topic or self.name
+
+    @property
+    def flavor_record(self) -> flavors.Flavor:
+        """The flavor's record in force: an ``ordered: true`` rocketmq5.push group's is the
+        ordered variant."""
+        return flavors.get(self.flavor).variant(self.ordered)
+
+    @property
+    def blocking(self) -> bool:
+        """Ordered consumption: one message of a queue at a time (head-of-line blocking)."""
+        return self.flavor_record.blocking
+
+    @property
+    def policy_kind(self) -> str | None:
+        """The retry_policy kind in force (the flavor's default when none is given)."""
+        if self.retry_policy is not None:
+            return self.retry_policy.kind
+        return flavors.get(self.flavor).default_policy_kind
+
+    @model_validator(mode="after")
+    def _flavor_rules(self, info: ValidationInfo) -> Group:
+        if is_stored(info):
+            return self
+        flavor = flavors.get(self.flavor)
+        given = self.model_fields_set | {
+            f"behavior.{key}" for key in self.behavior.model_fields_set
+        }
+        for key in flavors.FLAVOR_KEYS:
+            if key in given and key not in flavor.reads_any:
+                if key == "consume_timeout" and flavor.timeout_key is not None:
+                    raise FieldRuleError(
+                        key, f"does not apply to {flavor.name}; its timeout is {flavor.timeout_key}"
+                    )
+                readers = " and ".join(flavors.readers(key))
+                raise FieldRuleError(key, f"applies only to {readers}, not to {flavor.name}")
+        record = self.flavor_record
+        for key in sorted(given & flavor.reads_any - record.reads):
+            raise FieldRuleError(key, f"applies to {flavor.name} only with ordered: true")
+        self._check_retry_policy(record)
+        self._check_max_retries(flavor)
+        if self.replay is not None and (not self.dlq_enabled or not flavor.has_dlq):
+            raise FieldRuleError("replay", "needs a dead-letter queue (dlq_enabled: true)")
+        return self
+
+    def _check_retry_policy(self, record: flavors.Flavor) -> None:
+        allowed = record.policy_kinds
+        if self.retry_policy is not None and self.retry_policy.kind not in allowed:
+            kinds = f"allowed kinds: {', '.join(allowed)}" if allowed else "it takes none"
+            raise FieldRuleError(
+                "retry_policy",
+                f"kind {self.retry_policy.kind!r} does not apply to {record.label}; {kinds}",
+            )
+
+    def _check_max_retries(self, flavor: flavors.Flavor) -> None:
+        if "max_reconsume_times" not in self.model_fields_set or self.max_reconsume_times == -1:
+            return
+        if flavor.fixed_max_retries is not None:
+            raise FieldRuleError(
+                "max_reconsume_times",
+                f"value {self.max_reconsume_times}: must stay -1 for {flavor.name}; "
+                f"{flavor.fixed_max_retries}",
+            )
+        if self.max_reconsume_times > flavor.max_retries_limit:
+            raise FieldRuleError(
+                "max_reconsume_times",
+                f"value {self.max_reconsume_times}: must be between -1 and "
+                f"{flavor.max_retries_limit:,} for {flavor.name} (the 5.x maximum)",
+            )
+
+
+class Broker(_Model):
+    message_delay_level: DelayLevels = parse_delay_levels(limits.DEFAULT_MESSAGE_DELAY_LEVEL)
+
+
+def _unique_names(groups: tuple[Group, ...]) -> tuple[Group, ...]:
+    names = [group.name for group in groups]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate group names {duplicates}: each group needs its own name")
+    return groups
+
+
+class Scenario(_Model):
+    """A whole scenario file; docs/scenario.md lists every key with its range."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)] = "scenario"
+    seed: Annotated[StrictInt, in_range(0, 2**63 - 1)] = 42
+    horizon: Annotated[Duration, in_range(1, limits.MAX_HORIZON_MS, duration=True)] = 6 * 3_600_000
+    load_bucket: Annotated[Duration, in_range(100, None, duration=True)] = 60_000
+    broker: Broker = Broker()
+    groups: Annotated[tuple[Group, ...], Field(min_length=1), AfterValidator(_unique_names)]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        if self.horizon // self.load_bucket > limits.MAX_LOAD_BUCKETS:
+            raise ValueError(
+                f"horizon / load_bucket gives {self.horizon // self.load_bucket} buckets; at "
+                f"most {limits.MAX_LOAD_BUCKETS} are allowed (use a larger load_bucket)"
+            )
+        return self

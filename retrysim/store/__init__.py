@@ -1,0 +1,1 @@
+"""Delta tables and atomic runs: sinks, writer leases, recovery and publishing, readers."""

@@ -1,0 +1,137 @@
+"""Atomic runs: publish-or-nothing, and recovery after a crash.
+
+A run's seven tables are seven Delta commits, so a driver that dies between two of them
+would leave rows of a run that never finished. :func:`publish_run` writes the ``runs`` row
+as ``publishing`` first and ``complete`` last, and readers (:func:`read_table`) show only
+complete runs. A writer holds a lease (:mod:`retrysim.store.lease`) from before it stages
+anything until after its last commit, so :func:`recover`, at the start of every run and of
+``retrysim validate``, can remove the partitions of runs that are neither complete nor
+leased, and never a live run's (docs/architecture.md, "Atomic runs").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from retrysim.store.lease import Lease, clean_staging, live_run_ids
+from retrysim.store.sinks import (
+    Sink,
+    arrow_schema,
+    complete_run_ids,
+    table_path,
+    with_commit_retries,
+)
+from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, TABLE_ORDER
+
+Say = Callable[[str], None]
+
+# --------------------------------------------------------------------------- recovery
+
+
+@dataclass
+class Recovery:
+    """What :func:`recover` removed: run ids per table, and stale staging entries."""
+
+    removed: dict[str, list[str]] = field(default_factory=dict)
+    cleaned: list[str] = field(default_factory=list)
+
+    @property
+    def runs(self) -> list[str]:
+        return sorted({run for runs in self.removed.values() for run in runs})
+
+
+def _drop_partitions(snapshot: DeltaTable, table: str, run_ids: list[str]) -> None:
+    """One commit removing the snapshot's files of ``run_ids`` (an overwrite with no adds)."""
+    snapshot.create_write_transaction(
+        [],
+        mode="overwrite",
+        schema=arrow_schema(ALL_SCHEMAS[table]),
+        partition_by=[PARTITION_COLUMN],
+        partition_filters=[(PARTITION_COLUMN, "in", run_ids)],
+    )
+
+
+def _present(snapshot: DeltaTable) -> set[str]:
+    return {part[PARTITION_COLUMN] for part in snapshot.partitions()}
+
+
+def recover(output: str, say: Say | None = None) -> Recovery:
+    """Remove every trace of runs whose writer died before completing them.
+
+    Data tables first, ``runs`` last (as a run publishes), then stale staging folders."""
+    report = Recovery()
+    for table in TABLE_ORDER:
+        path = table_path(output, table)
+        if not DeltaTable.is_deltatable(path):
+            continue
+
+        def attempt(table: str = table, path: str = path) -> None:
+            snapshot = DeltaTable(path)  # 1. snapshot, 2. leases, 3. complete runs
+            present = _present(snapshot)
+            if not present:
+                return
+            doomed = sorted(present - live_run_ids(output) - set(complete_run_ids(output)))
+            if doomed:
+                _drop_partitions(snapshot, table, doomed)
+                report.removed[table] = doomed
+
+        with_commit_retries(attempt)
+    report.cleaned = clean_staging(output)
+    if say and report.runs:
+        tables = ", ".join(sorted(report.removed))
+        say(f"recovery: removed incomplete run(s) {', '.join(report.runs)} from {tables}")
+    if say and report.cleaned:
+        say(f"recovery: removed {len(report.cleaned)} stale staging entries of dead writers")
+    return report
+
+
+def remove_runs(output: str, run_ids: list[str]) -> None:
+    """Remove ``run_ids`` from every run table (a failed publish rolls itself back)."""
+    for table in TABLE_ORDER:
+        path = table_path(output, table)
+        if not DeltaTable.is_deltatable(path):
+            continue
+
+        def attempt(table: str = table, path: str = path) -> None:
+            snapshot = DeltaTable(path)
+            doomed = sorted(_present(snapshot) & set(run_ids))
+            if doomed:
+                _drop_partitions(snapshot, table, doomed)
+
+        with_commit_retries(attempt)
+
+
+# --------------------------------------------------------------------------- publishing
+
+
+def publish_run(
+    sink: Sink,
+    spark: SparkSession,
+    output: str,
+    staged: dict[str, str],
+    marker: str,
+    lease: Lease,
+) -> None:
+    """Publish a staged run: ``runs`` as publishing, the data tables, ``runs`` as complete.
+
+    ``staged`` maps every table the run writes to its staged Parquet folder (``runs`` holds
+    the complete row), ``marker`` is the staged ``runs`` row with status publishing. If
+    anything fails after the marker is committed, the run's partitions are removed again
+    (best effort; a later :func:`recover` finishes the job when this process cannot)."""
+    lease.check()
+    sink.publish(spark, output, "runs", marker, lease.run_id)
+    try:
+        for table in TABLE_ORDER:
+            if table != "runs" and table in staged:  # a lean run stages fewer tables
+                sink.publish(spark, output, table, staged[table], lease.run_id)
+        lease.check()
+        sink.publish(spark, output, "runs", staged["runs"], lease.run_id)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            remove_runs(output, [lease.run_id])
+        raise

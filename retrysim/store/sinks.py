@@ -1,0 +1,255 @@
+"""Delta output: two interchangeable sinks behind one interface, and one reader.
+
+A run first stages every table as Parquet (nothing visible yet); publishing then replaces
+the run's partition of each table in a single Delta commit per table, ``runs`` last.
+
+* :class:`DeltaRsSink` — moves the staged Parquet files into ``<table>/run_id=<id>/`` and
+  commits them with the ``deltalake`` package (add actions with statistics read from the
+  Parquet footers; an overwrite filtered on ``run_id`` removes the run's previous files).
+  Used where the Delta Lake JARs are not on the JVM classpath — here, where no Maven
+  repository is reachable. Needs a local or mounted path (every executor writes there).
+* :class:`DeltaSparkSink` — ``df.write.format("delta")`` with ``replaceWhere`` on run_id,
+  when the Delta classes load (a cluster started with ``--packages io.delta:delta-spark``).
+
+Readers go through :func:`read_table`: Delta through Spark where it can, else Parquet over
+the table's *active* files as the Delta log lists them. Never the folder as plain Parquet:
+files an overwrite removed stay on disk until vacuum. The reader shows only rows of runs whose
+``runs`` row says ``complete`` (see :mod:`retrysim.store.recovery` for the publish protocol).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, create_table_with_add_actions
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, SCHEMAS, data_schema
+
+_ARROW_TYPES = {
+    T.StringType: pa.string(),
+    T.LongType: pa.int64(),
+    T.IntegerType: pa.int32(),
+    T.DoubleType: pa.float64(),
+    T.BooleanType: pa.bool_(),
+    T.TimestampType: pa.timestamp("us", tz="UTC"),
+}
+# A run's status in ``runs``: readers show only complete runs; ``publishing`` hides a run
+# while its tables are being replaced (retrysim.store.recovery).
+STATUS_COMPLETE, STATUS_PUBLISHING = "complete", "publishing"
+# Concurrent writers: a commit that lost a race (a newer table version, the table created
+# by another writer in between) is retried with exponential backoff and jitter.
+COMMIT_RETRIES = 12
+COMMIT_BACKOFF_S, COMMIT_BACKOFF_MAX_S = 0.1, 3.0
+_RACE_SIGNS = ("onflict", "already exists", "not allowed for create", "changed since last")
+
+
+def _arrow_type(dtype: T.DataType) -> pa.DataType:
+    if isinstance(dtype, T.ArrayType):
+        return pa.list_(pa.field("element", _arrow_type(dtype.elementType), nullable=True))
+    return _ARROW_TYPES[type(dtype)]
+
+
+def arrow_schema(schema: T.StructType) -> pa.Schema:
+    return pa.schema(
+        [pa.field(f.name, _arrow_type(f.dataType), nullable=True) for f in schema.fields]
+    )
+
+
+def table_path(output: str, table: str) -> str:
+    """Absolute: the JVM resolves a relative path against its own working directory, which
+    is not Python's once a notebook or test changes directory."""
+    return os.path.join(os.path.abspath(output), table)
+
+
+def delta_classes_available(spark: SparkSession) -> bool:
+    """True when the JVM can load Delta Lake (delta-spark JARs on the classpath)."""
+    try:
+        loader = spark._jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable", False, loader)
+        return True
+    except Exception:
+        return False
+
+
+class Sink(Protocol):
+    name: str
+
+    def publish(self, spark: SparkSession, output: str, table: str, staged: str, run_id: str):
+        """Replace the run's rows of ``table`` with the staged Parquet files, atomically."""
+
+
+class DeltaRsSink:
+    name = "delta-rs"
+
+    def publish(
+        self, spark: SparkSession, output: str, table: str, staged: str, run_id: str
+    ) -> None:
+        root = Path(table_path(output, table))
+        partition = root / f"{PARTITION_COLUMN}={run_id}"
+        partition.mkdir(parents=True, exist_ok=True)
+        actions = []
+        for source in sorted(Path(staged).glob("*.parquet")):
+            target = partition / source.name
+            os.replace(source, target)
+            actions.append(_add_action(target, root, run_id))
+        schema = arrow_schema(ALL_SCHEMAS[table])
+        with_commit_retries(lambda: _commit(str(root), schema, actions, run_id))
+
+
+def lost_commit_race(error: Exception) -> bool:
+    """A commit another writer got in first: a conflict, or two writers creating version 0."""
+    return isinstance(error, CommitFailedError) or any(s in str(error) for s in _RACE_SIGNS)
+
+
+def with_commit_retries(commit) -> None:
+    """Run ``commit`` (which re-reads the table each time), retrying lost commit races."""
+    for attempt in range(COMMIT_RETRIES):
+        try:
+            commit()
+            return
+        except Exception as error:
+            if attempt == COMMIT_RETRIES - 1 or not lost_commit_race(error):
+                raise
+            pause = min(COMMIT_BACKOFF_MAX_S, COMMIT_BACKOFF_S * 2**attempt)
+            time.sleep(pause * random.uniform(0.5, 1.0))
+
+
+def _commit(uri: str, schema: pa.Schema, actions: list[AddAction], run_id: str) -> None:
+    if DeltaTable.is_deltatable(uri):
+        DeltaTable(uri).create_write_transaction(
+            actions,
+            mode="overwrite",
+            schema=schema,
+            partition_by=[PARTITION_COLUMN],
+            partition_filters=[(PARTITION_COLUMN, "=", run_id)],
+        )
+    else:
+        create_table_with_add_actions(
+            uri, DeltaSchema.from_arrow(schema), actions, mode="append",
+            partition_by=[PARTITION_COLUMN],
+        )  # fmt: skip
+
+
+def _add_action(path: Path, root: Path, run_id: str) -> AddAction:
+    """An add action with Delta statistics from the file's Parquet footer (no data read)."""
+    metadata = pq.ParquetFile(path).metadata
+    stats: dict[str, object] = {"numRecords": metadata.num_rows}
+    mins: dict[str, object] = {}
+    maxs: dict[str, object] = {}
+    nulls: dict[str, int] = {}
+    for column in range(metadata.num_columns):
+        name = metadata.schema.column(column).name
+        nulls[name] = 0
+        for group in range(metadata.num_row_groups):
+            column_stats = metadata.row_group(group).column(column).statistics
+            if column_stats is None or not column_stats.has_null_count:
+                nulls.pop(name, None)
+                break
+            nulls[name] += column_stats.null_count
+            if column_stats.has_min_max and isinstance(column_stats.min, (int, float, str)):
+                low, high = column_stats.min, column_stats.max
+                mins[name] = low if name not in mins else min(mins[name], low)
+                maxs[name] = high if name not in maxs else max(maxs[name], high)
+    stats.update(minValues=mins, maxValues=maxs, nullCount=nulls)
+    info = path.stat()
+    return AddAction(
+        path=str(path.relative_to(root)),
+        size=info.st_size,
+        partition_values={PARTITION_COLUMN: run_id},
+        modification_time=int(info.st_mtime * 1000),
+        data_change=True,
+        stats=json.dumps(stats),
+    )
+
+
+class DeltaSparkSink:
+    name = "delta-spark"
+
+    def publish(
+        self, spark: SparkSession, output: str, table: str, staged: str, run_id: str
+    ) -> None:
+        schema = data_schema(ALL_SCHEMAS[table])
+        (
+            spark.read.schema(schema)
+            .parquet(staged)
+            .withColumn(PARTITION_COLUMN, F.lit(run_id))
+            .select(*ALL_SCHEMAS[table].fieldNames())
+            .write.format("delta")
+            .mode("overwrite")
+            .option("replaceWhere", f"{PARTITION_COLUMN} = '{run_id}'")
+            .partitionBy(PARTITION_COLUMN)
+            .save(table_path(output, table))
+        )
+
+
+def choose_sink(spark: SparkSession, preference: str = "auto") -> Sink:
+    """``auto`` picks delta-spark when its classes load, else the delta-rs commit path."""
+    if preference == "delta-rs":
+        return DeltaRsSink()
+    available = delta_classes_available(spark)
+    if preference == "delta-spark" and not available:
+        raise RuntimeError(
+            "--delta-sink delta-spark: the Delta Lake classes are not on the JVM classpath "
+            "(start Spark with --packages io.delta:delta-spark_2.13:<version> or its JARs)"
+        )
+    return DeltaSparkSink() if available else DeltaRsSink()
+
+
+def complete_run_ids(output: str) -> list[str]:
+    """Run ids whose ``runs`` row says complete (the runs table is one small row per run)."""
+    path = table_path(output, "runs")
+    if not DeltaTable.is_deltatable(path):
+        return []
+    runs = DeltaTable(path).to_pyarrow_table(columns=[PARTITION_COLUMN, "status"]).to_pydict()
+    pairs = zip(runs[PARTITION_COLUMN], runs["status"], strict=True)
+    return sorted({run for run, status in pairs if status == STATUS_COMPLETE})
+
+
+def read_table(
+    spark: SparkSession, output: str, table: str, complete_only: bool = True
+) -> DataFrame:
+    """A table as a Spark DataFrame, every complete run; filter on ``run_id`` for one run.
+
+    Rows of runs that are not complete (being published, or left by a writer that died) are
+    hidden unless ``complete_only=False``. The table's snapshot is taken before the list of
+    complete runs is read, so a run being re-published is never shown half replaced."""
+    schema = ALL_SCHEMAS[table]
+    path = table_path(output, table)
+    if not DeltaTable.is_deltatable(path):
+        return spark.createDataFrame([], schema)
+    hide = complete_only and table in SCHEMAS
+    if delta_classes_available(spark):
+        df = spark.read.format("delta").load(path).select(*schema.fieldNames())
+        return df.where(F.col(PARTITION_COLUMN).isin(complete_run_ids(output))) if hide else df
+    snapshot = DeltaTable(path)
+    runs = complete_run_ids(output) if hide else None
+    if runs is None:
+        files = snapshot.file_uris()
+    else:
+        files = snapshot.file_uris(file_pruning_predicate=[(PARTITION_COLUMN, "in", runs)])
+    if not files:
+        return spark.createDataFrame([], schema)
+    return (
+        spark.read.schema(schema)
+        .option("basePath", path)
+        .parquet(*files)
+        .select(*schema.fieldNames())
+    )
+
+
+def remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)

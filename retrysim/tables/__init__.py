@@ -1,0 +1,1 @@
+"""The output tables from the attempts: schemas, transitions, dead letters, load, summary."""

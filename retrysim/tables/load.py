@@ -1,0 +1,344 @@
+"""The ``load`` table: counts and gauges per group and time bucket, from staged attempts.
+
+Each staged attempt is one delivery with everything that happened to it, so every count and
+gauge of the ``load`` table is a sum of per-delivery contributions per time bucket:
+
+* counts (deliveries, commits, DLQ moves, commitlog writes, ...) land in the bucket of their
+  moment;
+* gauges (inflight, waiting_retry, ready_backlog, the schedule backlog per delay level) are
+  the number of messages in that state at the *end* of each bucket: +1 in the bucket where
+  an interval starts, -1 where it ends, and a running sum over buckets;
+* busy thread time is split exactly across the buckets a consume request spans;
+* the oldest Ready message's age at a bucket's end ``t`` is ``t - min(ready_ms)`` over the
+  deliveries Ready at ``t`` (ready before ``t``, started at or after it): a suffix minimum
+  over start buckets, so no delivery is exploded over the buckets it waits through.
+
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from retrysim.model.states import (
+    COMMIT,
+    DISCARD,
+    DLQ,
+    READY_PUBLISHED,
+    READY_REPLAYED,
+    READY_RETRY_DUE,
+    WAITING_RETRY,
+)
+from retrysim.scenario import limits
+from retrysim.scenario.spec import Scenario
+from retrysim.tables.groups import groups_df
+from retrysim.tables.schemas import (
+    LOAD,
+    data_schema,
+    select_schema,
+)
+
+# Retries by retry number are counted up to this number; later ones share the last bar
+# (an orderly poison message can retry thousands of times).
+RETRY_NUMBER_CAP = 24
+_COUNTS = (
+    "deliveries",
+    "first_deliveries",
+    "retries",
+    "commits",
+    "dlq",
+    "discards",
+    "commitlog_writes",
+    "replays",
+)
+_GAUGES = ("inflight", "waiting_retry", "ready_backlog")
+
+
+def _bucket_of(column: str, bucket_ms: int) -> Column:
+    return F.floor(F.col(column) / F.lit(bucket_ms)).cast("long")
+
+
+def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
+    """Attempts grouped by everything the load table reads from them: which events a delivery
+    has and the bucket of each; and by the retry a WaitingRetry attempt schedules, which the
+    run's report counts (:func:`retries_by_level`). Deliveries that look alike in those
+    respects add up, so the table has a few rows per bucket and kind of delivery, however
+    many messages run; every later step of the load works on it, not on the attempts.
+
+    Busy time is kept exact as integer sums of start and end per row, so splitting a request
+    across the buckets it spans needs no per-delivery row either.
+    """
+    state, reason = F.col("result_state"), F.col("ready_reason")
+    started = F.col("start_ms").isNotNull()
+    waits_retry = F.col("end_state") == F.lit(WAITING_RETRY)
+    scheduled = waits_retry & (F.col("end_topic") == F.lit(limits.SCHEDULE_TOPIC))
+    busy = started & (F.col("processing_ms") > 0)
+    busy_end = F.col("start_ms") + F.col("processing_ms")
+    keys = {
+        "started": started,
+        "first": started & (F.col("delivery") == 1),
+        "retry": started & ~reason.isin(READY_PUBLISHED, READY_REPLAYED),
+        "replayed": reason == F.lit(READY_REPLAYED),
+        "written": reason.isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE),
+        "state": state,
+        "ended": F.col("end_state").isNotNull(),
+        "waits_retry": waits_retry,
+        "level": F.when(scheduled, F.col("delay_level")),
+        "b_ready": _bucket_of("ready_ms", bucket_ms),
+        "b_start": _bucket_of("start_ms", bucket_ms),
+        "b_end": _bucket_of("end_ms", bucket_ms),
+        "b_settled": _bucket_of("settled_ms", bucket_ms),
+        "b_wr_until": F.when(
+            waits_retry,
+            F.floor(F.coalesce(F.col("next_ready_ms"), F.col("settled_ms")) / F.lit(bucket_ms)),
+        ).cast("long"),
+        "b_next": F.when(scheduled, _bucket_of("next_ready_ms", bucket_ms)),
+        "b_busy_last": F.when(busy, F.floor((busy_end - 1) / F.lit(bucket_ms))).cast("long"),
+        "batch_size": F.col("batch_size"),
+        **_retry_columns(),
+    }
+    waited = F.col("start_ms").isNull() | (F.col("start_ms") > F.col("ready_ms"))
+    return (
+        attempts.select(
+            "group",
+            *[c.alias(n) for n, c in keys.items()],
+            F.when(busy, F.col("start_ms")).alias("busy_start"),
+            F.when(busy, busy_end).alias("busy_end"),
+            F.when(waited, F.col("ready_ms")).alias("waited_ready"),
+        )
+        .groupBy("group", *keys)
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum("busy_start").alias("busy_start_sum"),
+            F.sum("busy_end").alias("busy_end_sum"),
+            F.min("waited_ready").alias("min_waited_ready"),
+        )
+    )
+
+
+def _retry_columns() -> dict[str, Column]:
+    """The retry a WaitingRetry attempt schedules: its delay level and its retry number
+    (capped at RETRY_NUMBER_CAP); null for any other attempt."""
+    waiting = F.col("result_state") == F.lit(WAITING_RETRY)
+    retry = F.least(F.col("reconsume_times") + F.lit(1), F.lit(RETRY_NUMBER_CAP))
+    return {
+        "retry_level": F.when(waiting, F.col("delay_level")),
+        "retry_number": F.when(waiting, retry),
+    }
+
+
+def retries_by_level(attempts: DataFrame, compact: DataFrame | None = None) -> pd.DataFrame:
+    """Retries scheduled per group, delay level (4.x schedule topic; null for other retry
+    paths) and retry number: a delivery that failed and waits for its next delivery is one
+    retry. Counted from ``compact`` (:func:`compact_attempts`) when the caller holds it, so
+    the report of a large run does not read every attempt again; only counts reach the
+    driver."""
+    counted = (
+        compact
+        if compact is not None
+        else attempts.select(
+            "group", *[c.alias(n) for n, c in _retry_columns().items()]
+        ).withColumn("n", F.lit(1))
+    )
+    return (
+        counted.where(F.col("retry_number").isNotNull())
+        .groupBy(
+            "group",
+            F.col("retry_level").alias("delay_level"),
+            F.col("retry_number").alias("retry"),
+        )
+        .agg(F.sum("n").alias("retries"))
+        .orderBy("group", "retry", "delay_level")
+        .toPandas()
+    )
+
+
+def _events(compact: DataFrame) -> DataFrame:
+    """Contributions to the counts and gauges: (bucket, kind, amount[, level]) per compact row.
+
+    Counts land in the bucket of their moment; a gauge gets +n where its interval starts and
+    -n where it ends, and a running sum over buckets gives its value at each bucket's end.
+    """
+    state, n = F.col("state"), F.col("n")
+    started, waits_retry = F.col("started"), F.col("waits_retry")
+    scheduled = F.col("level").isNotNull()
+
+    def event(when: Column, bucket: str, kind: str, sign: int = 1, level: bool = False) -> Column:
+        return F.when(
+            when & F.col(bucket).isNotNull(),
+            F.struct(
+                F.col(bucket).alias("bucket"),
+                F.lit(kind).alias("kind"),
+                (n * F.lit(sign)).alias("amount"),
+                (F.col("level") if level else F.lit(None)).cast("int").alias("level"),
+            ),
+        )
+
+    return (
+        compact.select(
+            "group",
+            F.explode(
+                F.array(
+                    event(started, "b_start", "deliveries"),
+                    event(F.col("first"), "b_start", "first_deliveries"),
+                    event(F.col("retry"), "b_start", "retries"),
+                    event(F.col("replayed"), "b_ready", "replays"),
+                    event(state == F.lit(COMMIT), "b_settled", "commits"),
+                    event(state == F.lit(DLQ), "b_settled", "dlq"),
+                    event(state == F.lit(DISCARD), "b_settled", "discards"),
+                    event(F.col("written"), "b_ready", "commitlog_writes"),
+                    event(scheduled, "b_end", "commitlog_writes"),
+                    event(state == F.lit(DLQ), "b_settled", "commitlog_writes"),
+                    event(started, "b_start", "inflight"),
+                    event(F.col("ended"), "b_end", "inflight", -1),
+                    event(waits_retry, "b_end", "waiting_retry"),
+                    event(waits_retry, "b_wr_until", "waiting_retry", -1),
+                    event(F.lit(True), "b_ready", "ready_backlog"),
+                    event(started, "b_start", "ready_backlog", -1),
+                    event(scheduled, "b_end", "schedule", 1, level=True),
+                    event(scheduled, "b_next", "schedule", -1, level=True),
+                )
+            ).alias("e"),
+        )
+        .where(F.col("e").isNotNull())
+        .select("group", "e.*")
+    )
+
+
+def _busy_ms(compact: DataFrame, bucket_ms: int) -> DataFrame:
+    """Thread-milliseconds busy per bucket, split exactly across the buckets a request spans
+    (a batch member carries its share of the batch's time).
+
+    A compact row holds ``n`` requests from bucket ``b1`` to ``b2`` with start and end sums
+    ``S`` and ``E``: if ``b1 = b2`` they were busy ``E - S``; otherwise ``n (b1 + 1) B - S`` in
+    ``b1``, ``E - n b2 B`` in ``b2`` and ``n B`` in each bucket between.
+    """
+    bucket = F.lit(bucket_ms)
+    spans = compact.where(F.col("b_busy_last").isNotNull())
+    b, b1, b2, n = F.col("bucket"), F.col("b_start"), F.col("b_busy_last"), F.col("n")
+    starts, ends = F.col("busy_start_sum"), F.col("busy_end_sum")
+    busy = (
+        F.when(b1 == b2, ends - starts)
+        .when(b == b1, n * (b1 + 1) * bucket - starts)
+        .when(b == b2, ends - n * b2 * bucket)
+        .otherwise(n * bucket)
+    )
+    return (
+        spans.withColumn("bucket", F.explode(F.sequence(b1, b2)))
+        .groupBy("group", "bucket")
+        .agg(F.sum(busy.cast("double") / F.col("batch_size")).alias("busy_thread_ms"))
+    )
+
+
+def _oldest_ready(compact: DataFrame, buckets: int) -> DataFrame:
+    """min(ready_ms) of the deliveries that waited in Ready, by the bucket they started in; a
+    delivery never started (still Ready at the horizon) counts as starting in bucket
+    ``buckets``, just after the last one, so the suffix minimum over ``start_bucket - 1``
+    carries it through every bucket from its Ready moment to the end."""
+    start_bucket = F.coalesce(F.col("b_start"), F.lit(buckets))
+    return (
+        compact.where(F.col("min_waited_ready").isNotNull())
+        .groupBy("group", start_bucket.alias("start_bucket"))
+        .agg(F.min("min_waited_ready").alias("min_ready"))
+    )
+
+
+def compact_attempts(attempts: DataFrame, scenario: Scenario) -> DataFrame:
+    """:func:`_compact` at the scenario's load bucket, held in executor memory: the load and
+    the summary both read it instead of the attempts."""
+    return _compact(attempts, scenario.load_bucket).localCheckpoint()
+
+
+def load_from_attempts(
+    spark: SparkSession,
+    attempts: DataFrame,
+    scenario: Scenario,
+    compact: DataFrame | None = None,
+) -> DataFrame:
+    """The ``load`` table: per group and bucket, counts, gauges at the bucket's end, the
+    schedule backlog per delay level, thread use and the oldest Ready message's age.
+    ``compact``: :func:`compact_attempts` of ``attempts``, when the caller holds it."""
+    bucket_ms = scenario.load_bucket
+    buckets = -(-scenario.horizon // bucket_ms)
+    compact = compact if compact is not None else compact_attempts(attempts, scenario)
+    events = _events(compact).where(F.col("bucket") < buckets)
+    names = (*_COUNTS, *_GAUGES)
+    per_bucket = events.groupBy("group", "bucket").agg(
+        *[F.sum(F.when(F.col("kind") == F.lit(n), F.col("amount"))).alias(n) for n in names]
+    )
+    groups = groups_df(spark, scenario)
+    grid = groups.crossJoin(
+        spark.range(0, buckets, numPartitions=1).withColumnRenamed("id", "bucket")
+    )
+    upto = (
+        Window.partitionBy("group")
+        .orderBy("bucket")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    after = (
+        Window.partitionBy("group")
+        .orderBy(F.col("bucket").desc())
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    oldest = _oldest_ready(compact, buckets).select(
+        "group", (F.col("start_bucket") - 1).alias("bucket"), "min_ready"
+    )
+    filled = (
+        grid.join(per_bucket, ["group", "bucket"], "left")
+        .join(_busy_ms(compact, bucket_ms), ["group", "bucket"], "left")
+        .join(oldest, ["group", "bucket"], "left")
+        .join(_schedule_backlog(events, groups, buckets), ["group", "bucket"], "left")
+        .fillna(0, subset=[*names, "busy_thread_ms"])
+    )
+    bucket_end = (F.col("bucket") + 1) * F.lit(bucket_ms)
+    oldest_ready = F.min("min_ready").over(after)
+    return select_schema(
+        filled.withColumns(
+            {
+                "bucket_start_ms": F.col("bucket") * F.lit(bucket_ms),
+                "bucket_ms": F.lit(bucket_ms),
+                **{gauge: F.sum(gauge).over(upto) for gauge in _GAUGES},
+                "commitlog_bytes": F.col("commitlog_writes") * F.col("size_bytes"),
+                "utilization": F.col("busy_thread_ms") / (F.col("pool") * F.lit(bucket_ms)),
+                "oldest_ready_age_ms": F.when(
+                    oldest_ready < bucket_end, bucket_end - oldest_ready
+                ).otherwise(F.lit(0)),
+                "schedule_backlog": F.coalesce(
+                    F.col("schedule_backlog"), F.array().cast("array<bigint>")
+                ),
+            }
+        ),
+        data_schema(LOAD),
+    )
+
+
+def _schedule_backlog(events: DataFrame, groups: DataFrame, buckets: int) -> DataFrame:
+    """Messages waiting in SCHEDULE_TOPIC_XXXX per delay level at each bucket's end, as an
+    array indexed by level - 1 (4.x concurrent groups; empty for the others)."""
+    deltas = (
+        events.where(F.col("kind") == F.lit("schedule"))
+        .groupBy("group", "level", "bucket")
+        .agg(F.sum("amount").alias("delta"))
+    )
+    spark = events.sparkSession
+    grid = (
+        groups.where(F.col("levels") > 0)
+        .select("group", F.explode(F.sequence(F.lit(1), F.col("levels"))).alias("level"))
+        .crossJoin(spark.range(0, buckets, numPartitions=1).withColumnRenamed("id", "bucket"))
+    )
+    upto = (
+        Window.partitionBy("group", "level")
+        .orderBy("bucket")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    levels = (
+        grid.join(deltas, ["group", "level", "bucket"], "left")
+        .fillna(0, subset=["delta"])
+        .withColumn("backlog", F.sum("delta").over(upto))
+    )
+    return levels.groupBy("group", "bucket").agg(
+        F.transform(
+            F.array_sort(F.collect_list(F.struct("level", "backlog"))), lambda x: x["backlog"]
+        ).alias("schedule_backlog")
+    )

@@ -1,0 +1,147 @@
+"""The ``summary`` table: one row per group, from the compacted attempts and the load.
+
+Percentiles are exact (Spark's ``percentile`` semantics), not ``percentile_approx``: the
+approximate sketch depends on how rows are merged across partitions, and the same scenario
+must give the same tables on any cluster.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from retrysim.model.states import (
+    COMMIT,
+    DISCARD,
+    DLQ,
+)
+from retrysim.scenario.spec import Scenario
+from retrysim.tables.groups import groups_df, literal_map
+from retrysim.tables.load import compact_attempts
+from retrysim.tables.schemas import (
+    SUMMARY,
+    data_schema,
+    select_schema,
+)
+
+_PERCENTILES = (0.5, 0.95, 0.99)
+
+
+def exact_percentiles(values: DataFrame, shares: tuple[float, ...]) -> DataFrame:
+    """Spark's exact ``percentile`` of ``value`` per (group, kind), from a histogram.
+
+    ``percentile`` gathers every distinct value of a group in one task's hash map, which at
+    a hundred million messages with spread-out times is more than a task's memory. Counting
+    each distinct value first is a distributed aggregation; the ranks then come from a running
+    sum over the (far fewer) distinct values, and the result is the same number: the value at
+    rank ``(n - 1) p``, interpolated linearly between the two closest ranks, in the order of
+    operations ``percentile`` uses, so it is bit for bit what ``percentile`` returns.
+    """
+    keys = ["group", "kind"]
+    histogram = values.where(F.col("value").isNotNull()).groupBy(*keys, "value").count()
+    upto = (
+        Window.partitionBy(*keys)
+        .orderBy("value")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    ranked = histogram.withColumns(
+        {
+            "last_rank": F.sum("count").over(upto) - 1,
+            "total": F.sum("count").over(Window.partitionBy(*keys)),
+        }
+    )
+    positions = [(F.col("total") - 1).cast("double") * F.lit(share) for share in shares]
+    picks = []
+    for index, position in enumerate(positions):
+        for side, rank in (("lo", F.floor(position)), ("hi", F.ceil(position))):
+            picks.append(
+                F.min(F.when(F.col("last_rank") >= rank, F.col("value"))).alias(f"{side}{index}")
+            )
+    picked = ranked.groupBy(*keys).agg(F.first("total").alias("total"), *picks)
+    results = []
+    for index, position in enumerate(positions):
+        lo, hi = F.floor(position), F.ceil(position)
+        low, high = F.col(f"lo{index}").cast("double"), F.col(f"hi{index}").cast("double")
+        results.append(
+            F.when((lo == hi) | (low == high), low).otherwise(
+                (hi - position) * low + (position - lo) * high
+            )
+        )
+    return picked.select(*keys, F.array(*results).alias("percentiles"))
+
+
+def summary_from(
+    spark: SparkSession,
+    attempts: DataFrame,
+    load: DataFrame,
+    scenario: Scenario,
+    engines: dict[str, str],
+    compact: DataFrame | None = None,
+    times: DataFrame | None = None,
+) -> DataFrame:
+    """The ``summary`` table: one row per group, from staged attempts and the load table.
+    The counts come from ``compact`` (:func:`compact_attempts`, a few rows per bucket and
+    kind of delivery), so only the times to commit and to DLQ read the attempts again
+    (``times``: :func:`times_to_settle`, when the caller computed them already)."""
+    compact = compact if compact is not None else compact_attempts(attempts, scenario)
+    times = times if times is not None else times_to_settle(attempts)
+
+    def total(kind: Column) -> Column:
+        return F.coalesce(F.sum(F.when(kind, F.col("n"))), F.lit(0)).cast("long")
+
+    ended_in = F.col("state")  # the compact rows' result_state
+    per_group = compact.groupBy("group").agg(
+        total(F.col("started")).alias("deliveries"),
+        total(F.col("retry")).alias("retries"),
+        total(ended_in == F.lit(COMMIT)).alias("commits"),
+        (total(ended_in == F.lit(DLQ)) - total(F.col("replayed"))).alias("dlq"),
+        total(ended_in == F.lit(DISCARD)).alias("discards"),
+        total(F.col("replayed")).alias("replayed"),
+    )
+    per_group = per_group.join(times, on="group", how="left")
+    from_load = load.groupBy("group").agg(
+        F.sum("commitlog_writes").alias("commitlog_writes"),
+        F.max("ready_backlog").alias("max_ready_backlog"),
+        F.max("waiting_retry").alias("max_waiting_retry"),
+        F.max("utilization").alias("peak_utilization"),
+    )
+    counted = ("deliveries", "retries", "commits", "dlq", "discards", "replayed")
+    joined = (
+        groups_df(spark, scenario)
+        .join(per_group, on="group", how="left")
+        .join(from_load, on="group", how="left")
+        .fillna(0, subset=[*counted, "commitlog_writes", "max_ready_backlog", "max_waiting_retry"])
+    )
+    columns = {
+        "pending": F.col("messages") - F.col("commits") - F.col("dlq") - F.col("discards"),
+        "amplification": F.col("deliveries") / F.col("messages"),
+        "write_amplification": F.col("commitlog_writes") / F.col("messages"),
+        "engine": literal_map(engines)[F.col("group")],
+    }
+    for index, share in enumerate(_PERCENTILES):
+        label = f"p{round(share * 100)}"
+        columns[f"{label}_time_to_commit_ms"] = F.col("ttc")[index]
+        columns[f"{label}_time_to_dlq_ms"] = F.col("ttd")[index]
+    return select_schema(joined.withColumns(columns), data_schema(SUMMARY))
+
+
+def times_to_settle(attempts: DataFrame) -> DataFrame:
+    """Per group, the exact percentiles (_PERCENTILES) of the time from publishing to commit
+    (``ttc``) and to the DLQ (``ttd``), as arrays. Held in executor memory: a few rows, from
+    a scan of every attempt that needs nothing else, so it can run beside the other scans."""
+    state = F.col("result_state")
+    return (
+        exact_percentiles(
+            attempts.where(state.isin(COMMIT, DLQ)).select(
+                "group",
+                state.alias("kind"),
+                (F.col("settled_ms") - F.col("born_ms")).alias("value"),
+            ),
+            _PERCENTILES,
+        )
+        .groupBy("group")
+        .pivot("kind", [COMMIT, DLQ])
+        .agg(F.first("percentiles"))
+        .withColumnsRenamed({COMMIT: "ttc", DLQ: "ttd"})
+        .localCheckpoint()
+    )

@@ -1,0 +1,157 @@
+"""The two interpreters of every flavor's rules must agree: Spark columns and plain Python.
+
+Each case is one settled delivery (reconsume_times, outcome, times, send-back result); the
+column version (round engine) and the Python version (sequential engine) must give the same
+next step, for every flavor, including timeouts, exhausted retries and clamped tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from chispa import assert_df_equality
+from pyspark.sql import functions as F
+from support import group, scenario
+
+from retrysim.model.behavior import CONSUME_SUCCESS, EXCEPTION, RECONSUME_LATER, TIMEOUT
+from retrysim.model.flavors import delay_table_levels, exponential_intervals
+from retrysim.model.policy import Step, policy_for
+
+FLAVOR_GROUPS = {
+    "concurrently": {},
+    "concurrently-fixed-level": {"delay_level_when_next_consume": 4, "max_reconsume_times": 3},
+    "concurrently-dlq-now": {"delay_level_when_next_consume": -1},
+    "concurrently-periodic": {"consume_timeout": "1m", "consume_timeout_check": "periodic"},
+    "concurrently-no-dlq": {"dlq_enabled": False, "max_reconsume_times": 2},
+    "orderly": {"flavor": "rocketmq4.orderly", "max_reconsume_times": 2},
+    "broadcasting": {"flavor": "rocketmq4.broadcasting"},
+    "http-unordered": {"flavor": "http.unordered"},
+    "http-ordered": {"flavor": "http.ordered"},
+    "push": {"flavor": "rocketmq5.push", "max_reconsume_times": 3},
+    "push-grpc": {"flavor": "rocketmq5.push", "retry_policy": {"kind": "grpc_client"}},
+    "push-ordered": {"flavor": "rocketmq5.push", "ordered": True, "max_reconsume_times": 2},
+    "simple": {"flavor": "rocketmq5.simple", "invisible_duration": "30s", "dlq_enabled": False},
+    "exponential": {
+        "flavor": "exponential",
+        "retry_policy": {"kind": "exponential", "initial": "1s", "max": "20s", "multiplier": 1.5},
+    },
+    "customized": {"flavor": "customized", "retry_policy": {"kind": "customized",
+                                                            "intervals": ["1s", "7s"]}},
+    "sqs": {"flavor": "sqs", "retry_policy": {"kind": "sqs", "max_receive_count": 3}},
+    "pubsub": {"flavor": "pubsub"},
+}  # fmt: skip
+OUTCOMES = (CONSUME_SUCCESS, RECONSUME_LATER, EXCEPTION, TIMEOUT)
+STEP_COLUMNS = list(Step._fields)
+
+
+def _policy(name: str, **extra):
+    config = scenario(
+        group(name, **{**FLAVOR_GROUPS[name], **extra}),
+        broker={"message_delay_level": "1s 5s 10s 30s 1m 2m"},
+    )
+    return policy_for(config.groups[0], config.broker.message_delay_level)
+
+
+def _cases():
+    for rt, outcome, send_back in itertools.product(
+        (0, 1, 2, 3, 5, 16, 300), OUTCOMES, (False, True)
+    ):
+        start = 1_000 * rt + 7
+        yield (rt, outcome, start, start + 250, send_back, "orders", 3)
+
+
+def test_next_step_columns_equal_python(spark):
+    """Every flavor at once (one Spark job): a column ``flavor`` tells the cases apart."""
+    cases = list(_cases())
+    frame = spark.createDataFrame(
+        cases,
+        "reconsume_times int, outcome string, start_ms long, end_ms long, "
+        "send_back_failed boolean, source_topic string, queue_id int",
+    )
+    actual, expected_rows = None, []
+    for name in sorted(FLAVOR_GROUPS):
+        policy = _policy(name)
+        part = frame.transform(policy.with_next_step).select(
+            F.lit(name).alias("flavor"), "reconsume_times", "outcome", "send_back_failed",
+            *STEP_COLUMNS,
+        )  # fmt: skip
+        actual = part if actual is None else actual.unionByName(part)
+        expected_rows += [
+            (name, rt, outcome, send_back,
+             *policy.next_step(rt, outcome, start, end, send_back, topic, q))
+            for rt, outcome, start, end, send_back, topic, q in cases
+        ]  # fmt: skip
+    expected = spark.createDataFrame(expected_rows, actual.schema)
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_consume_result_columns_equal_python(spark):
+    starts = (0, 59_999, 60_000, 61_234, 3_600_000)
+    processings = (0, 10_000, 29_999, 30_000, 30_001, 60_000, 119_999, 120_001, 900_001)
+    cases = [(s, p, RECONSUME_LATER) for s in starts for p in processings]
+    frame = spark.createDataFrame(
+        cases, "start_ms long, processing_ms long, listener_outcome string"
+    )
+    actual, expected_rows = None, []
+    for name in ("concurrently", "concurrently-periodic", "simple", "orderly", "pubsub"):
+        policy = _policy(name)
+        part = frame.transform(policy.with_consume_result).select(
+            F.lit(name).alias("flavor"), "start_ms", "processing_ms", "outcome", "end_ms"
+        )
+        actual = part if actual is None else actual.unionByName(part)
+        expected_rows += [(name, s, p, *policy.consume_result(s, p, o)) for s, p, o in cases]
+    expected = spark.createDataFrame(expected_rows, actual.schema)
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_concurrently_levels_clamp_to_a_short_table():
+    policy = _policy("concurrently")  # 6-level table: levels 3, 4, 5, 6, 6, ...
+    assert [policy.level(n) for n in range(1, 7)] == [3, 4, 5, 6, 6, 6]
+    assert [policy.interval(n) for n in range(1, 7)] == [10_000, 30_000, 60_000, 120_000,
+                                                         120_000, 120_000]  # fmt: skip
+    assert delay_table_levels((1, 2), 3) == (2,)
+
+
+def test_concurrently_timeout_goes_back_at_level_3_even_with_dlq_now():
+    policy = _policy("concurrently-dlq-now")
+    step = policy.next_step(0, TIMEOUT, 0, 900_000, False, "orders", 3)
+    assert (step.result_state, step.delay_level, step.next_ready_ms) == ("WaitingRetry", 3,
+                                                                          910_000)  # fmt: skip
+    step = policy.next_step(0, EXCEPTION, 0, 5, False, "orders", 3)
+    assert (step.result_state, step.end_reason) == ("DLQ", "delay_level_negative")
+
+
+def test_after_backoff_leave_waits_one_more_interval():
+    push = _policy("push")  # max 3 retries; retry 4 would wait 2 min
+    step = push.next_step(3, RECONSUME_LATER, 1_000, 2_000, False, "%RETRY%g_g", 0)
+    assert step.end_state == "WaitingRetry" and step.leave_state == "DLQ"
+    assert step.settled_ms == 2_000 + 120_000
+    simple = _policy("simple")  # the interval runs from the delivery's start
+    step = simple.next_step(16, TIMEOUT, 1_000, 31_000, False, "t", 0)
+    assert (step.leave_state, step.settled_ms) == ("Discard", 31_000)
+
+
+def test_exponential_intervals_round_half_up_and_cap():
+    expected = (1_000, 1_500, 2_250, 3_375, 5_063, 7_594, 11_391, 17_086, 20_000)
+    assert exponential_intervals(1_000, 20_000, 1.5, 16) == expected
+    assert exponential_intervals(5_000, 7_200_000, 2.0, 2) == (5_000, 10_000, 20_000)
+
+
+def test_send_back_failure_resubmits_locally_without_dlq_check():
+    policy = _policy("concurrently")
+    step = policy.next_step(16, RECONSUME_LATER, 0, 10, True, "%RETRY%g", 0)
+    assert (step.result_state, step.end_reason, step.next_ready_ms) == (
+        "WaitingRetry", "send_back_failed", 5_010,
+    )  # fmt: skip
+    assert (step.next_topic, step.next_queue_id, step.next_reason) == ("%RETRY%g", 0,
+                                                                       "local_retry")  # fmt: skip
+
+
+def test_eligible_time_rounds_up_to_the_pull_tick(spark):
+    policy = _policy("concurrently", pull_interval="1s", behavior={"ready_wait": "250ms"})
+    readies = [0, 1, 749, 750, 751, 999, 1_000, 1_751]
+    expected = [1_000, 1_000, 1_000, 1_000, 2_000, 2_000, 2_000, 3_000]
+    assert [policy.eligible_ms(r) for r in readies] == expected
+    frame = spark.createDataFrame([(r,) for r in readies], "ready_ms long")
+    got = [row[0] for row in frame.select(policy.eligible_col(F.col("ready_ms"))).collect()]
+    assert got == expected

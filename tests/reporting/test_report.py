@@ -1,0 +1,236 @@
+"""Reports, and the conf/ scenarios they describe.
+
+Each planning scenario in conf/ runs small (``--set``-style overrides shrink it) through the
+engine with the test session (flash-sale runs as the points of test_plan's end-to-end plan),
+and its run report is written: every section and image is there for every group, the file
+is self-contained, and only aggregated rows reach the driver (no collected frame has a
+``msg_id`` column; only runs, summary, load and a per-level count of attempts are read). A
+plan report is written from plan rows made here, and once through ``retrysim report``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import PROJECT
+
+from retrysim import load_scenario, simulate
+from retrysim.cli.main import main
+from retrysim.planning import plan
+from retrysim.planning.plan import write_plan_table
+from retrysim.reporting import analysis
+from retrysim.reporting.report import RUN_SECTIONS, report_path, write_plan_report, write_run_report
+from retrysim.store.sinks import DeltaRsSink
+
+CONF = PROJECT / "conf"
+# Each scenario of issue 5, shrunk: fewer messages, shorter horizons and, where the ladder is
+# long, fewer retries (poison-burst replays its dead letters at 30 min instead of 5 h).
+# conf/flash-sale.yaml runs as the three points of test_plan's end-to-end plan.
+SCENARIOS = {
+    "downstream-outage": [
+        "groups.0.workload.messages=300",
+        "groups.0.max_reconsume_times=3",
+        "groups.0.consumers.threads=2",
+        "horizon=2h",
+    ],
+    "poison-burst": [
+        "groups.0.workload.messages=300",
+        "groups.0.max_reconsume_times=2",
+        "groups.0.replay.at=30m",
+        "horizon=1h",
+    ],
+    "orderly-blocking": [f"groups.{i}.workload.messages=200" for i in (0, 1)] + ["horizon=20m"],
+}
+_IMAGE = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
+
+
+@pytest.fixture
+def driver_reads(spark, monkeypatch):
+    """Records every table the report reads and the columns of every frame it collects."""
+    tables: list[str] = []
+    collected: list[tuple[str, ...]] = []
+    frame = type(spark.range(1))  # the session's concrete DataFrame class
+    real_read, real_collect, real_pandas = analysis.read_table, frame.collect, frame.toPandas
+
+    def read(spark, output, table):
+        tables.append(table)
+        return real_read(spark, output, table)
+
+    def collect(self):
+        collected.append(tuple(self.columns))
+        return real_collect(self)
+
+    def to_pandas(self):
+        collected.append(tuple(self.columns))
+        return real_pandas(self)
+
+    monkeypatch.setattr(analysis, "read_table", read)
+    monkeypatch.setattr(plan, "read_table", read)
+    monkeypatch.setattr(frame, "collect", collect)
+    monkeypatch.setattr(frame, "toPandas", to_pandas)
+    return tables, collected
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario_runs_and_its_report_has_every_section(spark, tmp_path, name, driver_reads):
+    scenario = load_scenario(CONF / f"{name}.yaml", SCENARIOS[name])
+    result = simulate(spark, scenario, output=str(tmp_path), run_id=name, validate=False)
+    summary = {row["group"]: row for row in result.summary.collect()}
+    assert set(summary) == {g.name for g in scenario.groups}
+    tables, collected = driver_reads
+    tables.clear(), collected.clear()
+
+    path = write_run_report(spark, str(tmp_path), name)
+
+    assert path == report_path(str(tmp_path), name) and Path(path).is_file()
+    assert set(tables) == {"runs", "summary", "load", "attempts"}
+    assert collected and not [columns for columns in collected if "msg_id" in columns]
+    text = Path(path).read_text()
+    assert "<script" not in text and "http://" not in text and "https://" not in text
+    images = _IMAGE.findall(text)
+    assert len(images) == len(RUN_SECTIONS) * len(summary)
+    for group in summary:
+        assert f'id="group-{group}"' in text
+        for section in RUN_SECTIONS:
+            assert f"{group}: {section}" in [alt for alt, _ in images]
+    assert all(data.startswith("iVBORw0KGgo") for _, data in images)  # PNG signature
+    assert (
+        "Summary per group" in text and f"{summary[scenario.groups[0].name]['messages']:,}" in text
+    )
+    _check_story(name, summary)
+
+    # a run just simulated hands its report the retries it counted while staging: the report
+    # reads no attempt, and the counts are those of the attempts, counted here in Python
+    tables.clear()
+    write_run_report(spark, str(tmp_path), name, retries=result.retries)
+    assert "attempts" not in tables
+    expected = _python_retries(result.attempts.collect())
+    assert _retries(result.retries) == expected
+    if name != "orderly-blocking":  # its retries are local: no WaitingRetry
+        assert sum(expected.values()) > 0
+
+
+def _retries(retries) -> dict[tuple, int]:
+    return {
+        (row.group, None if row.delay_level != row.delay_level else int(row.delay_level),
+         int(row.retry)): int(row.retries)
+        for row in retries.itertuples()
+    }  # fmt: skip
+
+
+def _python_retries(attempts: list) -> dict[tuple, int]:
+    """Retries by group, delay level and retry number (capped), from the attempt rows."""
+    counts: dict[tuple, int] = {}
+    for row in attempts:
+        if row["result_state"] == "WaitingRetry":
+            key = (row["group"], row["delay_level"], min(row["reconsume_times"] + 1, 24))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _check_story(name: str, summary: dict) -> None:
+    """What each scenario is about shows in its small run too."""
+    if name == "downstream-outage":
+        assert summary["order-service"]["retries"] > 0
+    elif name == "poison-burst":
+        assert summary["inventory-sync"]["replayed"] > 0
+    elif name == "orderly-blocking":
+        assert summary["ledger-default"]["engine"] == "sequential"
+
+
+# --------------------------------------------------------------------------- plan report
+
+
+def _plan_rows() -> list[tuple]:
+    """Three points of one group, as the plan table stores them (no run needed)."""
+    targets = json.dumps({"p99_time_to_commit_ms": 60_000.0, "max_ready_backlog": 1000.0})
+    rows = []
+    for point, (instances, p99, backlog) in enumerate(
+        [(1, 400_000.0, 9000), (2, 50_000.0, 800), (4, 2_000.0, 10)], start=1
+    ):
+        misses = [
+            n
+            for n, bad in (
+                ("p99_time_to_commit", p99 > 60_000),
+                ("max_ready_backlog", backlog > 1000),
+            )
+            if bad
+        ]
+        rows.append(
+            (
+                point,
+                f"cap-p{point}",
+                "svc",
+                json.dumps({"groups.svc.consumers.instances": instances}),
+                instances,
+                4,
+                instances * 4,
+                1000,
+                1100,
+                1000,
+                0,
+                0,
+                0,
+                1.1,
+                1.2,
+                10.0,
+                20.0,
+                p99,
+                None,
+                backlog,
+                5,
+                backlog * 10,
+                0.9,
+                targets,
+                not misses,
+                ",".join(misses) or None,
+                point == 2,
+                "p99_time_to_commit,max_ready_backlog" if point == 2 else None,
+            )
+        )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def plan_output(spark, tmp_path_factory):
+    output = tmp_path_factory.mktemp("plan-report")
+    write_plan_table(spark, str(output), "cap", _plan_rows(), DeltaRsSink())
+    return output
+
+
+def test_plan_report_shows_the_recommendation_and_the_tradeoffs(spark, plan_output, driver_reads):
+    tables, collected = driver_reads
+    path = write_plan_report(spark, str(plan_output), "cap")
+    assert set(tables) == {"plan"}
+    assert not [columns for columns in collected if "msg_id" in columns]
+    text = Path(path).read_text()
+    assert Path(path) == plan_output / "reports" / "cap.html"
+    assert "Trade-off curves" in text and "Recommendation" in text
+    assert "<b>8 consumer threads</b> (2 instances x 4 threads, point p2" in text
+    assert "binding target: <b>p99_time_to_commit,max_ready_backlog</b>" in text
+    assert text.count('<tr class="recommended">') == 1
+    assert len(_IMAGE.findall(text)) == 1
+
+
+def test_report_command_line(spark, plan_output, monkeypatch, capsys):
+    """``retrysim report`` in this process: its session is the test session, which the
+    command's ``stop()`` must not end here. Bad input exits 2 before any Spark starts."""
+    monkeypatch.setattr(type(spark), "stop", lambda self: None)
+    assert main(["report", "--output", str(plan_output), "--plan-id", "cap"]) == 0
+    assert capsys.readouterr().out.strip() == str(plan_output / "reports" / "cap.html")
+    missing = subprocess.run(
+        [sys.executable, "-m", "retrysim", "report", "--output", str(plan_output / "nothing"),
+         "--run-id", "x"],
+        capture_output=True,
+        text=True,
+        cwd=PROJECT,
+        timeout=60,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("retrysim: error: --output: no retrysim tables in")
+    assert not (plan_output / "nothing").exists()

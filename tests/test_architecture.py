@@ -1,0 +1,121 @@
+"""The package layout as rules: the import graph has no cycle, the command line sits on top,
+and a flavor's name is known to one module. Pure Python: reads the sources, imports nothing."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from support import PROJECT
+
+PACKAGE = PROJECT / "retrysim"
+# Deferred imports allowed inside functions: heavy optional dependencies only.
+DEFERRED = {"retrysim.reporting.plots"}
+FLAVOR_NAMES = (
+    "rocketmq4.concurrently",
+    "rocketmq4.orderly",
+    "rocketmq4.broadcasting",
+    "http.unordered",
+    "http.ordered",
+    "rocketmq5.push",
+    "rocketmq5.simple",
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(child) for child in ast.walk(node)}
+    return skipped
+
+
+def imports(module: str) -> list[tuple[str, bool]]:
+    """(imported retrysim module, inside a function?) for every import the module runs."""
+    tree = ast.parse(MODULES[module].read_text())
+    skipped = _type_checking_nodes(tree)
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, nested: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if id(child) in skipped:
+                continue
+            if isinstance(child, ast.ImportFrom) and (child.module or "").startswith("retrysim"):
+                for alias in child.names:
+                    full = f"{child.module}.{alias.name}"
+                    found.append((full if full in MODULES else child.module, inner))
+            elif isinstance(child, ast.Import):
+                found.extend((a.name, inner) for a in child.names if a.name.startswith("retrysim"))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {module: {target for target, _ in imports(module)} for module in MODULES}
+
+
+def test_every_import_names_a_module_that_exists():
+    missing = {(m, t) for m, targets in graph().items() for t in targets if t not in MODULES}
+    assert not missing
+
+
+def test_the_import_graph_has_no_cycle():
+    edges = graph()
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(edges[module]):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target) :], target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+
+
+def test_imports_inside_functions_only_defer_matplotlib():
+    deferred = {
+        (module, target)
+        for module in MODULES
+        for target, inner in imports(module)
+        if inner and target not in DEFERRED
+    }
+    assert not deferred
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if not m.startswith(("retrysim.cli", "retrysim.__main__")))
+)
+def test_the_library_never_reaches_up_into_the_command_line(module):
+    source = MODULES[module].read_text()
+    assert not any(t.startswith("retrysim.cli") for t, _ in imports(module))
+    assert "import argparse" not in source
+
+
+def test_only_the_flavor_catalogue_names_a_flavor():
+    named = {
+        module
+        for module, path in MODULES.items()
+        if any(f'"{name}"' in path.read_text() for name in FLAVOR_NAMES)
+    }
+    assert named == {"retrysim.model.flavors"}
