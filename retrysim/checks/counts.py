@@ -13,8 +13,12 @@ from retrysim.tables.schemas import PARTITION_COLUMN
 LOAD_SUMS = ("deliveries", "first_deliveries", "retries", "commits", "dlq", "discards",
              "replays", "commitlog_writes", "commitlog_bytes")  # fmt: skip
 GAUGES = ("inflight", "ready_backlog", "waiting_retry")
+# Each gauge's run-wide peak in the summary: the largest of the load's within-bucket maxima.
+PEAKS = {"inflight": "max_inflight", "ready_backlog": "max_ready_backlog",
+         "waiting_retry": "max_waiting_retry"}  # fmt: skip
 SUMMARY_COLUMNS = ("messages", "deliveries", "retries", "commits", "dlq", "discards",
-                   "pending", "replayed", "amplification", "commitlog_writes")  # fmt: skip
+                   "pending", "replayed", "amplification", "commitlog_writes",
+                   *PEAKS.values())  # fmt: skip
 
 
 def load_counts(load: DataFrame) -> DataFrame:
@@ -27,6 +31,11 @@ def load_counts(load: DataFrame) -> DataFrame:
         F.max("bucket_ms").alias("bucket_ms"),
         *[F.sum(name).alias(f"load_{name}") for name in LOAD_SUMS],
         *[F.max_by(name, "bucket_start_ms").alias(f"load_end_{name}") for name in GAUGES],
+        *[F.max(f"{name}_max").alias(f"load_peak_{name}") for name in GAUGES],
+        *[
+            F.count_if(F.col(f"{name}_max") < F.col(name)).alias(f"load_under_{name}")
+            for name in GAUGES
+        ],
     )
 
 

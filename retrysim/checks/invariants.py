@@ -60,7 +60,11 @@ INVARIANTS = (
     Invariant("messages_attempts", "every message born before the horizon is delivered first"),
     Invariant("summary_counts", "summary = counts of the rows; messages = settled + pending"),
     Invariant("load_totals", "load's counts sum to the counts of the transitions"),
-    Invariant("load_gauges", "load's buckets are complete and its final gauges match"),
+    Invariant(
+        "load_gauges",
+        "load's buckets are complete, its final gauges match, no peak is below its gauge, and "
+        "the summary's peaks are the load's",
+    ),
     Invariant("runs_row", "every run has one runs row, with status complete"),
 )
 DELIVERY_CHECKS = ("legal_path", "seq_numbering", "deliveries_consecutive", "time_order",

@@ -154,6 +154,10 @@ def _group_problems(values: dict[str, Any]) -> dict[str, list[str]]:
         ("smallest bucket_ms (largest)", v["bucket_ms_min"], v["bucket_ms"]),
         ("load buckets (up to the last)", v["load_buckets"], v["load_end_ms"] // bucket),
         *[(f"final {gauge}", v[f"load_end_{gauge}"], v[f"end_{gauge}"]) for gauge in counts.GAUGES],
+        *[(f"buckets whose {gauge}_max is below {gauge}", v[f"load_under_{gauge}"], 0)
+          for gauge in counts.GAUGES],
+        *[(f"summary.{peak} (largest load.{gauge}_max)", v[f"s_{peak}"], v[f"load_peak_{gauge}"])
+          for gauge, peak in counts.PEAKS.items()],
     ]  # fmt: skip
     checks = {"summary_counts": summary, "load_totals": totals, "load_gauges": gauges,
               "attempts_transitions": _digest_pairs(v)}  # fmt: skip

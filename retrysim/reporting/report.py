@@ -58,7 +58,13 @@ _SUMMARY = (
     ("p99_time_to_dlq_ms", "p99 time to DLQ", "duration"),
     ("max_ready_backlog", "max Ready backlog", "count"),
     ("max_waiting_retry", "max WaitingRetry", "count"),
+    ("max_schedule_backlog", "max schedule-topic backlog", "count"),
+    ("max_inflight", "max Inflight", "count"),
     ("peak_utilization", "peak utilization", "fraction"),
+    ("max_oldest_ready_age_ms", "max oldest Ready age", "duration"),
+    ("peak_deliveries_per_s", "peak deliveries / s", "count"),
+    ("peak_retries_per_s", "peak retries / s", "count"),
+    ("peak_commitlog_writes_per_s", "peak commitlog writes / s", "count"),
     ("engine", "engine", "text"),
 )
 _PLAN = (

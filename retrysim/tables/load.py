@@ -7,7 +7,8 @@ gauge of the ``load`` table is a sum of per-delivery contributions per time buck
   moment;
 * gauges (inflight, waiting_retry, ready_backlog, the schedule backlog per delay level) are
   the number of messages in that state at the *end* of each bucket: +1 in the bucket where
-  an interval starts, -1 where it ends, and a running sum over buckets;
+  an interval starts, -1 where it ends, and a running sum over buckets; beside each, its
+  exact largest value within the bucket (``<gauge>_max``, :mod:`retrysim.tables.peaks`);
 * busy thread time is split exactly across the buckets a consume request spans;
 * the oldest Ready message's age at a bucket's end ``t`` is ``t - min(ready_ms)`` over the
   deliveries Ready at ``t`` (ready before ``t``, started at or after it): a suffix minimum
@@ -33,6 +34,7 @@ from retrysim.model.states import (
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import groups_df
+from retrysim.tables.peaks import THREAD_UNITS, WAIT, bucket_changes, bucket_maximum, gauge_columns
 from retrysim.tables.schemas import (
     LOAD,
     data_schema,
@@ -255,13 +257,16 @@ def load_from_attempts(
     attempts: DataFrame,
     scenario: Scenario,
     compact: DataFrame | None = None,
+    changes: DataFrame | None = None,
 ) -> DataFrame:
-    """The ``load`` table: per group and bucket, counts, gauges at the bucket's end, the
-    schedule backlog per delay level, thread use and the oldest Ready message's age.
-    ``compact``: :func:`compact_attempts` of ``attempts``, when the caller holds it."""
+    """The ``load`` table: per group and bucket, counts, gauges at the bucket's end and their
+    largest values within it, the schedule backlog per delay level, thread use and the
+    oldest Ready message's age. ``compact``: :func:`compact_attempts` of ``attempts``;
+    ``changes``: :func:`retrysim.tables.peaks.bucket_changes`, when the caller holds them."""
     bucket_ms = scenario.load_bucket
     buckets = -(-scenario.horizon // bucket_ms)
     compact = compact if compact is not None else compact_attempts(attempts, scenario)
+    changes = changes if changes is not None else bucket_changes(attempts, scenario)
     events = _events(compact).where(F.col("bucket") < buckets)
     names = (*_COUNTS, *_GAUGES)
     per_bucket = events.groupBy("group", "bucket").agg(
@@ -284,21 +289,35 @@ def load_from_attempts(
     oldest = _oldest_ready(compact, buckets).select(
         "group", (F.col("start_bucket") - 1).alias("bucket"), "min_ready"
     )
+    busy = "threads_busy"
+    longest = changes.where(F.col("kind") == F.lit(WAIT)).select(
+        "group", "bucket", F.col("longest").alias("longest_wait")
+    )
     filled = (
         grid.join(per_bucket, ["group", "bucket"], "left")
         .join(_busy_ms(compact, bucket_ms), ["group", "bucket"], "left")
         .join(oldest, ["group", "bucket"], "left")
-        .join(_schedule_backlog(events, groups, buckets), ["group", "bucket"], "left")
-        .fillna(0, subset=[*names, "busy_thread_ms"])
+        .join(_schedule_backlog(events, groups, buckets, changes), ["group", "bucket"], "left")
+        .join(longest, ["group", "bucket"], "left")
     )
+    for gauge in (*_GAUGES, busy):
+        filled = filled.join(gauge_columns(changes, gauge), ["group", "bucket"], "left")
+    filled = filled.fillna(0, subset=[*names, "busy_thread_ms", f"{busy}_total"])
     bucket_end = (F.col("bucket") + 1) * F.lit(bucket_ms)
     oldest_ready = F.min("min_ready").over(after)
+    ends = {gauge: F.sum(gauge).over(upto) for gauge in _GAUGES}
+    ends[busy] = F.sum(f"{busy}_total").over(upto)
+
+    def maximum(gauge: str) -> Column:
+        return bucket_maximum(F.col(gauge), F.col(f"{gauge}_total"), F.col(f"{gauge}_rise"))
+
+    threads_busy_max = F.round(maximum(busy) / F.lit(float(THREAD_UNITS)), 6)
     return select_schema(
         filled.withColumns(
             {
                 "bucket_start_ms": F.col("bucket") * F.lit(bucket_ms),
                 "bucket_ms": F.lit(bucket_ms),
-                **{gauge: F.sum(gauge).over(upto) for gauge in _GAUGES},
+                **ends,
                 "commitlog_bytes": F.col("commitlog_writes") * F.col("size_bytes"),
                 "utilization": F.col("busy_thread_ms") / (F.col("pool") * F.lit(bucket_ms)),
                 "oldest_ready_age_ms": F.when(
@@ -307,15 +326,29 @@ def load_from_attempts(
                 "schedule_backlog": F.coalesce(
                     F.col("schedule_backlog"), F.array().cast("array<bigint>")
                 ),
+                "schedule_backlog_max": F.coalesce(
+                    F.col("schedule_backlog_max"), F.array().cast("array<bigint>")
+                ),
+            }
+        ).withColumns(
+            {
+                **{f"{gauge}_max": maximum(gauge) for gauge in _GAUGES},
+                "utilization_max": threads_busy_max / F.col("pool"),
+                "oldest_ready_age_ms_max": F.greatest(
+                    F.col("oldest_ready_age_ms"), F.coalesce(F.col("longest_wait"), F.lit(0))
+                ),
             }
         ),
         data_schema(LOAD),
     )
 
 
-def _schedule_backlog(events: DataFrame, groups: DataFrame, buckets: int) -> DataFrame:
-    """Messages waiting in SCHEDULE_TOPIC_XXXX per delay level at each bucket's end, as an
-    array indexed by level - 1 (4.x concurrent groups; empty for the others)."""
+def _schedule_backlog(
+    events: DataFrame, groups: DataFrame, buckets: int, changes: DataFrame
+) -> DataFrame:
+    """Messages waiting in SCHEDULE_TOPIC_XXXX per delay level at each bucket's end and at
+    most within it, as arrays indexed by level - 1 (4.x concurrent groups; empty for the
+    others)."""
     deltas = (
         events.where(F.col("kind") == F.lit("schedule"))
         .groupBy("group", "level", "bucket")
@@ -334,11 +367,18 @@ def _schedule_backlog(events: DataFrame, groups: DataFrame, buckets: int) -> Dat
     )
     levels = (
         grid.join(deltas, ["group", "level", "bucket"], "left")
+        .join(gauge_columns(changes, "schedule", level=True), ["group", "level", "bucket"], "left")
         .fillna(0, subset=["delta"])
         .withColumn("backlog", F.sum("delta").over(upto))
+        .withColumn(
+            "backlog_max",
+            bucket_maximum(F.col("backlog"), F.col("schedule_total"), F.col("schedule_rise")),
+        )
     )
-    return levels.groupBy("group", "bucket").agg(
-        F.transform(
-            F.array_sort(F.collect_list(F.struct("level", "backlog"))), lambda x: x["backlog"]
-        ).alias("schedule_backlog")
-    )
+
+    def by_level(column: str) -> Column:
+        return F.transform(
+            F.array_sort(F.collect_list(F.struct("level", column))), lambda x: x[column]
+        ).alias(f"schedule_{column}")
+
+    return levels.groupBy("group", "bucket").agg(by_level("backlog"), by_level("backlog_max"))

@@ -155,6 +155,12 @@ LOAD = nullable_schema(
     ("busy_thread_ms", DoubleType()),
     ("utilization", DoubleType()),
     ("oldest_ready_age_ms", LongType()),
+    ("inflight_max", LongType()),
+    ("waiting_retry_max", LongType()),
+    ("ready_backlog_max", LongType()),
+    ("schedule_backlog_max", ArrayType(LongType())),
+    ("utilization_max", DoubleType()),
+    ("oldest_ready_age_ms_max", LongType()),
 )
 
 SUMMARY = nullable_schema(
@@ -180,6 +186,12 @@ SUMMARY = nullable_schema(
     ("max_ready_backlog", LongType()),
     ("max_waiting_retry", LongType()),
     ("peak_utilization", DoubleType()),
+    ("max_inflight", LongType()),
+    ("max_schedule_backlog", LongType()),
+    ("max_oldest_ready_age_ms", LongType()),
+    ("peak_deliveries_per_s", LongType()),
+    ("peak_retries_per_s", LongType()),
+    ("peak_commitlog_writes_per_s", LongType()),
     ("engine", StringType()),
 )
 

@@ -18,6 +18,7 @@ from retrysim.model.states import (
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import groups_df, literal_map
 from retrysim.tables.load import compact_attempts
+from retrysim.tables.peaks import bucket_changes, run_maxima
 from retrysim.tables.schemas import (
     SUMMARY,
     data_schema,
@@ -25,6 +26,7 @@ from retrysim.tables.schemas import (
 )
 
 _PERCENTILES = (0.5, 0.95, 0.99)
+PEAK_RATES = ("deliveries", "retries", "commitlog_writes")
 
 
 def exact_percentiles(values: DataFrame, shares: tuple[float, ...]) -> DataFrame:
@@ -78,13 +80,17 @@ def summary_from(
     engines: dict[str, str],
     compact: DataFrame | None = None,
     times: DataFrame | None = None,
+    changes: DataFrame | None = None,
 ) -> DataFrame:
     """The ``summary`` table: one row per group, from staged attempts and the load table.
     The counts come from ``compact`` (:func:`compact_attempts`, a few rows per bucket and
-    kind of delivery), so only the times to commit and to DLQ read the attempts again
-    (``times``: :func:`times_to_settle`, when the caller computed them already)."""
+    kind of delivery), the peaks from the load's within-bucket maxima and ``changes``
+    (:func:`retrysim.tables.peaks.bucket_changes`), so only the times to commit and to DLQ
+    read the attempts again (``times``: :func:`times_to_settle`), each argument computed
+    here when the caller does not hold it."""
     compact = compact if compact is not None else compact_attempts(attempts, scenario)
     times = times if times is not None else times_to_settle(attempts)
+    changes = changes if changes is not None else bucket_changes(attempts, scenario)
 
     def total(kind: Column) -> Column:
         return F.coalesce(F.sum(F.when(kind, F.col("n"))), F.lit(0)).cast("long")
@@ -101,16 +107,32 @@ def summary_from(
     per_group = per_group.join(times, on="group", how="left")
     from_load = load.groupBy("group").agg(
         F.sum("commitlog_writes").alias("commitlog_writes"),
-        F.max("ready_backlog").alias("max_ready_backlog"),
-        F.max("waiting_retry").alias("max_waiting_retry"),
-        F.max("utilization").alias("peak_utilization"),
+        F.max("ready_backlog_max").alias("max_ready_backlog"),
+        F.max("waiting_retry_max").alias("max_waiting_retry"),
+        F.max("inflight_max").alias("max_inflight"),
+        F.max("utilization_max").alias("peak_utilization"),
+        F.max("oldest_ready_age_ms_max").alias("max_oldest_ready_age_ms"),
+    )
+    maxima = run_maxima(changes).select(
+        "group",
+        F.col("schedule").alias("max_schedule_backlog"),
+        *[F.col(rate).alias(f"peak_{rate}_per_s") for rate in PEAK_RATES],
     )
     counted = ("deliveries", "retries", "commits", "dlq", "discards", "replayed")
+    peaks = (
+        "max_ready_backlog",
+        "max_waiting_retry",
+        "max_inflight",
+        "max_oldest_ready_age_ms",
+        "max_schedule_backlog",
+        *[f"peak_{rate}_per_s" for rate in PEAK_RATES],
+    )
     joined = (
         groups_df(spark, scenario)
         .join(per_group, on="group", how="left")
         .join(from_load, on="group", how="left")
-        .fillna(0, subset=[*counted, "commitlog_writes", "max_ready_backlog", "max_waiting_retry"])
+        .join(maxima, on="group", how="left")
+        .fillna(0, subset=[*counted, "commitlog_writes", *peaks])
     )
     columns = {
         "pending": F.col("messages") - F.col("commits") - F.col("dlq") - F.col("discards"),

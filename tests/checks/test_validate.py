@@ -90,11 +90,15 @@ HAND = {
                   retries=1, commits=2, dlq=0, discards=0, inflight=0, waiting_retry=0,
                   ready_backlog=0, commitlog_writes=4, commitlog_bytes=400, replays=0,
                   schedule_backlog=[0, 0, 0], busy_thread_ms=15.0, utilization=0.0,
-                  oldest_ready_age_ms=0)],
+                  oldest_ready_age_ms=0, inflight_max=1, waiting_retry_max=1,
+                  ready_backlog_max=0, schedule_backlog_max=[0, 0, 1], utilization_max=0.0,
+                  oldest_ready_age_ms_max=0)],
     "summary": [dict(group=G, messages=2, deliveries=3, retries=1, commits=2, dlq=0, discards=0,
                      pending=0, replayed=0, amplification=1.5, commitlog_writes=4,
                      write_amplification=2.0, max_ready_backlog=0, max_waiting_retry=1,
-                     peak_utilization=0.0, engine="rounds")],
+                     peak_utilization=0.0, max_inflight=1, max_schedule_backlog=1,
+                     max_oldest_ready_age_ms=0, peak_deliveries_per_s=2, peak_retries_per_s=1,
+                     peak_commitlog_writes_per_s=3, engine="rounds")],
 }  # fmt: skip
 
 
@@ -220,6 +224,15 @@ def _load_off():
     return edit(load=load)
 
 
+def _peaks_off():
+    """A bucket-end sample where a peak belongs: the summary's largest WaitingRetry from
+    the load's bucket ends (0) instead of its peaks (1), and a load peak below its gauge."""
+    summary, load = copy.deepcopy(HAND["summary"]), copy.deepcopy(HAND["load"])
+    summary[0]["max_waiting_retry"] = 0
+    load[0]["ready_backlog_max"] = -1
+    return edit(summary=summary, load=load)
+
+
 def _stray_dead_letter():
     dead = [dict(group=G, msg_id=0, dlq_topic="%DLQ%g", dlq_at_ms=5, deliveries=1,
                  origin_topic="t")]  # fmt: skip
@@ -329,6 +342,12 @@ RUNS = {
         {"load_totals": "load.commits = 1, expected 2",
          "load_gauges": "final inflight = 1, expected 0"},
     ),
+    "peaks": Broken(
+        _peaks_off(),
+        {"load_gauges"},
+        {"load_gauges": "summary.max_waiting_retry (largest load.waiting_retry_max) = 0, "
+                        "expected 1"},
+    ),
     "dead": Broken(
         _stray_dead_letter(),
         {"dead_letters", "summary_counts"},
@@ -379,7 +398,7 @@ def test_broken_invariant_is_reported_with_examples(hand_report, run):
 # The hand runs whose chains of deliveries stay whole: what they break is found by the
 # passes without a shuffle (summary, load, the transitions digest). Every other broken run
 # must fail the chain digests, which is what sends validation row by row.
-WHOLE = {"hand", "ids-apart", "seq-off", "summary", "load"}
+WHOLE = {"hand", "ids-apart", "seq-off", "summary", "load", "peaks"}
 
 
 def test_chain_digests_see_every_broken_delivery_or_message(spark):

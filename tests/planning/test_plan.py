@@ -359,7 +359,7 @@ def _independent(spark, output: str, run_id: str) -> dict:
     oldest = (
         read_table(spark, output, "load")
         .where(F.col("run_id") == run_id)
-        .agg(F.max("oldest_ready_age_ms"))
+        .agg(F.max("oldest_ready_age_ms_max"))
         .first()[0]
     )
     return {**summary.asDict(), "max_oldest_ready_age_ms": oldest}

@@ -29,6 +29,7 @@ from retrysim.engine.rounds import (
 )
 from retrysim.tables.dead_letters import dead_letters_from_attempts
 from retrysim.tables.load import load_from_attempts
+from retrysim.tables.peaks import THREAD_UNITS, bucket_changes, run_maxima
 from retrysim.tables.schemas import DEAD_LETTERS, MESSAGES, STAGE, TRANSITIONS, data_schema
 from retrysim.tables.summary import exact_percentiles
 from retrysim.tables.transitions import transitions_from_attempts
@@ -329,6 +330,55 @@ def test_load_counts_gauges_and_schedule_backlog_per_bucket(spark):
         "ready_backlog long, level3 long, busy_thread_ms double, oldest_ready_age_ms long",
     )
     assert_df_equality(load.orderBy("bucket_start_ms"), expected, ignore_nullable=True)
+
+
+def test_load_and_summary_peaks_are_exact_within_buckets(spark):
+    """Buckets of 1 s on 2 threads. Bucket 0: A [100, 700) and B [200, 500) run; C waits in
+    Ready [300, 500) and runs [500, 900) as B ends; D waits [400, 700) and runs [700, 900)
+    as A ends; F is Ready from 800 and starts at 1000 with E, Ready and started at 1000.
+    Ready reaches 2 in [400, 500) but is 1 at the bucket's end; two threads are busy from 200
+    to 900 though none is at the end; D waited 300 ms, the oldest Ready age at its largest.
+    Bucket 1: F's Ready spell ends on the bucket's first millisecond, so the 1 it entered
+    with is not a value of this bucket (nor is F's age: it peaked at 1000, bucket 0's end)."""
+    run = scenario(
+        group("g", workload={"messages": 6}, consumers={"instances": 1, "threads": 2}),
+        horizon="3s",
+        load_bucket="1s",
+    )
+    spells = {"A": (100, 100, 600), "B": (200, 200, 300), "C": (300, 500, 400),
+              "D": (400, 700, 200), "E": (1_000, 1_000, 100), "F": (800, 1_000, 300)}  # fmt: skip
+    attempts = stage(
+        spark,
+        [
+            {**committed(n, ready=r, start=s, processing=p), "born_ms": r}
+            for n, (r, s, p) in enumerate(spells.values())
+        ],
+    )
+    changes = bucket_changes(attempts, run)
+    load = load_from_attempts(spark, attempts, run, changes=changes).select(
+        "bucket_start_ms", "ready_backlog", "ready_backlog_max", "inflight", "inflight_max",
+        "utilization_max", "oldest_ready_age_ms", "oldest_ready_age_ms_max",
+    )  # fmt: skip
+    expected = spark.createDataFrame(
+        [
+            (0, 1, 2, 0, 2, 1.0, 200, 300),
+            (1_000, 0, 0, 0, 2, 1.0, 0, 0),
+            (2_000, 0, 0, 0, 0, 0.0, 0, 0),
+        ],
+        "bucket_start_ms long, ready_backlog long, ready_backlog_max long, inflight long, "
+        "inflight_max long, utilization_max double, oldest_ready_age_ms long, "
+        "oldest_ready_age_ms_max long",
+    )
+    assert_df_equality(load.orderBy("bucket_start_ms"), expected, ignore_nullable=True)
+    maxima = run_maxima(changes).select(
+        "group", "ready_backlog", "inflight", "threads_busy", "deliveries", "ready_wait"
+    )
+    expected = spark.createDataFrame(
+        [("g", 2, 2, 2 * THREAD_UNITS, 4, 300)],
+        "group string, ready_backlog long, inflight long, threads_busy long, deliveries long, "
+        "ready_wait long",
+    )
+    assert_df_equality(maxima, expected, ignore_nullable=True)
 
 
 @pytest.mark.parametrize(("pool", "peak"), [(1, {"g": 3}), (2, {"g": 3}), (3, {})])
