@@ -97,9 +97,12 @@ def _of(load: Frame, group: str | None) -> pd.DataFrame:
 
 
 def state_counts(load: Frame, group: str | None = None) -> pd.DataFrame:
-    """Messages Ready (backlog), Inflight and WaitingRetry at each bucket's end."""
+    """Messages Ready (backlog), Inflight and WaitingRetry at each bucket's end, and each at
+    its highest within the bucket (``Ready max``, ...)."""
     pdf = _of(load, group)
-    return pdf[["group", "minute_end", *STATE_COLUMNS]].rename(columns=STATE_COLUMNS)
+    highest = {f"{column}_max": f"{name} max" for column, name in STATE_COLUMNS.items()}
+    columns = ["group", "minute", "minute_end", *STATE_COLUMNS, *highest]
+    return pdf[columns].rename(columns={**STATE_COLUMNS, **highest})
 
 
 def delivery_rates(load: Frame, group: str | None = None) -> pd.DataFrame:

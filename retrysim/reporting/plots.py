@@ -81,11 +81,16 @@ def png_base64(fig: Figure) -> str:
 
 
 def state_counts_figure(states: pd.DataFrame, title: str = "") -> Figure:
-    """Ready backlog, Inflight and WaitingRetry over time (gauges at bucket ends)."""
+    """Ready backlog, Inflight and WaitingRetry over time: lines at bucket ends, and faint
+    steps at each bucket's highest, so a burst between two bucket ends still shows."""
     fig, (ax,) = _figure()
     x, label = _time(states["minute_end"])
+    starts = states["minute"] / (60 if label.endswith("(h)") else 1)
     for state, color in COLORS.items():
         ax.plot(x, states[state], label=state, color=color, linewidth=1.2)
+        ax.step(starts, states[f"{state} max"], where="post", color=color, linewidth=0.8,
+                alpha=0.35, linestyle="--")  # fmt: skip
+    ax.plot([], [], color="gray", linestyle="--", alpha=0.5, label="highest within a bucket")
     ax.set(xlabel=label, ylabel="messages", title=title or "messages by state")
     ax.legend(loc="upper right")
     ax.grid(alpha=0.3)
