@@ -171,7 +171,9 @@ def _http(interval_ms: int):
     return rules
 
 
-def _five_intervals(group: Group) -> tuple[int, ...]:
+def _five_intervals(group: Group, default: str = limits.APSARAMQ_PUSH_INTERVALS) -> tuple[int, ...]:
+    """The retry intervals of a 5.x group's retry policy; ``default`` without one (and for a
+    customized policy that names no intervals)."""
     policy = group.retry_policy
     kind = group.policy_kind
     max_retries = retries_of(group, limits.DEFAULT_MAX_RETRIES_5X)
@@ -180,11 +182,11 @@ def _five_intervals(group: Group) -> tuple[int, ...]:
         cap = policy.max if policy else limits.EXPONENTIAL_MAX_MS
         multiplier = policy.multiplier if policy else limits.EXPONENTIAL_MULTIPLIER
         return exponential_intervals(initial, cap, multiplier, max_retries)
-    if kind == "customized" and policy is not None:
+    if kind == "customized" and policy is not None and policy.intervals:
         return tuple(policy.intervals)
     if kind == "grpc_client":
         return parse_delay_levels(limits.GRPC_CLIENT_INTERVALS)
-    return parse_delay_levels(limits.APSARAMQ_PUSH_INTERVALS)
+    return parse_delay_levels(default)
 
 
 def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
@@ -197,10 +199,13 @@ def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
 
 
 def _push_ordered(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    """FIFO: the client redelivers locally after its retry policy's next attempt delay
+    (``ProcessQueueImpl.eraseFifoMessage``), indexed from the policy's first entry; the
+    server's default policy is ``CustomizedRetryPolicy``'s list 1 s, 5 s, 10 s, ..."""
     return policy_fields(
         retry_path=LOCAL,
         max_retries=retries_of(group, limits.DEFAULT_MAX_RETRIES_5X),
-        intervals_ms=(group.suspend_current_queue_time,),
+        intervals_ms=_five_intervals(group, default=limits.GRPC_CLIENT_INTERVALS),
         leave_after_backoff=False,
         timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_5X_MS,
     )
@@ -301,7 +306,8 @@ CATALOGUE: tuple[Flavor, ...] = (
         ordered=Flavor(
             "rocketmq5.push",
             _push_ordered,
-            reads=_PUSH_READS | {"suspend_current_queue_time"},
+            reads=_PUSH_READS,
+            policy_kinds=("exponential", "customized", "grpc_client"),
             blocking=True,
             label="ordered rocketmq5.push",
             **_5X,

@@ -34,7 +34,7 @@ from retrysim.model.states import (
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import groups_df
-from retrysim.tables.peaks import THREAD_UNITS, WAIT, bucket_changes, bucket_maximum, gauge_columns
+from retrysim.tables.peaks import ALL_LEVELS, THREAD_UNITS, bucket_changes, bucket_maximum
 from retrysim.tables.schemas import (
     LOAD,
     data_schema,
@@ -290,19 +290,20 @@ def load_from_attempts(
         "group", (F.col("start_bucket") - 1).alias("bucket"), "min_ready"
     )
     busy = "threads_busy"
-    longest = changes.where(F.col("kind") == F.lit(WAIT)).select(
-        "group", "bucket", F.col("longest").alias("longest_wait")
+    peaks = changes.where(F.col("level") == F.lit(ALL_LEVELS)).select(
+        "group",
+        "bucket",
+        "longest_wait",
+        *[f"{gauge}_{part}" for gauge in (*_GAUGES, busy) for part in ("total", "rise")],
     )
     filled = (
         grid.join(per_bucket, ["group", "bucket"], "left")
         .join(_busy_ms(compact, bucket_ms), ["group", "bucket"], "left")
         .join(oldest, ["group", "bucket"], "left")
         .join(_schedule_backlog(events, groups, buckets, changes), ["group", "bucket"], "left")
-        .join(longest, ["group", "bucket"], "left")
+        .join(peaks, ["group", "bucket"], "left")
+        .fillna(0, subset=[*names, "busy_thread_ms", f"{busy}_total"])
     )
-    for gauge in (*_GAUGES, busy):
-        filled = filled.join(gauge_columns(changes, gauge), ["group", "bucket"], "left")
-    filled = filled.fillna(0, subset=[*names, "busy_thread_ms", f"{busy}_total"])
     bucket_end = (F.col("bucket") + 1) * F.lit(bucket_ms)
     oldest_ready = F.min("min_ready").over(after)
     ends = {gauge: F.sum(gauge).over(upto) for gauge in _GAUGES}
@@ -367,7 +368,13 @@ def _schedule_backlog(
     )
     levels = (
         grid.join(deltas, ["group", "level", "bucket"], "left")
-        .join(gauge_columns(changes, "schedule", level=True), ["group", "level", "bucket"], "left")
+        .join(
+            changes.where(F.col("level") > F.lit(ALL_LEVELS)).select(
+                "group", "level", "bucket", "schedule_total", "schedule_rise"
+            ),
+            ["group", "level", "bucket"],
+            "left",
+        )
         .fillna(0, subset=["delta"])
         .withColumn("backlog", F.sum("delta").over(upto))
         .withColumn(

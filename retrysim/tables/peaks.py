@@ -5,14 +5,15 @@ changes at the moments of a delivery's events. All events of one millisecond hap
 together, so a gauge is a step function whose value on ``[m, next event)`` is the sum of
 every change at or before ``m``. Its largest value within a bucket is the value it enters
 the bucket with (unless a change lands on the bucket's first millisecond) or one of its
-values after a change inside the bucket. The changes are summed per millisecond and the
-running sum is taken per (group, gauge, bucket): the work splits by bucket, never one
-window over a whole group, and the value a bucket starts with is a running sum over the
-few bucket rows.
+values after a change inside the bucket.
 
-The same pass counts deliveries, retries and commit-log writes per second, for the peak
-rates, and the longest wait of a delivery that left Ready within each bucket, for the
-oldest Ready message's largest age.
+Each attempt becomes a few moments (Ready, start, end, the end of its WaitingRetry, ...),
+each carrying its change to every gauge and its counts; they are summed per (group,
+millisecond), and a running sum per (group, bucket) gives every gauge's rise within the
+bucket in one window: the work splits by bucket, and the value a bucket enters with is a
+running sum over the few bucket rows (:func:`bucket_maximum`). The per-millisecond sums
+also give the deliveries, retries and commit-log writes of every second (the peak rates),
+and the longest wait of a delivery that left Ready in each bucket.
 """
 
 from __future__ import annotations
@@ -35,128 +36,151 @@ from retrysim.scenario.spec import Scenario
 THREAD_UNITS = 10**12
 GAUGES = ("ready_backlog", "inflight", "waiting_retry", "schedule", "threads_busy")
 RATES = ("deliveries", "retries", "commitlog_writes")
-WAIT = "ready_wait"
-# The schedule gauge per delay level has level >= 1; level 0 is all levels together.
+# Rows of the schedule gauge per delay level have level >= 1; level 0 rows hold the rest.
 ALL_LEVELS = 0
+_FIELDS = (*GAUGES, *RATES)
 
 
-def _change(when: Column, at: Column, kind: str, amount: Column, level: Column | None = None):
+def _moment(when: Column, at: Column, level: Column | None = None, **changes: Column) -> Column:
+    """One moment of an attempt: its time, level and change to each field (0 unless given)."""
+    zero = F.lit(0).cast("long")
     return F.when(
         when & at.isNotNull(),
         F.struct(
-            F.lit(kind).alias("kind"),
-            (level if level is not None else F.lit(ALL_LEVELS)).cast("int").alias("level"),
             at.cast("long").alias("t"),
-            amount.cast("long").alias("amount"),
+            (level if level is not None else F.lit(ALL_LEVELS)).cast("int").alias("level"),
+            *[changes.get(name, zero).cast("long").alias(name) for name in _FIELDS],
+            changes.get("ready_wait", F.lit(None)).cast("long").alias("ready_wait"),
         ),
     )
 
 
-def _changes(attempts: DataFrame) -> list[Column]:
-    """Every change an attempt makes: (kind, level, t, amount). Gauges change at their
-    millisecond; rates count at the start of their second; a wait is recorded at the last
-    millisecond the delivery was Ready."""
+def _moments() -> list[Column]:
+    """The moments of an attempt. A delivery started when it became Ready changes the Ready
+    backlog by nothing, so its Ready moment is left out; a moment that coincides with
+    another (the thread freed at the end, a DLQ move at the failure) joins it."""
     c = F.col
     one = F.lit(1)
+
+    def flag(condition: Column) -> Column:
+        return F.when(condition, one).otherwise(F.lit(0))
+
     started = c("start_ms").isNotNull()
-    reason = c("ready_reason")
+    waited = ~started | (c("start_ms") > c("ready_ms"))
+    written = flag(c("ready_reason").isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE))
     waits_retry = c("end_state") == F.lit(WAITING_RETRY)
     scheduled = waits_retry & (c("end_topic") == F.lit(limits.SCHEDULE_TOPIC))
+    dlq = c("result_state") == F.lit(DLQ)
     busy = started & (c("processing_ms") > 0)
     share = F.floor(F.lit(THREAD_UNITS) / c("batch_size"))
+    freed = c("start_ms") + c("processing_ms")
+    frees_at_end = busy & (freed == c("end_ms"))
     waited_until = F.coalesce(c("next_ready_ms"), c("settled_ms"))
-
-    def second(at: Column) -> Column:
-        return F.floor(at / F.lit(1000)) * F.lit(1000)
-
+    leaves_schedule_then = scheduled & (c("next_ready_ms") == waited_until)
     return [
-        _change(F.lit(True), c("ready_ms"), "ready_backlog", one),
-        _change(started, c("start_ms"), "ready_backlog", -one),
-        _change(started, c("start_ms"), "inflight", one),
-        _change(c("end_state").isNotNull(), c("end_ms"), "inflight", -one),
-        _change(waits_retry, c("end_ms"), "waiting_retry", one),
-        _change(waits_retry, waited_until, "waiting_retry", -one),
-        _change(scheduled, c("end_ms"), "schedule", one),
-        _change(scheduled, c("next_ready_ms"), "schedule", -one),
-        _change(scheduled, c("end_ms"), "schedule", one, c("delay_level")),
-        _change(scheduled, c("next_ready_ms"), "schedule", -one, c("delay_level")),
-        _change(busy, c("start_ms"), "threads_busy", share),
-        _change(busy, c("start_ms") + c("processing_ms"), "threads_busy", -share),
-        _change(started, second(c("start_ms")), "deliveries", one),
-        _change(
-            started & ~reason.isin(READY_PUBLISHED, READY_REPLAYED),
-            second(c("start_ms")),
-            "retries",
-            one,
+        _moment(waited, c("ready_ms"), ready_backlog=one, commitlog_writes=written),
+        _moment(
+            started,
+            c("start_ms"),
+            ready_backlog=-flag(waited),
+            inflight=one,
+            threads_busy=F.when(busy, share).otherwise(F.lit(0)),
+            deliveries=one,
+            retries=flag(~c("ready_reason").isin(READY_PUBLISHED, READY_REPLAYED)),
+            commitlog_writes=F.when(waited, F.lit(0)).otherwise(written),
         ),
-        _change(
-            reason.isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE),
-            second(c("ready_ms")),
-            "commitlog_writes",
-            one,
+        _moment(started & waited, c("start_ms") - one, ready_wait=c("start_ms") - c("ready_ms")),
+        _moment(
+            c("end_state").isNotNull(),
+            c("end_ms"),
+            inflight=-one,
+            waiting_retry=flag(waits_retry),
+            schedule=flag(scheduled),
+            threads_busy=F.when(frees_at_end, -share).otherwise(F.lit(0)),
+            commitlog_writes=flag(scheduled) + flag(dlq & (c("settled_ms") == c("end_ms"))),
         ),
-        _change(scheduled, second(c("end_ms")), "commitlog_writes", one),
-        _change(c("result_state") == F.lit(DLQ), second(c("settled_ms")), "commitlog_writes", one),
-        _change(
-            started & (c("start_ms") > c("ready_ms")),
-            c("start_ms") - one,
-            WAIT,
-            c("start_ms") - c("ready_ms"),
+        _moment(busy & ~frees_at_end, freed, threads_busy=-share),
+        _moment(
+            waits_retry,
+            waited_until,
+            waiting_retry=-one,
+            schedule=-flag(leaves_schedule_then),
         ),
+        _moment(scheduled & ~leaves_schedule_then, c("next_ready_ms"), schedule=-one),
+        _moment(dlq & (c("settled_ms") != c("end_ms")), c("settled_ms"), commitlog_writes=one),
+        _moment(scheduled, c("end_ms"), c("delay_level"), schedule=one),
+        _moment(scheduled, c("next_ready_ms"), c("delay_level"), schedule=-one),
     ]
 
 
-def bucket_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
-    """Per (group, kind, level, bucket) with any change before the horizon: ``total`` (the
-    gauge's net change, or the count), ``rise`` (the gauge's largest value in the bucket
-    minus the value it entered with), ``busiest`` (the largest count of one second) and
-    ``longest`` (the longest wait). Held in executor memory: a few rows per bucket."""
-    bucket_ms = scenario.load_bucket
-    per_moment = (
-        attempts.select("group", F.explode(F.array(*_changes(attempts))).alias("e"))
-        .where(F.col("e").isNotNull() & (F.col("e.t") < F.lit(scenario.horizon)))
-        .select("group", "e.*")
-        .groupBy("group", "kind", "level", "t")
-        .agg(F.sum("amount").alias("delta"), F.max("amount").alias("top"))
-        .withColumn("bucket", F.floor(F.col("t") / F.lit(bucket_ms)))
+def _rise(highest: str, first_t: str, bucket_ms: int) -> Column:
+    """A gauge's largest value in the bucket minus the value it entered with: the entering
+    value counts unless the bucket's first change is on its first millisecond."""
+    entered = F.col(first_t) > F.col("bucket") * F.lit(bucket_ms)
+    return F.when(entered, F.greatest(F.col(highest), F.lit(0))).otherwise(F.col(highest))
+
+
+def _exploded(attempts: DataFrame, scenario: Scenario, fields: tuple[str, ...]) -> DataFrame:
+    """The attempts' moments before the horizon that change one of ``fields``, one row each."""
+    changes = [F.col(f"m.{name}") != F.lit(0) for name in fields if name != "ready_wait"]
+    if "ready_wait" in fields:
+        changes.append(F.col("m.ready_wait").isNotNull())
+    any_change = changes[0]
+    for change in changes[1:]:
+        any_change = any_change | change
+    return (
+        attempts.select("group", F.explode(F.array(*_moments())).alias("m"))
+        .where(F.col("m").isNotNull() & (F.col("m.t") < F.lit(scenario.horizon)) & any_change)
+        .select("group", "m.t", "m.level", *[f"m.{name}" for name in fields])
     )
-    keys = ["group", "kind", "level", "bucket"]
-    running = F.sum("delta").over(
+
+
+def bucket_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
+    """Per (group, level, bucket) with any change before the horizon. Level 0 rows: each
+    gauge's net change (``<gauge>_total``) and rise (``<gauge>_rise``, its largest value in
+    the bucket minus the value it entered with), each rate's busiest second starting in the
+    bucket (``<rate>_busiest``) and the longest wait of a delivery that left Ready in it
+    (``longest_wait``). Level L rows: ``schedule_total`` and ``schedule_rise`` of delay level
+    L. Held in executor memory: a few rows per bucket.
+
+    The moments are sorted per (group, level, bucket) by time, and a running sum over a
+    range frame counts every change of a millisecond at once (the frame takes the row's
+    peers), so no per-millisecond aggregate is shuffled first."""
+    bucket_ms = scenario.load_bucket
+    keys = ["group", "level", "bucket"]
+    moments = _exploded(attempts, scenario, (*GAUGES, "ready_wait")).withColumn(
+        "bucket", F.floor(F.col("t") / F.lit(bucket_ms))
+    )
+    upto = (
         Window.partitionBy(*keys)
         .orderBy("t")
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        .rangeBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    first_ms = F.col("bucket") * F.lit(bucket_ms)
-    return (
-        per_moment.withColumn("level_after", running)
+    gauges = (
+        moments.withColumns({f"{g}_after": F.sum(g).over(upto) for g in GAUGES})
         .groupBy(*keys)
         .agg(
-            F.sum("delta").alias("total"),
-            F.max("level_after").alias("highest"),
+            *[F.sum(g).alias(f"{g}_total") for g in GAUGES],
+            *[F.max(f"{g}_after").alias(f"{g}_highest") for g in GAUGES],
             F.min("t").alias("first_t"),
-            F.max("delta").alias("busiest"),
-            F.max("top").alias("longest"),
+            F.max("ready_wait").alias("longest_wait"),
         )
-        .withColumn(
-            "rise",
-            F.when(F.col("first_t") > first_ms, F.greatest(F.col("highest"), F.lit(0))).otherwise(
-                F.col("highest")
-            ),
+        .withColumns({f"{g}_rise": _rise(f"{g}_highest", "first_t", bucket_ms) for g in GAUGES})
+        .drop("first_t", *[f"{g}_highest" for g in GAUGES])
+    )
+    second = F.floor(F.col("t") / F.lit(1000))
+    rates = (
+        _exploded(attempts, scenario, RATES)
+        .groupBy("group", "level", second.alias("second"))
+        .agg(*[F.sum(r).alias(r) for r in RATES])
+        .groupBy(
+            "group",
+            "level",
+            F.floor(F.col("second") * F.lit(1000) / F.lit(bucket_ms)).alias("bucket"),
         )
-        .drop("highest", "first_t")
-        .localCheckpoint()
+        .agg(*[F.max(r).alias(f"{r}_busiest") for r in RATES])
     )
-
-
-def gauge_columns(changes: DataFrame, kind: str, level: bool = False) -> DataFrame:
-    """One gauge's ``total`` and ``rise`` per (group[, level], bucket), named after it."""
-    keys = ["group", "level", "bucket"] if level else ["group", "bucket"]
-    rows = changes.where(F.col("kind") == F.lit(kind))
-    if not level:
-        rows = rows.where(F.col("level") == F.lit(ALL_LEVELS))
-    return rows.select(
-        *keys, F.col("total").alias(f"{kind}_total"), F.col("rise").alias(f"{kind}_rise")
-    )
+    return gauges.join(rates, keys, "left").localCheckpoint()
 
 
 def bucket_maximum(end: Column, total: Column, rise: Column) -> Column:
@@ -167,23 +191,25 @@ def bucket_maximum(end: Column, total: Column, rise: Column) -> Column:
 
 def run_maxima(changes: DataFrame) -> DataFrame:
     """Per group, the run's exact peaks: each gauge's largest value (the schedule topic all
-    levels together; threads busy in THREAD_UNITS), the busiest second of each rate, and
-    the longest wait in Ready. A bucket without changes keeps the value it entered with,
-    which the bucket before it reached, so the buckets with changes are enough."""
-    gauges = changes.where(F.col("kind").isin(*GAUGES) & (F.col("level") == F.lit(ALL_LEVELS)))
-    end = F.sum("total").over(
-        Window.partitionBy("group", "kind")
+    levels together; threads busy in THREAD_UNITS), the busiest second of each rate, and the
+    longest wait in Ready. A bucket without changes keeps the value it entered with, which
+    the bucket before it reached, so the buckets with changes are enough."""
+    upto = (
+        Window.partitionBy("group")
         .orderBy("bucket")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
-    peaks = gauges.withColumn("peak", bucket_maximum(end, F.col("total"), F.col("rise")))
-    others = changes.where(~F.col("kind").isin(*GAUGES)).withColumn(
-        "peak", F.when(F.col("kind") == F.lit(WAIT), F.col("longest")).otherwise(F.col("busiest"))
-    )
+    rows = changes.where(F.col("level") == F.lit(ALL_LEVELS))
+    peaks = {
+        g: bucket_maximum(F.sum(f"{g}_total").over(upto), F.col(f"{g}_total"), F.col(f"{g}_rise"))
+        for g in GAUGES
+    }
     return (
-        peaks.select("group", "kind", "peak")
-        .unionByName(others.select("group", "kind", "peak"))
+        rows.withColumns(peaks)
         .groupBy("group")
-        .pivot("kind", [*GAUGES, *RATES, WAIT])
-        .agg(F.max("peak"))
+        .agg(
+            *[F.max(g).alias(g) for g in GAUGES],
+            *[F.max(f"{r}_busiest").alias(r) for r in RATES],
+            F.max("longest_wait").alias("ready_wait"),
+        )
     )

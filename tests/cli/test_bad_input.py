@@ -371,6 +371,21 @@ CASES = [
         edit(**{g0 + "suspend_current_queue_time": "1s"}),
     ),
     Case(
+        "suspend-on-ordered-push",
+        (
+            "groups[0].suspend_current_queue_time",
+            "applies only to rocketmq4.orderly",
+            "not to rocketmq5.push",
+        ),
+        edit(
+            **{
+                g0 + "flavor": "rocketmq5.push",
+                g0 + "ordered": True,
+                g0 + "suspend_current_queue_time": "1s",
+            }
+        ),
+    ),
+    Case(
         "retry-policy-unknown-kind",
         ("groups[0].retry_policy.kind", "'linear'", "exponential, customized, grpc_client"),
         edit(**{g0 + "flavor": "rocketmq5.push", g0 + "retry_policy": {"kind": "linear"}}),

@@ -231,7 +231,8 @@ REPLAY_ON_IDLE_LANE = {
     "broker": {"message_delay_level": "1s 2s 5s 10s"},
     "groups": [{
         "name": "g3", "flavor": "rocketmq5.push", "ordered": True, "max_reconsume_times": 3,
-        "suspend_current_queue_time": "10ms", "consumers": {"instances": 2, "threads": 2},
+        "retry_policy": {"kind": "customized", "intervals": ["10ms"]},
+        "consumers": {"instances": 2, "threads": 2},
         "workload": {"messages": 3, "over": "5m", "arrival": "uniform", "queues": 1},
         "behavior": {"fail_probability": 0.7, "poison_fraction": 0.2, "fail_first": 3,
                      "processing_time": {"dist": "exponential", "mean": "10ms"},

@@ -189,6 +189,12 @@ def flavors_run(spark, tmp_path_factory):
             group("push-default", flavor="rocketmq5.push", behavior=ALWAYS),
             group("push-grpc", flavor="rocketmq5.push", retry_policy={"kind": "grpc_client"},
                   behavior=ALWAYS),
+            # FIFO: local retries after the group's retry policy, the queue blocked meanwhile
+            group("fifo-default", flavor="rocketmq5.push", ordered=True, behavior=ALWAYS,
+                  workload={"messages": 2, "over": "0s", "queues": 1}),
+            group("fifo-exponential", flavor="rocketmq5.push", ordered=True, behavior=ALWAYS,
+                  max_reconsume_times=3, retry_policy={"kind": "exponential", "initial": "1s",
+                                                       "max": "4s", "multiplier": 2}),
             horizon="2d",
         ),
         output=str(tmp_path_factory.mktemp("flavors")),
@@ -258,3 +264,19 @@ def test_5x_default_ladder_and_the_grpc_client_index(flavors_run):
     grpc = _rows(flavors_run, "push-grpc", "ready_ms", "settled_ms")
     assert grpc[1][0] == 1_000 and grpc[-1][0] == 6_346_000  # 1h45m46s
     assert grpc[-1][1] == 6_346_000 + 3_600_000  # DLQ at about 2h45m46s
+
+
+def test_5x_fifo_retries_locally_after_the_retry_policy_and_blocks_its_queue(flavors_run):
+    """rocketmq-clients ProcessQueueImpl.eraseFifoMessage: the next attempt waits
+    getNextAttemptDelay(attempt) of the group's policy, indexed from its first entry (the
+    server's default customized list 1s, 5s, 10s, ... 30m); the 17th failure goes to the DLQ
+    at once and only then does the queue's next message start."""
+    rows = _rows(flavors_run, "fifo-default", "msg_id", "start_ms", "result_state", "settled_ms")
+    first = [r for r in rows if r[0] == 0]
+    waits = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800]
+    assert [r[1] for r in first] == [1_000 * sum(waits[:n]) for n in range(17)]
+    assert first[-1][2:] == ("DLQ", 6_346_000)
+    assert next(r for r in rows if r[0] == 1)[1] == 6_346_000  # waited behind message 0
+    exponential = _rows(flavors_run, "fifo-exponential", "start_ms", "result_state")
+    assert exponential == [(0, "WaitingRetry"), (1_000, "WaitingRetry"),
+                           (3_000, "WaitingRetry"), (7_000, "DLQ")]  # 1 s, 2 s, 4 s  # fmt: skip

@@ -79,7 +79,8 @@ Interpretations (where the docs are silent or ambiguous, the reading chosen here
     (``max_receive_count - 1``), ``pubsub`` (``max_delivery_attempts - 1``) and
     ``rocketmq4.broadcasting``; ``-1`` means 16 for concurrently and the 5.x flavors and
     infinite for ``rocketmq4.orderly``. The orderly suspend time is clamped to 10-30000 ms
-    (RocketMQ); ``rocketmq5.push`` ordered uses ``suspend_current_queue_time`` as given.
+    (RocketMQ). ``rocketmq5.push`` ordered retries locally after its retry policy's interval
+    of retry n (``retry_policy`` as for the push interval; none: the ``grpc_client`` list).
 15. Flavor names ``exponential`` and ``customized`` are accepted as ``rocketmq5.push`` with
     that retry policy (parameters from ``retry_policy``, defaults when absent); a
     ``retry_policy`` on ``rocketmq5.push`` selects the push interval rule.
@@ -340,6 +341,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         max_retries, timeout = _max_retries(mrt, 16), timeout_or("1m")
         if flavor == "rocketmq5.push" and g.get("ordered"):
             kind, blocking = "local", True
+            interval_of = _push_interval(policy or {"kind": "grpc_client"})
         else:
             if flavor != "rocketmq5.push":
                 policy = {**policy, "kind": flavor}
@@ -656,7 +658,8 @@ class _GroupSim:
             if rt >= cfg.max_retries:
                 self.leave(t, dv, "max_reconsume_times", k=3)
             else:
-                self.retry(t, dv, why, t + cfg.suspend, here, None, here, "local_retry")
+                wait = cfg.suspend if cfg.interval_of is None else cfg.interval_of(rt + 1)
+                self.retry(t, dv, why, t + wait, here, None, here, "local_retry")
         else:  # after backoff: the interval of retry n = rt + 1
             base = dv.start_ms if cfg.from_start else t
             due = base + cfg.interval_of(rt + 1)

@@ -23,6 +23,13 @@ FLAVORS = [
     ("sqs", False),
     ("pubsub", False),
 ]
+# An ordered rocketmq5.push group's retry policy: the server's default (the gRPC client's
+# list from 1 s), short customized intervals, or an exponential backoff.
+ORDERED_POLICIES = [
+    None,
+    {"kind": "customized", "intervals": ["10ms", "1s", "5s"]},
+    {"kind": "exponential", "initial": "100ms", "max": "3s", "multiplier": 3},
+]
 CONSUMERS = [
     "unlimited",
     {"instances": 1, "threads": 1},
@@ -73,8 +80,12 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
     }
     if "+ordered" in flavor:
         g["ordered"] = True
-    if flavor in ("rocketmq4.orderly", "rocketmq5.push+ordered"):
+    if flavor == "rocketmq4.orderly":
         g["suspend_current_queue_time"] = draw(st.sampled_from(["10ms", "1s", "5s"]))
+    if flavor == "rocketmq5.push+ordered":
+        policy = draw(st.sampled_from(ORDERED_POLICIES))
+        if policy is not None:
+            g["retry_policy"] = policy
     if not flavor.startswith("http") and flavor not in ("sqs", "pubsub", "rocketmq4.broadcasting"):
         g["max_reconsume_times"] = draw(st.sampled_from([-1, 0, 1, 3]))
         if g.get("suspend_current_queue_time") == "10ms" and g["max_reconsume_times"] == -1:
