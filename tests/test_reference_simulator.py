@@ -343,9 +343,10 @@ def test_push_ordered_blocks_and_leaves_at_failure():
         workload=one(2),
         behavior=ALWAYS_FAIL,
     )
-    assert starts(r, 0) == [0, S, 2 * S]
-    assert path(r, 0)[-1] == (11, "DLQ", 2 * S)
-    assert starts(r, 1) == [2 * S, 3 * S, 4 * S]
+    # retry n waits the n-th entry of the default list (1 s, 5 s, ...), the queue blocked
+    assert starts(r, 0) == [0, S, 6 * S]
+    assert path(r, 0)[-1] == (11, "DLQ", 6 * S)
+    assert starts(r, 1) == [6 * S, 7 * S, 12 * S]
     assert {t["reason"] for t in trans(r, 0) if t["state"] == "Ready"} == {
         "published",
         "local_retry",
