@@ -18,7 +18,7 @@ from retrysim.model.states import (
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import groups_df, literal_map
 from retrysim.tables.load import compact_attempts
-from retrysim.tables.peaks import bucket_changes, run_maxima
+from retrysim.tables.peaks import RATES, bucket_changes, run_maxima
 from retrysim.tables.schemas import (
     SUMMARY,
     data_schema,
@@ -26,7 +26,6 @@ from retrysim.tables.schemas import (
 )
 
 _PERCENTILES = (0.5, 0.95, 0.99)
-PEAK_RATES = ("deliveries", "retries", "commitlog_writes")
 
 
 def exact_percentiles(values: DataFrame, shares: tuple[float, ...]) -> DataFrame:
@@ -116,7 +115,7 @@ def summary_from(
     maxima = run_maxima(changes).select(
         "group",
         F.col("schedule").alias("max_schedule_backlog"),
-        *[F.col(rate).alias(f"peak_{rate}_per_s") for rate in PEAK_RATES],
+        *[F.col(rate).alias(f"peak_{rate}_per_s") for rate in RATES],
     )
     counted = ("deliveries", "retries", "commits", "dlq", "discards", "replayed")
     peaks = (
@@ -125,7 +124,7 @@ def summary_from(
         "max_inflight",
         "max_oldest_ready_age_ms",
         "max_schedule_backlog",
-        *[f"peak_{rate}_per_s" for rate in PEAK_RATES],
+        *[f"peak_{rate}_per_s" for rate in RATES],
     )
     joined = (
         groups_df(spark, scenario)
