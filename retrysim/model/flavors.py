@@ -172,8 +172,7 @@ def _http(interval_ms: int):
 
 
 def _five_intervals(group: Group, default: str = limits.APSARAMQ_PUSH_INTERVALS) -> tuple[int, ...]:
-    """The retry intervals of a 5.x group's retry policy; ``default`` without one (and for a
-    customized policy that names no intervals)."""
+    """The retry intervals of a 5.x group's retry policy; ``default`` without one."""
     policy = group.retry_policy
     kind = group.policy_kind
     max_retries = retries_of(group, limits.DEFAULT_MAX_RETRIES_5X)
@@ -182,7 +181,7 @@ def _five_intervals(group: Group, default: str = limits.APSARAMQ_PUSH_INTERVALS)
         cap = policy.max if policy else limits.EXPONENTIAL_MAX_MS
         multiplier = policy.multiplier if policy else limits.EXPONENTIAL_MULTIPLIER
         return exponential_intervals(initial, cap, multiplier, max_retries)
-    if kind == "customized" and policy is not None and policy.intervals:
+    if kind == "customized" and policy is not None:
         return tuple(policy.intervals)
     if kind == "grpc_client":
         return parse_delay_levels(limits.GRPC_CLIENT_INTERVALS)
