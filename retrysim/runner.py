@@ -91,7 +91,7 @@ def simulate(
     tables: str = "full",
     validate: bool = True,
 ) -> Result:
-    """Simulate ``scenario`` and write all seven tables under ``output`` (a temp dir if None).
+    """Simulate ``scenario`` and write all eight tables under ``output`` (a temp dir if None).
 
     ``tables="lean"`` writes attempts, dead_letters, load, summary and runs only, for very
     large runs: transitions and messages are derived when read (:mod:`retrysim.store.views`).

@@ -1,4 +1,4 @@
-"""A real Spark standalone cluster on loopback gives the same seven tables as local mode.
+"""A real Spark standalone cluster on loopback gives the same eight tables as local mode.
 
 ``scripts/local-cluster.sh`` starts one master and two workers (separate JVMs, one core
 each) on free ports with its state in a temporary folder, so a cluster someone already runs
@@ -9,7 +9,7 @@ from ``.cluster/`` is not disturbed. The small scenario of test_determinism.py t
 * on the cluster again, with the master as the job's own option (``jobs/simulate.py
   --master spark://...``) into the same folder as the first cluster run.
 
-All seven tables' digests must be equal, the executors of both workers must have received
+All eight tables' digests must be equal, the executors of both workers must have received
 the package zip, and the cluster is stopped afterwards even when the test fails (fixture
 teardown), with nothing of it left running. Not skipped anywhere: a cluster that cannot
 start is a failure with the script's message and the daemons' log lines.

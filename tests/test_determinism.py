@@ -1,4 +1,4 @@
-"""Same scenario, same seed → the same seven tables, whatever runs it.
+"""Same scenario, same seed → the same eight tables, whatever runs it.
 
 One small scenario (conf/default.yaml made small with ``--set``, keeping failures, poison
 messages and the outage so that retries and dead letters happen) goes through the real
@@ -10,7 +10,7 @@ launcher, ``./spark-submit.sh jobs/simulate.py``, as subprocesses:
 * C: A again, same run id into the same folder (the run is replaced, never duplicated).
 
 A and B run side by side to keep the wall time down (separate folders). The digests of
-all seven tables (``retrysim.checks.digest``) must be equal. The digest itself is unit-tested
+all eight tables (``retrysim.checks.digest``) must be equal. The digest itself is unit-tested
 below on small frames. test_cluster.py reuses the scenario and helpers of this module.
 """
 

@@ -33,6 +33,7 @@ ATTEMPT_KEYS = {
     "reconsume_times",
     "source_topic",
     "queue_id",
+    "consumer_instance",
     "born_ms",
     "ready_ms",
     "start_ms",

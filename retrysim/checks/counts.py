@@ -36,6 +36,16 @@ def load_counts(load: DataFrame) -> DataFrame:
             F.count_if(F.col(f"{name}_max") < F.col(name)).alias(f"load_under_{name}")
             for name in GAUGES
         ],
+        F.sum("busy_thread_ms").alias("load_busy_thread_ms"),
+    )
+
+
+def instance_counts(instance_load: DataFrame) -> DataFrame:
+    """What the instances' rows must add up to: the group's deliveries and thread time."""
+    return instance_load.groupBy(*GROUP).agg(
+        F.sum("deliveries").alias("instance_deliveries"),
+        F.sum("busy_thread_ms").alias("instance_busy_thread_ms"),
+        F.count(F.lit(1)).alias("instance_rows"),
     )
 
 

@@ -71,7 +71,7 @@ def frame_digest(df: DataFrame, columns: list[str]) -> tuple[int, str]:
 def table_digests(spark: SparkSession, output: str, run_id: str) -> dict[str, tuple[int, str]]:
     """Per table of the run ``run_id`` under ``output``: (row count, content digest).
 
-    All seven tables are hashed in one Spark job (a union of per-table row hashes, grouped
+    All eight tables are hashed in one Spark job (a union of per-table row hashes, grouped
     by table); a table without rows for the run gets ``(0, "0000000000000000")``.
     """
     frames = [

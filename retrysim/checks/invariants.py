@@ -59,7 +59,10 @@ INVARIANTS = (
     ),
     Invariant("messages_attempts", "every message born before the horizon is delivered first"),
     Invariant("summary_counts", "summary = counts of the rows; messages = settled + pending"),
-    Invariant("load_totals", "load's counts sum to the counts of the transitions"),
+    Invariant(
+        "load_totals",
+        "load's counts sum to the counts of the transitions, and instance_load's to load's",
+    ),
     Invariant(
         "load_gauges",
         "load's buckets are complete, its final gauges match, no peak is below its gauge, and "

@@ -147,6 +147,13 @@ def _group_problems(values: dict[str, Any]) -> dict[str, list[str]]:
     totals = [(f"load.{name}", v[f"load_{name}"], v[f"t_{name}"]) for name in counts.LOAD_SUMS[:-1]]
     bytes_ = v["load_commitlog_writes"] * v["size_bytes"]
     totals.append(("load.commitlog_bytes", v["load_commitlog_bytes"], bytes_))
+    if "instance_deliveries" in values:
+        totals.append(("instance_load.deliveries", v["instance_deliveries"], v["load_deliveries"]))
+        busy, want = v["instance_busy_thread_ms"], v["load_busy_thread_ms"]
+        # each row's thread time is rounded to a millionth of a millisecond
+        rounding = 1e-6 * (v["instance_rows"] + v["load_rows"]) + _TOLERANCE * abs(want)
+        if abs(busy - want) > rounding:
+            totals.append(("instance_load.busy_thread_ms", busy, want))
     bucket = v["bucket_ms"] or 1
     gauges = [
         ("load rows (distinct buckets)", v["load_rows"], v["load_buckets"]),
@@ -213,7 +220,7 @@ def _examples(frame: DataFrame, names: list[str], limit: int) -> dict[str, list[
 
 
 def validate_tables(tables: dict[str, DataFrame], transitions_derived: bool = False) -> Report:
-    """Check every invariant over ``tables`` (the seven tables, each with its ``run_id``
+    """Check every invariant over ``tables`` (the eight tables, each with its ``run_id``
     column, any number of runs). One Spark job of scans without a shuffle of the rows
     reduces them to a few rows per run and group (digests and counts); only when a chain
     digest disagrees does a second job check every delivery against its neighbours
@@ -280,6 +287,8 @@ def _fast_counts(
         "dead": digests.dead_letter_chain_digest(tables["dead_letters"]),
         "runs": counts.runs_counts(tables["runs"], STATUS_COMPLETE),
     }
+    if "instance_load" in tables:
+        parts["instances"] = counts.instance_counts(tables["instance_load"])
     if not transitions_derived:
         parts["transitions"] = digests.transition_digest(tables["transitions"])
     groups: dict[tuple[str, str], dict[str, Any]] = {}

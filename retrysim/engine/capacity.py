@@ -1,15 +1,17 @@
 """Finite consumer capacity: when is the round engine's answer exact, and how busy is the pool?
 
-The consumer pool of a group is ``instances x threads`` threads shared first come, first
-served (docs/model.md §5). A round run assumes every delivery starts when it is eligible. For
-unordered consumption that assumption is exactly right as long as the pool is never full:
-if at no moment more than ``C`` consume requests run at once in the unlimited run, then a
-``C``-thread pool finds a free thread for every delivery at its eligible time (each delivery
-sees the same busy count in both), and the two runs are the same, row for row. So the runner
-simulates with rounds first and checks the peak concurrency here; a group whose peak exceeds
-its pool is re-simulated event by event (:mod:`retrysim.engine.sequential`), which models the
-waiting exactly. There is no approximation error either way; the check only decides which
-engine is exact for the group.
+Every consumer instance of a group has its own ``threads``, served first come, first served
+(docs/model.md §5); which instance runs a delivery does not depend on timing
+(:mod:`retrysim.model.topology`). A round run assumes every delivery starts when it is
+eligible. For unordered consumption that assumption is exactly right as long as no
+instance's pool is ever full: if at no moment more than ``C`` consume requests run at once on
+an instance in the unlimited run, then its ``C`` threads find a free one for every delivery
+at its eligible time (each delivery sees the same busy count in both), and the two runs are
+the same, row for row. So the runner simulates with rounds first and checks the peak
+concurrency of every instance here; a group where one exceeds its threads is re-simulated
+event by event (:mod:`retrysim.engine.sequential`), which models the waiting exactly. There
+is no approximation error either way; the check only decides which engine is exact for the
+group.
 
 The check is cheap first: per time bucket, the threads busy at the bucket's start plus the
 requests starting in it bound the bucket's peak. Only buckets whose bound exceeds the pool
@@ -32,14 +34,21 @@ def _busy_end(attempts: DataFrame) -> Column:
 
 
 def peak_concurrency(attempts: DataFrame, pools: dict[str, int]) -> dict[str, int]:
-    """The largest number of consume requests running at once, per group in ``pools``,
-    where that number exceeds the group's pool size (groups within their pool are omitted)."""
+    """The largest number of consume requests running at once on one instance, per group in
+    ``pools`` (its threads per instance), where that number exceeds them (groups within their
+    pools are omitted)."""
     started = attempts.where(F.col("group").isin(*pools) & F.col("start_ms").isNotNull()).select(
-        "group", "msg_id", "delivery", "start_ms", _busy_end(attempts).alias("busy_end")
+        F.col("group"),
+        F.col("consumer_instance").alias("instance"),
+        "msg_id",
+        "delivery",
+        "start_ms",
+        _busy_end(attempts).alias("busy_end"),
     )
     bucket = F.lit(CHECK_BUCKET_MS)
     events = started.select(
         "group",
+        "instance",
         "msg_id",
         "delivery",
         F.explode(
@@ -58,14 +67,16 @@ def peak_concurrency(attempts: DataFrame, pools: dict[str, int]) -> dict[str, in
                 ),
             )
         ).alias("event"),
-    ).select("group", "msg_id", "delivery", "event.*")
+    ).select("group", "instance", "msg_id", "delivery", "event.*")
     events = events.withColumn("bucket", F.floor(F.col("at_ms") / bucket))
-    per_bucket = events.groupBy("group", "bucket").agg(
+    per_bucket = events.groupBy("group", "instance", "bucket").agg(
         F.sum("delta").alias("delta"),
         F.sum(F.when(F.col("kind") == F.lit(_START), 1).otherwise(0)).alias("starts"),
     )
     before = (
-        Window.partitionBy("group").orderBy("bucket").rowsBetween(Window.unboundedPreceding, -1)
+        Window.partitionBy("group", "instance")
+        .orderBy("bucket")
+        .rowsBetween(Window.unboundedPreceding, -1)
     )
     levels = per_bucket.withColumn("level", F.coalesce(F.sum("delta").over(before), F.lit(0)))
     pool = F.create_map(*[x for name, size in pools.items() for x in (F.lit(name), F.lit(size))])
@@ -73,12 +84,16 @@ def peak_concurrency(attempts: DataFrame, pools: dict[str, int]) -> dict[str, in
     if suspect.isEmpty():
         return {}
     in_order = (
-        Window.partitionBy("group", "bucket")
+        Window.partitionBy("group", "instance", "bucket")
         .orderBy("at_ms", "kind", "msg_id", "delivery")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
     exact = (
-        events.join(suspect.select("group", "bucket", "level"), ["group", "bucket"], "inner")
+        events.join(
+            suspect.select("group", "instance", "bucket", "level"),
+            ["group", "instance", "bucket"],
+            "inner",
+        )
         .withColumn("running", F.col("level") + F.sum("delta").over(in_order))
         .where(F.col("kind") == F.lit(_START))
         .groupBy("group")

@@ -40,12 +40,13 @@ def simulate_attempts(
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
     rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
     rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
-    pools = {p.name: p.policy.pool_size for p in by_rounds if p.policy.pool_size is not None}
+    threads = {p.name: p.policy.topology.threads for p in by_rounds}
+    pools = {name: count for name, count in threads.items() if count is not None}
     full = peak_concurrency(spark.read.parquet(rounds_dir), pools) if by_rounds and pools else {}
     for name, peak in sorted(full.items()):
         say(
-            f"group {name}: {peak:,} consume requests would run at once, more than its "
-            f"{pools[name]:,} consumer threads; simulating it event by event"
+            f"group {name}: {peak:,} consume requests would run at once on one instance, more "
+            f"than its {pools[name]:,} threads; simulating it event by event"
         )
     if full:
         _drop_groups(spark, rounds_dir, set(full))
@@ -93,12 +94,14 @@ def lanes_are_independent(plan: GroupPlan) -> bool:
     """Ordered queues are independent when the pool can never be full and no replay moves
     messages between them. A queue runs one consume request at a time, so a pool with a
     thread per queue never fills up -- unless a timeout lets the queue move on while the
-    timed-out listener still holds its thread."""
+    timed-out listener still holds its thread. Each instance needs a thread for every queue
+    whose deliveries it may run (by message: every queue)."""
     policy = plan.policy
-    pool = policy.pool_size
+    threads = policy.topology.threads
+    most = policy.topology.most_lanes_per_instance
     return (
         policy.blocking
         and policy.batch_size == 1
         and policy.replay is None
-        and (pool is None or (policy.timeout_ms is None and pool >= plan.group.workload.queues))
+        and (threads is None or (policy.timeout_ms is None and threads >= most))
     )

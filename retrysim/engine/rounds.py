@@ -87,7 +87,9 @@ FRONTIER_COLUMNS = (
     "ready_reason",
     "poison_fixed",
 )
-_AFTER_READY = tuple(f.name for f in STAGE.fields if f.name not in FRONTIER_COLUMNS)
+# set when the delivery is given to an instance, before it starts
+ASSIGNED = "consumer_instance"
+_AFTER_READY = tuple(f.name for f in STAGE.fields if f.name not in (*FRONTIER_COLUMNS, ASSIGNED))
 _AFTER_START = (
     "end_ms",
     "outcome",
@@ -188,7 +190,10 @@ class Round:
             )
             cases, steps = policy.next_step_columns()
             projections = [
-                {"start_ms": policy.eligible_col(F.col("ready_ms"))},
+                {
+                    "start_ms": policy.eligible_col(F.col("ready_ms")),
+                    ASSIGNED: policy.topology.instance_col(),
+                },
                 draws,
                 policy.consume_result_columns(),
                 cases,

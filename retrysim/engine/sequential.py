@@ -36,7 +36,7 @@ from retrysim.tables.schemas import STAGE
 KEY_COLUMN = "_key"
 OUTPUT_CHUNK_ROWS = 100_000
 _FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (model §5)
-_THREAD = -1  # a _FREE event's payload: a thread, or the id of a released lane
+# A _FREE event's payload: the id of a released lane (>= 0), or a thread of instance i (-1 - i).
 _COLUMNS = STAGE.fieldNames()
 _NO_STEP = (None,) * 11
 
@@ -87,12 +87,17 @@ class _Simulation:
         self.spec, self.policy, self.horizon = spec, spec.policy, spec.horizon_ms
         self.model = ListenerModel(spec.behavior, self.policy.send_back_failure_probability)
         self.draws = DrawCache(spec.seed, spec.group, self.msg_ids, spec.behavior.poison_fraction)
-        self.free = self.policy.pool_size  # None: unlimited
+        self.topology = topology = self.policy.topology
+        # free threads per instance (None: unlimited)
+        self.free = None if topology.threads is None else [topology.threads] * topology.instances
         self.events: list[tuple] = []
         self.sequence = 0
-        self.lane_ids: dict[tuple[str, int], int] = {}
+        self.lane_ids: dict[tuple[str, int], int] = {}  # blocking lanes
+        # deliveries waiting for a thread, per (topic, queue, instance), and per instance a
+        # heap of those lanes' heads
+        self.wait_ids: dict[tuple[str, int, int], int] = {}
         self.lane_waiting: list[list[tuple]] = []
-        self.heads: list[tuple] = []
+        self.heads: dict[int, list[tuple]] = {}
         self.rows: list[tuple] = []
         self.fixed: set[int] = set()  # positions whose poison was fixed by a replay
         self.last_delivery: dict[int, int] = {}
@@ -120,9 +125,13 @@ class _Simulation:
         key = (topic, queue_id)
         lane = self.lane_ids.get(key)
         if lane is None:
-            lane = self.lane_ids[key] = len(self.lane_waiting)
-            self.lane_waiting.append([])
+            lane = self.lane_ids[key] = len(self.lane_ids)
         return lane
+
+    def _instance(self, entry: _Delivery) -> int:
+        return self.topology.instance(
+            entry.topic, entry.queue_id, int(self.msg_ids[entry.index]), entry.delivery
+        )
 
     def _build_lanes(self) -> None:
         queues = self.queue_ids[: self.count]
@@ -246,8 +255,8 @@ class _Simulation:
                 break
             while self.events and self.events[0][0] == now and self.events[0][1] == _FREE:
                 payload = heapq.heappop(self.events)[3]
-                if payload == _THREAD:
-                    self.free += 1
+                if payload < 0:
+                    self.free[-1 - payload] += 1
                 else:
                     self._release(payload, now)
             self._take_arrivals(now)
@@ -269,28 +278,39 @@ class _Simulation:
         yield self.rows
 
     def _wait(self, entry: _Delivery) -> None:
-        lane = self._lane(entry.topic, entry.queue_id)
+        instance = self._instance(entry)
+        lane_key = (entry.topic, entry.queue_id, instance)
+        lane = self.wait_ids.get(lane_key)
+        if lane is None:
+            lane = self.wait_ids[lane_key] = len(self.lane_waiting)
+            self.lane_waiting.append([])
         key = (entry.eligible_ms, int(self.msg_ids[entry.index]), entry.delivery)
         waiting = self.lane_waiting[lane]
         if not waiting or key < waiting[0][:3]:
-            heapq.heappush(self.heads, (*key, lane))
+            heapq.heappush(self.heads.setdefault(instance, []), (*key, lane))
         heapq.heappush(waiting, (*key, entry))
 
     def _dispatch(self, now: int) -> None:
-        size = self.policy.batch_size
-        while self.heads and (self.free is None or self.free > 0):
-            *key, lane = heapq.heappop(self.heads)
-            waiting = self.lane_waiting[lane]
-            if not waiting or list(waiting[0][:3]) != key:
-                continue  # a stale head: that delivery left in an earlier batch
-            batch = [heapq.heappop(waiting)[3] for _ in range(min(size, len(waiting)))]
-            if waiting:
-                heapq.heappush(self.heads, (*waiting[0][:3], lane))
-            self._start(batch, now)
+        """Start what waits, per instance, while the instance has a free thread. Instances
+        do not share threads, so the order they are served in changes nothing."""
+        size, free = self.policy.batch_size, self.free
+        for instance in sorted(self.heads):
+            heads = self.heads[instance]
+            while heads and (free is None or free[instance] > 0):
+                *key, lane = heapq.heappop(heads)
+                waiting = self.lane_waiting[lane]
+                if not waiting or list(waiting[0][:3]) != key:
+                    continue  # a stale head: that delivery left in an earlier batch
+                batch = [heapq.heappop(waiting)[3] for _ in range(min(size, len(waiting)))]
+                if waiting:
+                    heapq.heappush(heads, (*waiting[0][:3], lane))
+                self._start(batch, instance, now)
+            if not heads:
+                del self.heads[instance]
 
     # ------------------------------------------------------------------ a consume request
 
-    def _start(self, batch: list[_Delivery], now: int) -> None:
+    def _start(self, batch: list[_Delivery], instance: int, now: int) -> None:
         policy = self.policy
         results = []
         for entry in batch:
@@ -301,8 +321,8 @@ class _Simulation:
         failing = next((result[0] for result in results if result[0] != CONSUME_SUCCESS), None)
         outcome, end = policy.consume_result(now, processing, failing or CONSUME_SUCCESS)
         if self.free is not None:
-            self.free -= 1
-            self._push(now + processing, _FREE, _THREAD)
+            self.free[instance] -= 1
+            self._push(now + processing, _FREE, -1 - instance)
         for position, (entry, result) in enumerate(zip(batch, results, strict=True)):
             beyond_ack = (
                 outcome == CONSUME_SUCCESS
@@ -331,6 +351,8 @@ class _Simulation:
             send_back_failed,
             entry.topic,
             entry.queue_id,
+            int(self.msg_ids[entry.index]),
+            entry.delivery,
         )
         if beyond_ack and step.end_state == WAITING_RETRY:
             step = step._replace(end_reason=REASON_BEYOND_ACK)
@@ -378,6 +400,7 @@ class _Simulation:
                 entry.rt,
                 entry.topic,
                 entry.queue_id,
+                self._instance(entry),
                 int(self.born[entry.index]),
                 entry.ready_ms,
                 entry.reason,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from retrysim.model.states import LOCAL, NO_RETRY, REVIVE, SCHEDULE, VISIBLE
+from retrysim.model.topology import BROADCAST, BY_MESSAGE, BY_QUEUE
 from retrysim.scenario import limits
 from retrysim.scenario.units import parse_delay_levels
 
@@ -61,6 +62,8 @@ class Flavor:
     max_retries_limit: int = limits.MAX_RECONSUME_TIMES_4X
     # ordered consumption: one message of a queue at a time
     blocking: bool = False
+    # how deliveries are spread over the instances (retrysim.model.topology)
+    balancing: str = BY_MESSAGE
     # the broker's delay-level table decides its retry intervals
     uses_delay_table: bool = False
     # whether a dead-letter queue exists (DLQ replay needs one)
@@ -269,6 +272,7 @@ CATALOGUE: tuple[Flavor, ...] = (
             }
         ),
         uses_delay_table=True,
+        balancing=BY_QUEUE,
     ),
     Flavor(
         "rocketmq4.orderly",
@@ -276,6 +280,7 @@ CATALOGUE: tuple[Flavor, ...] = (
         reads=frozenset({"suspend_current_queue_time"}),
         timeout_key="none: the orderly service never expires a message",
         blocking=True,
+        balancing=BY_QUEUE,
     ),
     Flavor(
         "rocketmq4.broadcasting",
@@ -283,6 +288,7 @@ CATALOGUE: tuple[Flavor, ...] = (
         reads=frozenset({"consume_timeout_check", "consume_timeout"}),
         fixed_max_retries="broadcasting consumption never retries",
         has_dlq=False,
+        balancing=BROADCAST,
     ),
     Flavor(
         "http.unordered",

@@ -33,6 +33,7 @@ from retrysim.model.states import (
     VISIBLE,
     WAITING_RETRY,
 )
+from retrysim.model.topology import BY_QUEUE, Topology
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Group, Replay
 
@@ -88,6 +89,7 @@ class Policy:
     ready_wait_ms: int
     pool_size: int | None
     replay: Replay | None
+    topology: Topology
 
     @property
     def dlq_topic(self) -> str:
@@ -143,6 +145,8 @@ class Policy:
         send_back_failed: bool,
         topic: str,
         queue_id: int,
+        msg_id: int = 0,
+        delivery: int = 1,
     ) -> Step:
         """The rules of docs/model.md §6 and docs/flavors.md for one settled delivery."""
         here = (topic, queue_id)
@@ -177,7 +181,8 @@ class Policy:
                         None, None, None, None, None, None, None)  # fmt: skip
         if self.retry_path == SCHEDULE:
             wait_at = (limits.SCHEDULE_TOPIC, level - 1)
-            back_at = (self.retry_topic, limits.RETRY_QUEUE_ID)
+            retry_queue = self.topology.retry_queue(topic, queue_id, msg_id, delivery)
+            back_at = (self.retry_topic, retry_queue)
         elif self.retry_path == REVIVE:
             wait_at, back_at = here, (self.retry_topic, limits.RETRY_QUEUE_ID)
         else:
@@ -323,7 +328,7 @@ class Policy:
                 F.lit(limits.SCHEDULE_TOPIC),
                 (level - F.lit(1)).cast("int"),
                 F.lit(self.retry_topic),
-                F.lit(limits.RETRY_QUEUE_ID),
+                self.topology.retry_queue_col(),
             )
         if self.retry_path == REVIVE:
             return here_topic, here_queue, F.lit(self.retry_topic), F.lit(limits.RETRY_QUEUE_ID)
@@ -360,5 +365,23 @@ def policy_for(group: Group, delay_table_ms: tuple[int, ...]) -> Policy:
         ready_wait_ms=group.behavior.ready_wait,
         pool_size=group.consumers.pool_size,
         replay=group.replay,
+        topology=topology_of(group, fields["retry_path"]),
         **fields,
+    )
+
+
+def topology_of(group: Group, retry_path: str) -> Topology:
+    """How ``group``'s deliveries spread over its instances (:mod:`retrysim.model.topology`)."""
+    consumers = group.consumers
+    balancing = group.flavor_record.balancing
+    by_broker = balancing == BY_QUEUE and retry_path == SCHEDULE
+    return Topology(
+        balancing=balancing,
+        instances=consumers.instances,
+        threads=None if consumers.unlimited else consumers.threads,
+        queues=group.workload.queues,
+        brokers=group.brokers,
+        retry_queue_nums=group.retry_queue_nums,
+        allocate=group.allocate,
+        retry_topic=limits.RETRY_TOPIC_PREFIX + group.name if by_broker else None,
     )

@@ -268,6 +268,8 @@ def plan_rows(
             "pool": o.pool,
             **{column: o.metrics.get(column) for column in SUMMARY_COLUMNS},
             "max_oldest_ready_age_ms": o.metrics.get("max_oldest_ready_age_ms"),
+            "busiest_instance_utilization": o.metrics.get("busiest_instance_utilization"),
+            "idle_instances": o.metrics.get("idle_instances"),
             "targets_json": json.dumps(targets, sort_keys=True),
             "meets_targets": o.meets if spec.targets else None,
             "failed_targets": ",".join(t.metric for t in o.failed) or None,
@@ -313,6 +315,8 @@ _COLUMNS = (
     ("DLQ", "dlq", "count"),
     ("pending", "pending", "count"),
     ("peak util", "peak_utilization", "fraction"),
+    ("busiest inst", "busiest_instance_utilization", "fraction"),
+    ("idle", "idle_instances", "count"),
 )
 
 

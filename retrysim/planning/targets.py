@@ -215,6 +215,7 @@ class Recommendation:
     smaller: Outcome | None = None  # the next smaller pool swept, which misses ``binding``
     larger_failing: tuple[int, ...] = field(default=())  # points above ``pool`` that miss
     closest: Outcome | None = None  # when nothing meets: the largest finite pool swept
+    chosen: Outcome | None = None  # the recommended point's outcome
 
     @property
     def found(self) -> bool:
@@ -249,6 +250,7 @@ def _recommend_case(group: str, case: tuple, items: list[Outcome]) -> Recommenda
         binding=next_smaller.failed if next_smaller else (),
         smaller=next_smaller,
         larger_failing=larger_failing,
+        chosen=best,
     )
 
 
@@ -265,6 +267,43 @@ def overall_pool(outcomes: Sequence[Outcome], group: str) -> int | None:
     return None
 
 
+# An instance this busy over a whole load bucket while the group's threads never were.
+SATURATED = 0.95
+GROUP_NOT_FULL = 0.9
+
+
+def topology_note(outcome: Outcome | None) -> str:
+    """What the instances of a point say that the pool size does not: instances that ran
+    nothing (4.x rebalance gives each queue to one instance), or one instance saturated while
+    the group's threads were not (its queues bind: with one retry queue per broker, one
+    instance takes every retry). Empty when neither."""
+    if outcome is None:
+        return ""
+    m = outcome.metrics
+    idle = m.get("idle_instances") or 0
+    if idle and outcome.instances:
+        return (
+            f" {idle} of {outcome.instances} instances ran no delivery at point "
+            f"p{outcome.point}: a 4.x queue goes to one instance, so instances beyond the "
+            "queues idle; add queues, not instances."
+        )
+    busy, peak = m.get("busiest_instance_utilization"), m.get("peak_utilization")
+    if (
+        busy is not None
+        and busy >= SATURATED
+        and peak is not None
+        and peak < GROUP_NOT_FULL
+        and (outcome.instances or 1) > 1
+    ):
+        return (
+            f" At point p{outcome.point} instance {m.get('busiest_instance')} ran at "
+            f"{busy:.0%} of its threads while the group's never passed {peak:.0%} at once: "
+            "one instance's queues bind, not the pool (with one retry queue per broker one "
+            "instance takes every retry: raise retry_queue_nums)."
+        )
+    return ""
+
+
 def describe(recommendation: Recommendation) -> str:
     """One sentence: the recommended pool and the binding target, or why there is none."""
     r = recommendation
@@ -279,7 +318,7 @@ def describe(recommendation: Recommendation) -> str:
         return (
             f"group {r.group}{case}: no point meets the targets; the largest pool swept "
             f"({r.closest.pool:,} threads, point p{r.closest.point}) misses {missed}. "
-            "Sweep larger pools or relax a target."
+            "Sweep larger pools or relax a target." + topology_note(r.closest)
         )
     text = (
         f"group {r.group}{case}: {r.pool:,} consumer threads "
@@ -297,4 +336,5 @@ def describe(recommendation: Recommendation) -> str:
     if r.larger_failing:
         points = ", ".join(f"p{p}" for p in r.larger_failing)
         text += f". Note: larger pools miss a target too ({points})"
-    return text
+    note = topology_note(r.chosen) or topology_note(r.smaller)
+    return text + ("." + note if note and not text.endswith(".") else note)

@@ -233,6 +233,7 @@ class RunData:
     summary: pd.DataFrame
     load: pd.DataFrame
     retries: pd.DataFrame
+    instances: pd.DataFrame  # instance_load: utilization per group, instance and bucket
 
     def flavor(self, group: str) -> str:
         found = [g.flavor for g in self.scenario.groups if g.name == group]
@@ -263,4 +264,19 @@ def run_data(
         summary=summary_frame(rows("summary")),
         load=load_frame(rows("load")),
         retries=retries if retries is not None else retries_by_level(rows("attempts")),
+        instances=_pandas(
+            rows("instance_load").select(
+                "group", "consumer_instance", "bucket_start_ms", "bucket_ms", "utilization"
+            )
+        ),
+    )
+
+
+def instance_utilization(instances: pd.DataFrame, group: str, span: pd.DataFrame) -> pd.DataFrame:
+    """One group's utilization per instance (rows) and bucket start in minutes (columns),
+    over the buckets of ``span`` (its :func:`active_span`)."""
+    rows = instances[instances["group"] == group]
+    rows = rows[rows["bucket_start_ms"] < (span["minute_end"].max() * MINUTE_MS)]
+    return rows.assign(minute=rows["bucket_start_ms"] / MINUTE_MS).pivot_table(
+        index="consumer_instance", columns="minute", values="utilization", dropna=False
     )

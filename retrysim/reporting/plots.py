@@ -37,6 +37,7 @@ __all__ = [
     "commitlog_figure",
     "deliveries_figure",
     "dlq_figure",
+    "instances_figure",
     "png_base64",
     "retries_by_level_figure",
     "schedule_backlog_figure",
@@ -232,6 +233,32 @@ def utilization_figure(util: pd.DataFrame, title: str = "") -> Figure:
     age.set_ylabel("oldest Ready age (s)")
     _twin_legend(fig, ax, age)
     ax.grid(alpha=0.3)
+    return fig
+
+
+def instances_figure(util: pd.DataFrame, title: str = "") -> Figure:
+    """Utilization per instance (rows) and bucket (columns) as a heat map."""
+    fig, (ax,) = _figure(height=min(HEIGHT * 2, 1.2 + 0.25 * max(1, len(util.index))))
+    if util.empty or util.isna().all().all():
+        ax.text(0.5, 0.5, "unlimited pool: no utilization", transform=ax.transAxes, ha="center")
+        ax.set_axis_off()
+        return fig
+    minutes = pd.Series(util.columns, dtype=float)
+    x, label = _time(minutes)
+    step = float(x.iloc[1] - x.iloc[0]) if len(x) > 1 else 1.0
+    image = ax.imshow(
+        util.to_numpy(dtype=float) * 100,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="viridis",
+        vmin=0,
+        vmax=100,
+        extent=(float(x.iloc[0]), float(x.iloc[-1]) + step, len(util.index) - 0.5, -0.5),
+    )
+    ax.set(xlabel=label, ylabel="instance", title=title or "utilization per consumer instance")
+    if len(util.index) <= 32:
+        ax.set_yticks(range(len(util.index)), [str(i) for i in util.index])
+    fig.colorbar(image, ax=ax, label="utilization (%)")
     return fig
 
 

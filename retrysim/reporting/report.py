@@ -65,6 +65,9 @@ _SUMMARY = (
     ("peak_deliveries_per_s", "peak deliveries / s", "count"),
     ("peak_retries_per_s", "peak retries / s", "count"),
     ("peak_commitlog_writes_per_s", "peak commitlog writes / s", "count"),
+    ("busiest_instance", "busiest instance", "count"),
+    ("busiest_instance_utilization", "its utilization (busiest bucket)", "fraction"),
+    ("idle_instances", "idle instances", "count"),
     ("engine", "engine", "text"),
 )
 _PLAN = (
@@ -86,6 +89,7 @@ RUN_SECTIONS = (
     "DLQ inflow and replays",
     "Write amplification",
     "Consumer utilization and oldest Ready age",
+    "Utilization per consumer instance",
 )
 
 __all__ = [
@@ -223,6 +227,13 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
             plots.utilization_figure(analysis.utilization(load)),
             "Busy thread time over pool time per bucket, and the age of the oldest Ready message.",
         ),
+        (
+            plots.instances_figure(analysis.instance_utilization(data.instances, group, load)),
+            "Each instance's busy thread time over its threads per bucket: a hot instance (the "
+            "one holding a 4.x retry queue) shows as one dark row. Instances that rebalance "
+            "gave no queue never get work and are not drawn: "
+            f"{_idle_text(data, group)}.",
+        ),
     ]
     section = [
         f'<h2 id="group-{html.escape(group)}">Group {html.escape(group)} '
@@ -232,6 +243,11 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
         section.append(f'<h3>{html.escape(title)}</h3><p class="note">{html.escape(note)}</p>')
         section.append(_image(fig, f"{group}: {title}"))
     return section
+
+
+def _idle_text(data: analysis.RunData, group: str) -> str:
+    idle = data.summary.set_index("group").at[group, "idle_instances"]
+    return "none idled" if not idle else f"{int(idle)} instance(s) ran no delivery"
 
 
 def write_run_report(

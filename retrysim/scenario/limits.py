@@ -34,6 +34,8 @@ RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
 # SubscriptionGroupConfig.retryQueueNums = 1 and MixAll.DLQ_NUMS_PER_GROUP = 1: one queue each.
 RETRY_QUEUE_ID = 0
+DEFAULT_BROKERS, MAX_BROKERS = 1, 1_024
+DEFAULT_RETRY_QUEUE_NUMS, MAX_RETRY_QUEUE_NUMS = 1, 1_024
 DLQ_QUEUE_ID = 0
 
 # ApsaraMQ 5.x (the consumption-retry document, docs/flavors.md): push-consumer retry intervals for

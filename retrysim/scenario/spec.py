@@ -285,6 +285,11 @@ class Group(_Model):
     consume_message_batch_max_size: Annotated[StrictInt, in_range(1, limits.MAX_CONSUME_BATCH)] = 1
     ack_index: Annotated[StrictInt, in_range(0, limits.MAX_CONSUME_BATCH - 1)] | None = None
     pull_interval: Annotated[Duration, in_range(0, limits.HOUR_MS, duration=True)] = 0
+    brokers: Annotated[StrictInt, in_range(1, limits.MAX_BROKERS)] = limits.DEFAULT_BROKERS
+    retry_queue_nums: Annotated[StrictInt, in_range(1, limits.MAX_RETRY_QUEUE_NUMS)] = (
+        limits.DEFAULT_RETRY_QUEUE_NUMS
+    )
+    allocate: Literal["averagely", "averagely_by_circle"] = "averagely"
     consumers: ConsumersField = Consumers()
     workload: Workload = Workload()
     behavior: Behavior = Behavior()
@@ -335,6 +340,12 @@ class Group(_Model):
         self._check_max_retries(flavor)
         if self.replay is not None and (not self.dlq_enabled or not flavor.has_dlq):
             raise FieldRuleError("replay", "needs a dead-letter queue (dlq_enabled: true)")
+        if self.workload.queues % self.brokers:
+            raise FieldRuleError(
+                "brokers",
+                f"value {self.brokers}: workload.queues ({self.workload.queues}) must be a "
+                "multiple of brokers (every broker holds the same number of the topic's queues)",
+            )
         return self
 
     def _check_retry_policy(self, record: flavors.Flavor) -> None:

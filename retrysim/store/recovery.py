@@ -1,6 +1,6 @@
 """Atomic runs: publish-or-nothing, and recovery after a crash.
 
-A run's seven tables are seven Delta commits, so a driver that dies between two of them
+A run's eight tables are eight Delta commits, so a driver that dies between two of them
 would leave rows of a run that never finished. :func:`publish_run` writes the ``runs`` row
 as ``publishing`` first and ``complete`` last, and readers (:func:`read_table`) show only
 complete runs. A writer holds a lease (:mod:`retrysim.store.lease`) from before it stages

@@ -6,6 +6,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType
 
+from retrysim.model.policy import policy_for
+from retrysim.model.topology import BROADCAST
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.schemas import (
     literal_rows,
@@ -24,20 +26,30 @@ GROUPS = nullable_schema(
     ("size_bytes", LongType()),
     ("pool", LongType()),
     ("levels", IntegerType()),
+    ("threads", LongType()),
+    ("busy_instances", IntegerType()),
 )
 
 
 def groups_df(spark: SparkSession, scenario: Scenario) -> DataFrame:
-    """One row per group: message count, size, source topic, pool size, delay levels."""
-    rows = [
-        (
-            g.name,
-            g.source_topic,
-            g.workload.messages,
-            g.workload.size_bytes,
-            g.consumers.pool_size,
-            len(scenario.broker.message_delay_level) if g.flavor_record.uses_delay_table else 0,
+    """One row per group: message count, size, source topic, the threads its tables count
+    (``pool``: every instance's; a broadcasting group's tables follow one instance), delay
+    levels, threads per instance and how many instances can get work."""
+    table = scenario.broker.message_delay_level
+    rows = []
+    for g in scenario.groups:
+        topology = policy_for(g, table).topology
+        one = topology.balancing == BROADCAST
+        rows.append(
+            (
+                g.name,
+                g.source_topic,
+                g.workload.messages,
+                g.workload.size_bytes,
+                topology.threads if one else g.consumers.pool_size,
+                len(table) if g.flavor_record.uses_delay_table else 0,
+                topology.threads,
+                topology.busy_instances,
+            )
         )
-        for g in scenario.groups
-    ]
     return literal_rows(spark, rows, GROUPS)

@@ -38,6 +38,7 @@ GAUGES = ("ready_backlog", "inflight", "waiting_retry", "schedule", "threads_bus
 RATES = ("deliveries", "retries", "commitlog_writes")
 # Rows of the schedule gauge per delay level have level >= 1; level 0 rows hold the rest.
 ALL_LEVELS = 0
+_EXACT = "decimal(38,0)"
 _FIELDS = (*GAUGES, *RATES)
 
 
@@ -120,8 +121,14 @@ def _rise(highest: str, first_t: str, bucket_ms: int) -> Column:
     return F.when(entered, F.greatest(F.col(highest), F.lit(0))).otherwise(F.col(highest))
 
 
-def _exploded(attempts: DataFrame, scenario: Scenario, fields: tuple[str, ...]) -> DataFrame:
-    """The attempts' moments before the horizon that change one of ``fields``, one row each."""
+def _exploded(
+    attempts: DataFrame,
+    scenario: Scenario,
+    fields: tuple[str, ...],
+    by: tuple[str, ...] = ("group",),
+) -> DataFrame:
+    """The attempts' moments before the horizon that change one of ``fields``, one row each,
+    with the attempt's ``by`` columns."""
     changes = [F.col(f"m.{name}") != F.lit(0) for name in fields if name != "ready_wait"]
     if "ready_wait" in fields:
         changes.append(F.col("m.ready_wait").isNotNull())
@@ -129,9 +136,35 @@ def _exploded(attempts: DataFrame, scenario: Scenario, fields: tuple[str, ...]) 
     for change in changes[1:]:
         any_change = any_change | change
     return (
-        attempts.select("group", F.explode(F.array(*_moments())).alias("m"))
+        attempts.select(*by, F.explode(F.array(*_moments())).alias("m"))
         .where(F.col("m").isNotNull() & (F.col("m.t") < F.lit(scenario.horizon)) & any_change)
-        .select("group", "m.t", "m.level", *[f"m.{name}" for name in fields])
+        .select(*by, "m.t", "m.level", *[f"m.{name}" for name in fields])
+    )
+
+
+def _gauge_changes(
+    moments: DataFrame, keys: list[str], gauges: tuple[str, ...], bucket_ms: int, *more: Column
+) -> DataFrame:
+    """Per ``keys`` (a bucket among them): each gauge's net change (``<gauge>_total``) and
+    rise (``<gauge>_rise``), and the ``more`` aggregates. The moments are sorted per key by
+    time, and a running sum over a range frame counts every change of a millisecond at once
+    (the frame takes the row's peers), so no per-millisecond aggregate is shuffled first."""
+    upto = (
+        Window.partitionBy(*keys)
+        .orderBy("t")
+        .rangeBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    return (
+        moments.withColumns({f"{g}_after": F.sum(g).over(upto) for g in gauges})
+        .groupBy(*keys)
+        .agg(
+            *[F.sum(g).alias(f"{g}_total") for g in gauges],
+            *[F.max(f"{g}_after").alias(f"{g}_highest") for g in gauges],
+            F.min("t").alias("first_t"),
+            *more,
+        )
+        .withColumns({f"{g}_rise": _rise(f"{g}_highest", "first_t", bucket_ms) for g in gauges})
+        .drop("first_t", *[f"{g}_highest" for g in gauges])
     )
 
 
@@ -141,33 +174,15 @@ def bucket_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
     the bucket minus the value it entered with), each rate's busiest second starting in the
     bucket (``<rate>_busiest``) and the longest wait of a delivery that left Ready in it
     (``longest_wait``). Level L rows: ``schedule_total`` and ``schedule_rise`` of delay level
-    L. Held in executor memory: a few rows per bucket.
-
-    The moments are sorted per (group, level, bucket) by time, and a running sum over a
-    range frame counts every change of a millisecond at once (the frame takes the row's
-    peers), so no per-millisecond aggregate is shuffled first."""
+    L. Held in executor memory: a few rows per bucket."""
     bucket_ms = scenario.load_bucket
     # bucket first: the sort's prefix then tells rows apart (a group name rarely does)
     keys = ["bucket", "level", "group"]
     moments = _exploded(attempts, scenario, (*GAUGES, "ready_wait")).withColumn(
-        "bucket", F.floor(F.col("t") / F.lit(bucket_ms))
+        "bucket", _bucket(bucket_ms)
     )
-    upto = (
-        Window.partitionBy(*keys)
-        .orderBy("t")
-        .rangeBetween(Window.unboundedPreceding, Window.currentRow)
-    )
-    gauges = (
-        moments.withColumns({f"{g}_after": F.sum(g).over(upto) for g in GAUGES})
-        .groupBy(*keys)
-        .agg(
-            *[F.sum(g).alias(f"{g}_total") for g in GAUGES],
-            *[F.max(f"{g}_after").alias(f"{g}_highest") for g in GAUGES],
-            F.min("t").alias("first_t"),
-            F.max("ready_wait").alias("longest_wait"),
-        )
-        .withColumns({f"{g}_rise": _rise(f"{g}_highest", "first_t", bucket_ms) for g in GAUGES})
-        .drop("first_t", *[f"{g}_highest" for g in GAUGES])
+    gauges = _gauge_changes(
+        moments, keys, GAUGES, bucket_ms, F.max("ready_wait").alias("longest_wait")
     )
     second = F.floor(F.col("t") / F.lit(1000))
     rates = (
@@ -182,6 +197,36 @@ def bucket_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
         .agg(*[F.max(r).alias(f"{r}_busiest") for r in RATES])
     )
     return gauges.join(rates, keys, "left").localCheckpoint()
+
+
+def _bucket(bucket_ms: int) -> Column:
+    return F.floor(F.col("t") / F.lit(bucket_ms))
+
+
+def instance_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
+    """Per (bucket, group, consumer_instance) with a change: the Ready backlog's and the
+    threads busy's net change and rise (as :func:`bucket_changes`), the deliveries started,
+    and ``threads_busy_area``, the sum of each threads-busy change times the time from it to
+    the bucket's end: with the value the bucket entered with, the exact busy thread time in
+    it (THREAD_UNITS per thread-millisecond). Held in executor memory."""
+    bucket_ms = scenario.load_bucket
+    keys = ["bucket", "consumer_instance", "group"]
+    fields = ("ready_backlog", "threads_busy", "deliveries")
+    moments = _exploded(attempts, scenario, fields, ("group", "consumer_instance")).withColumn(
+        "bucket", _bucket(bucket_ms)
+    )
+    bucket_end = (F.col("bucket") + F.lit(1)) * F.lit(bucket_ms)
+    return _gauge_changes(
+        moments,
+        keys,
+        fields[:2],
+        bucket_ms,
+        F.sum("deliveries").alias("deliveries"),
+        # exact: up to a thousand threads x a bucket x THREAD_UNITS outgrows a long
+        F.sum(F.col("threads_busy").cast(_EXACT) * (bucket_end - F.col("t")).cast(_EXACT)).alias(
+            "threads_busy_area"
+        ),
+    ).localCheckpoint()
 
 
 def bucket_maximum(end: Column, total: Column, rise: Column) -> Column:

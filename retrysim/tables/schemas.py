@@ -61,6 +61,8 @@ ATTEMPTS = nullable_schema(
     ("reconsume_times", IntegerType()),
     ("source_topic", StringType()),
     ("queue_id", IntegerType()),
+    # the instance that ran the delivery (or that a delivery still Ready waits for)
+    ("consumer_instance", IntegerType()),
     ("ready_ms", LongType()),
     ("start_ms", LongType()),
     ("processing_ms", LongType()),
@@ -163,6 +165,20 @@ LOAD = nullable_schema(
     ("oldest_ready_age_ms_max", LongType()),
 )
 
+INSTANCE_LOAD = nullable_schema(
+    ("run_id", StringType()),
+    ("group", StringType()),
+    ("consumer_instance", IntegerType()),
+    ("bucket_start_ms", LongType()),
+    ("bucket_ms", LongType()),
+    ("deliveries", LongType()),
+    ("ready_backlog", LongType()),
+    ("ready_backlog_max", LongType()),
+    ("busy_thread_ms", DoubleType()),
+    ("utilization", DoubleType()),
+    ("utilization_max", DoubleType()),
+)
+
 SUMMARY = nullable_schema(
     ("run_id", StringType()),
     ("group", StringType()),
@@ -192,6 +208,11 @@ SUMMARY = nullable_schema(
     ("peak_deliveries_per_s", LongType()),
     ("peak_retries_per_s", LongType()),
     ("peak_commitlog_writes_per_s", LongType()),
+    # consumer instances (instance_load): the one with the most thread time in a bucket,
+    # its utilization there, and how many ran no delivery
+    ("busiest_instance", IntegerType()),
+    ("busiest_instance_utilization", DoubleType()),
+    ("idle_instances", IntegerType()),
     ("engine", StringType()),
 )
 
@@ -199,8 +220,9 @@ SUMMARY = nullable_schema(
 # (sequential.py appends rows positionally). Round files in this shape are published as the
 # attempts table's files as they are: Parquet and Delta readers find columns by name.
 _STAGE_ORDER = (
-    "group", "msg_id", "delivery", "reconsume_times", "source_topic", "queue_id", "born_ms",
-    "ready_ms", "ready_reason", "start_ms", "processing_ms", "end_ms", "outcome",
+    "group", "msg_id", "delivery", "reconsume_times", "source_topic", "queue_id",
+    "consumer_instance", "born_ms", "ready_ms", "ready_reason", "start_ms", "processing_ms",
+    "end_ms", "outcome",
     "result_state", "delay_level", "next_ready_ms", "settled_ms", "batch_size", "end_state",
     "end_topic", "end_queue_id", "end_reason", "leave_state", "leave_topic", "leave_queue_id",
     "leave_reason", "next_topic", "next_queue_id", "next_reason", "poison_fixed",
@@ -235,6 +257,8 @@ PLAN = nullable_schema(
     ("max_waiting_retry", LongType()),
     ("max_oldest_ready_age_ms", LongType()),
     ("peak_utilization", DoubleType()),
+    ("busiest_instance_utilization", DoubleType()),
+    ("idle_instances", IntegerType()),
     ("targets_json", StringType()),
     ("meets_targets", BooleanType()),
     ("failed_targets", StringType()),
@@ -249,15 +273,28 @@ SCHEMAS: dict[str, StructType] = {
     "transitions": TRANSITIONS,
     "dead_letters": DEAD_LETTERS,
     "load": LOAD,
+    "instance_load": INSTANCE_LOAD,
     "summary": SUMMARY,
 }
-# Every table a sink writes and a reader reads: the seven tables of a run, and plans.
+# Every table a sink writes and a reader reads: the eight tables of a run, and plans.
 ALL_SCHEMAS: dict[str, StructType] = {**SCHEMAS, "plan": PLAN}
 # Publication order: runs last, so a run is listed only once all its rows are committed.
-TABLE_ORDER = ("messages", "attempts", "transitions", "dead_letters", "load", "summary", "runs")
+TABLE_ORDER = (
+    "messages",
+    "attempts",
+    "transitions",
+    "dead_letters",
+    "load",
+    "instance_load",
+    "summary",
+    "runs",
+)
 # What a run writes: every table, or (``--tables lean``, for very large runs) all but the
 # two that are derivable: transitions from attempts, messages from the scenario.
-TABLE_SETS = {"full": TABLE_ORDER, "lean": ("attempts", "dead_letters", "load", "summary", "runs")}
+TABLE_SETS = {
+    "full": TABLE_ORDER,
+    "lean": ("attempts", "dead_letters", "load", "instance_load", "summary", "runs"),
+}
 DERIVED_IN_LEAN = ("messages", "transitions")
 
 

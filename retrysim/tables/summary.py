@@ -17,6 +17,7 @@ from retrysim.model.states import (
 )
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import groups_df, literal_map
+from retrysim.tables.instances import instance_extremes, instance_load_from
 from retrysim.tables.load import compact_attempts
 from retrysim.tables.peaks import RATES, bucket_changes, run_maxima
 from retrysim.tables.schemas import (
@@ -80,13 +81,17 @@ def summary_from(
     compact: DataFrame | None = None,
     times: DataFrame | None = None,
     changes: DataFrame | None = None,
+    instance_load: DataFrame | None = None,
 ) -> DataFrame:
     """The ``summary`` table: one row per group, from staged attempts and the load table.
     The counts come from ``compact`` (:func:`compact_attempts`, a few rows per bucket and
     kind of delivery), the peaks from the load's within-bucket maxima and ``changes``
     (:func:`retrysim.tables.peaks.bucket_changes`), so only the times to commit and to DLQ
     read the attempts again (``times``: :func:`times_to_settle`), each argument computed
-    here when the caller does not hold it."""
+    here when the caller does not hold it; the busiest and idle instances come from
+    ``instance_load`` (:func:`retrysim.tables.instances.instance_load_from`)."""
+    if instance_load is None:
+        instance_load = instance_load_from(spark, attempts, scenario)
     compact = compact if compact is not None else compact_attempts(attempts, scenario)
     times = times if times is not None else times_to_settle(attempts)
     changes = changes if changes is not None else bucket_changes(attempts, scenario)
@@ -131,6 +136,7 @@ def summary_from(
         .join(per_group, on="group", how="left")
         .join(from_load, on="group", how="left")
         .join(maxima, on="group", how="left")
+        .join(instance_extremes(instance_load, scenario), on="group", how="left")
         .fillna(0, subset=[*counted, "commitlog_writes", *peaks])
     )
     columns = {

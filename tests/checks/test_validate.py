@@ -93,6 +93,9 @@ HAND = {
                   oldest_ready_age_ms=0, inflight_max=1, waiting_retry_max=1,
                   ready_backlog_max=0, schedule_backlog_max=[0, 0, 1], utilization_max=0.0,
                   oldest_ready_age_ms_max=0)],
+    "instance_load": [dict(group=G, consumer_instance=0, bucket_start_ms=0, bucket_ms=60_000,
+                           deliveries=3, ready_backlog=0, ready_backlog_max=0,
+                           busy_thread_ms=15.0, utilization=0.0, utilization_max=0.0)],
     "summary": [dict(group=G, messages=2, deliveries=3, retries=1, commits=2, dlq=0, discards=0,
                      pending=0, replayed=0, amplification=1.5, commitlog_writes=4,
                      write_amplification=2.0, max_ready_backlog=0, max_waiting_retry=1,
@@ -103,7 +106,7 @@ HAND = {
 
 
 def frames(spark, runs: dict[str, dict[str, list[dict]]]) -> dict:
-    """The seven tables holding every run of ``runs`` (run id -> rows per table)."""
+    """The eight tables holding every run of ``runs`` (run id -> rows per table)."""
     found = {}
     for name, schema in SCHEMAS.items():
         rows = [
@@ -194,7 +197,9 @@ def _message_0_twice():
     )
     load[0].update(deliveries=4, first_deliveries=3, commits=3, commitlog_writes=5,
                    commitlog_bytes=500, busy_thread_ms=20.0)  # fmt: skip
+    instances = [{**HAND["instance_load"][0], "deliveries": 4, "busy_thread_ms": 20.0}]
     return edit(
+        instance_load=instances,
         messages=[*HAND["messages"], HAND["messages"][0]],
         attempts=[*HAND["attempts"], HAND["attempts"][0]],
         transitions=[*HAND["transitions"], *HAND["transitions"][:3]],
@@ -342,6 +347,12 @@ RUNS = {
         {"load_totals": "load.commits = 1, expected 2",
          "load_gauges": "final inflight = 1, expected 0"},
     ),
+    "instances": Broken(
+        edit(instance_load=[{**HAND["instance_load"][0], "deliveries": 2,
+                             "busy_thread_ms": 14.0}]),
+        {"load_totals"},
+        {"load_totals": "instance_load.busy_thread_ms = 14.0, expected 15.0"},
+    ),
     "peaks": Broken(
         _peaks_off(),
         {"load_gauges"},
@@ -398,7 +409,7 @@ def test_broken_invariant_is_reported_with_examples(hand_report, run):
 # The hand runs whose chains of deliveries stay whole: what they break is found by the
 # passes without a shuffle (summary, load, the transitions digest). Every other broken run
 # must fail the chain digests, which is what sends validation row by row.
-WHOLE = {"hand", "ids-apart", "seq-off", "summary", "load", "peaks"}
+WHOLE = {"hand", "ids-apart", "seq-off", "summary", "load", "instances", "peaks"}
 
 
 def test_chain_digests_see_every_broken_delivery_or_message(spark):

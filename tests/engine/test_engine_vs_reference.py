@@ -117,6 +117,31 @@ GROUPS = [
         "workload": {"messages": 300, "over": "5m", "queues": 2},
         "behavior": {"fail_probability": 0.2, "processing_time": "2s"},
     },
+    {
+        # 4.x topology: 6 queues on 2 brokers, 2 retry queues each, over 4 instances of 2
+        # threads (two of them take 2 queues), the retries' instances saturated by a storm
+        "name": "storm",
+        "flavor": "rocketmq4.concurrently",
+        "brokers": 2,
+        "retry_queue_nums": 2,
+        "allocate": "averagely",
+        "consumers": {"instances": 4, "threads": 2},
+        "workload": {"messages": 1500, "over": "10m", "queues": 6},
+        "behavior": {
+            "fail_probability": 0.05,
+            "processing_time": "300ms",
+            "outages": [{"start": "2m", "end": "5m", "fail_probability": 0.8}],
+        },
+    },
+    {
+        "name": "circle",
+        "flavor": "rocketmq4.orderly",
+        "allocate": "averagely_by_circle",
+        "max_reconsume_times": 2,
+        "consumers": {"instances": 3, "threads": 1},
+        "workload": {"messages": 300, "over": "5m", "queues": 5},
+        "behavior": {"fail_probability": 0.1, "processing_time": "1s"},
+    },
 ]
 SCENARIO = {"name": "ref", "seed": 2024, "horizon": HORIZON, "load_bucket": "5m", "groups": GROUPS}
 
@@ -177,6 +202,7 @@ def test_scenario_exercises_every_path(run):
     assert engines == {
         "payments": "rounds", "audit": "rounds", "simple": "rounds", "fifo": "sequential",
         "batch": "sequential", "pool": "sequential", "push": engines["push"],
+        "storm": "sequential", "circle": "sequential",
     }  # fmt: skip
     seen = {
         (r["group"], r["outcome"], r["result_state"])

@@ -23,6 +23,8 @@ FLAVOR_GROUPS = {
     "concurrently-dlq-now": {"delay_level_when_next_consume": -1},
     "concurrently-periodic": {"consume_timeout": "1m", "consume_timeout_check": "periodic"},
     "concurrently-no-dlq": {"dlq_enabled": False, "max_reconsume_times": 2},
+    "concurrently-brokers": {"brokers": 2, "retry_queue_nums": 3,
+                             "workload": {"queues": 8}},
     "orderly": {"flavor": "rocketmq4.orderly", "max_reconsume_times": 2},
     "broadcasting": {"flavor": "rocketmq4.broadcasting"},
     "http-unordered": {"flavor": "http.unordered"},
@@ -57,7 +59,19 @@ def _cases():
         (0, 1, 2, 3, 5, 16, 300), OUTCOMES, (False, True)
     ):
         start = 1_000 * rt + 7
-        yield (rt, outcome, start, start + 250, send_back, "orders", 3)
+        yield (rt, outcome, start, start + 250, send_back, "orders", 3, 40 + rt, rt + 1)
+        # a retry copy on broker 1's third retry queue: its next retry stays on broker 1
+        yield (
+            rt,
+            outcome,
+            start,
+            start + 250,
+            send_back,
+            "%RETRY%concurrently-brokers",
+            5,
+            41 + rt,
+            rt + 2,
+        )
 
 
 def test_next_step_columns_equal_python(spark):
@@ -66,7 +80,8 @@ def test_next_step_columns_equal_python(spark):
     frame = spark.createDataFrame(
         cases,
         "reconsume_times int, outcome string, start_ms long, end_ms long, "
-        "send_back_failed boolean, source_topic string, queue_id int",
+        "send_back_failed boolean, source_topic string, queue_id int, msg_id long, "
+        "delivery int",
     )
     actual, expected_rows = None, []
     for name in sorted(FLAVOR_GROUPS):
@@ -78,8 +93,8 @@ def test_next_step_columns_equal_python(spark):
         actual = part if actual is None else actual.unionByName(part)
         expected_rows += [
             (name, rt, outcome, send_back,
-             *policy.next_step(rt, outcome, start, end, send_back, topic, q))
-            for rt, outcome, start, end, send_back, topic, q in cases
+             *policy.next_step(rt, outcome, start, end, send_back, topic, q, msg_id, delivery))
+            for rt, outcome, start, end, send_back, topic, q, msg_id, delivery in cases
         ]  # fmt: skip
     expected = spark.createDataFrame(expected_rows, actual.schema)
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)

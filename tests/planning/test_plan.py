@@ -5,6 +5,7 @@ points' own summary and load tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from retrysim.planning.targets import (
     overall_pool,
     parse_target,
     recommend,
+    topology_note,
 )
 from retrysim.reporting.report import write_plan_report
 from retrysim.scenario.errors import ScenarioError
@@ -271,6 +273,35 @@ def test_no_point_meets():
     assert not rec.found and rec.closest.point == 2  # the unlimited pool is never recommended
     assert "no point meets the targets" in describe(rec)
     assert "p99_time_to_commit 1m01s > 1m00s" in describe(rec)
+
+
+def _with(outcome: Outcome, **metrics) -> Outcome:
+    return dataclasses.replace(outcome, metrics={**outcome.metrics, **metrics})
+
+
+def test_idle_instances_say_add_queues_not_instances():
+    outcomes = [_outcome(1, 4, 90_000, 500, threads=1), _outcome(2, 8, 90_000, 500, threads=1)]
+    outcomes[1] = _with(outcomes[1], idle_instances=4, busiest_instance_utilization=1.0)
+    (rec,) = recommend(outcomes)
+    assert not rec.found
+    assert "4 of 8 instances ran no delivery at point p2" in describe(rec)
+    assert describe(rec).endswith("add queues, not instances.")
+
+
+def test_a_saturated_instance_in_a_group_with_threads_to_spare_is_named():
+    outcomes = [_outcome(1, 4, 90_000, 50, threads=1), _outcome(2, 8, 30_000, 10, threads=1)]
+    outcomes[0] = _with(
+        outcomes[0], idle_instances=0, busiest_instance=0, busiest_instance_utilization=1.0,
+        peak_utilization=0.4,
+    )  # fmt: skip
+    outcomes[1] = _with(outcomes[1], idle_instances=0, busiest_instance_utilization=0.5)
+    (rec,) = recommend(outcomes)
+    text = describe(rec)
+    assert rec.point == 2 and "At point p1 instance 0 ran at 100% of its threads" in text
+    assert "raise retry_queue_nums" in text
+    # without a saturated instance or an idle one, nothing is added
+    quiet = _with(outcomes[0], busiest_instance_utilization=0.5)
+    assert topology_note(quiet) == "" and topology_note(None) == ""
 
 
 def test_one_recommendation_per_case_and_one_pool_for_every_case():

@@ -109,6 +109,7 @@ from typing import Any
 import numpy as np
 
 from retrysim.model.rng import uniform_np
+from tests.reference import rebalance
 
 __all__ = ["parse_duration_ms", "simulate_scenario"]
 
@@ -235,7 +236,12 @@ class _Group:
     # dispatch
     pull: int
     ready_wait: int
-    threads: float  # C, INF for unlimited
+    threads: float  # per instance, INF for unlimited
+    instances: int
+    balancing: str  # queue | message | broadcast
+    brokers: int
+    retry_queue_nums: int
+    allocate: str
     # workload
     n: int
     over: int
@@ -367,8 +373,16 @@ def _group_config(scenario: dict, g: dict) -> _Group:
     consumers = g.get("consumers", {}) or {}
     if consumers == "unlimited":
         threads: float = INF
+        instances = 1
     else:
-        threads = int(consumers.get("instances", 1)) * int(consumers.get("threads", 20))
+        threads = int(consumers.get("threads", 20))
+        instances = int(consumers.get("instances", 1))
+    if kind == "broadcasting":
+        balancing = "broadcast"
+    elif flavor in ("rocketmq4.concurrently", "rocketmq4.orderly"):
+        balancing = "queue"
+    else:
+        balancing = "message"
 
     wl = g.get("workload") or {}
     bh = g.get("behavior") or {}
@@ -408,6 +422,11 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         pull=parse_duration_ms(g.get("pull_interval", 0) or 0),
         ready_wait=parse_duration_ms(bh.get("ready_wait", 0) or 0),
         threads=threads,
+        instances=instances,
+        balancing=balancing,
+        brokers=int(g.get("brokers", 1)),
+        retry_queue_nums=int(g.get("retry_queue_nums", 1)),
+        allocate=str(g.get("allocate", "averagely")),
         n=int(wl.get("messages", 10_000)),
         over=parse_duration_ms(wl.get("over", "1h")),
         arrival=str(wl.get("arrival", "uniform")),
@@ -498,6 +517,7 @@ class _Delivery:
     processing_ms: int | None = None
     end_ms: int | None = None
     outcome: str | None = None
+    instance: int = 0
     result_state: str = "Ready"
     delay_level: int | None = None
     next_ready_ms: int | None = None
@@ -525,8 +545,24 @@ class _GroupSim:
         self.u = _Uniforms(cfg.seed, cfg.name, cfg.n)
         self.events: list = []
         self.counter = 0
-        self.free = cfg.threads
-        self.waiting: list = []
+        self.free = [cfg.threads] * cfg.instances  # per instance
+        self.waiting: list[list] = [[] for _ in range(cfg.instances)]  # per instance
+        per_broker = cfg.queues // cfg.brokers
+        self.per_broker = per_broker
+        if cfg.balancing == "queue":
+            self.owner = rebalance.owners(
+                cfg.topic, cfg.brokers, per_broker, cfg.instances, cfg.allocate
+            )
+            if cfg.kind == "concurrently":
+                self.owner.update(
+                    rebalance.owners(
+                        cfg.retry_topic_4x,
+                        cfg.brokers,
+                        cfg.retry_queue_nums,
+                        cfg.instances,
+                        cfg.allocate,
+                    )
+                )
         self.lane_waiting: dict[tuple[str, int], list] = {}
         self.lanes: dict[tuple[str, int], _Lane] = {}
         self.touched: set[tuple[str, int]] = set()
@@ -543,6 +579,27 @@ class _GroupSim:
         for i in range(cfg.n):
             msg = _Msg(i, i % cfg.queues, born[i], float(poison[i]) < cfg.poison_fraction)
             self.messages.append(msg)
+
+    # -- topology (rebalance.py: from the source; by message and broadcast: docs/model.md §5)
+    def message_queue(self, topic: str, queue: int) -> tuple[str, str, int]:
+        """A global queue id as ``(topic, brokerName, queueId)``."""
+        per = self.cfg.retry_queue_nums if topic == self.cfg.retry_topic_4x else self.per_broker
+        return (topic, rebalance.broker_name(queue // per), queue % per)
+
+    def instance_of(self, dv: _Delivery) -> int:
+        cfg = self.cfg
+        if cfg.balancing == "queue":
+            return self.owner[self.message_queue(dv.topic, dv.queue)]
+        if cfg.balancing == "message":
+            return (dv.msg.msg_id + dv.d - 1) % cfg.instances
+        return 0
+
+    def retry_queue(self, dv: _Delivery) -> int:
+        """The send-back stores the retry on the broker that held the message, on one of its
+        retry queues: at random in the broker; here spread by message id and delivery."""
+        cfg = self.cfg
+        broker = int(self.message_queue(dv.topic, dv.queue)[1].split("-")[1])
+        return broker * cfg.retry_queue_nums + (dv.msg.msg_id + dv.d) % cfg.retry_queue_nums
 
     # -- event plumbing
     def push(self, t: int, phase: int, kind: str, obj: Any = None) -> None:
@@ -574,8 +631,8 @@ class _GroupSim:
                 self.dispatch(t)
 
     # -- phase 0
-    def on_free(self, t: int, obj: Any) -> None:
-        self.free += 1
+    def on_free(self, t: int, instance: int) -> None:
+        self.free[instance] += 1
 
     def on_ready(self, t: int, spec: tuple) -> None:
         msg, d, rt, topic, queue, reason = spec
@@ -652,7 +709,7 @@ class _GroupSim:
                 level = min(level, len(cfg.levels))
                 due = t + cfg.levels[level - 1]
                 schedule = (SCHEDULE_TOPIC, level - 1)
-                retry_queue = (cfg.retry_topic_4x, 0)
+                retry_queue = (cfg.retry_topic_4x, self.retry_queue(dv))
                 self.retry(t, dv, why, due, schedule, level, retry_queue, "retry_due")
         elif cfg.kind == "local":
             if rt >= cfg.max_retries:
@@ -725,15 +782,20 @@ class _GroupSim:
 
     # -- phase 1 and dispatch
     def make_waiting(self, t: int, dv: _Delivery) -> None:
+        dv.instance = self.instance_of(dv)
         entry = (t, dv.msg.msg_id, dv.d, dv)
-        heapq.heappush(self.waiting, entry)
+        heapq.heappush(self.waiting[dv.instance], entry)
         if self.cfg.batch > 1:
             heapq.heappush(self.lane_waiting.setdefault(dv.lane, []), entry)
 
     def dispatch(self, t: int) -> None:
+        for instance in range(self.cfg.instances):
+            self.dispatch_on(t, instance)
+
+    def dispatch_on(self, t: int, instance: int) -> None:
         cfg = self.cfg
-        waiting = self.waiting
-        while waiting and self.free > 0:
+        waiting = self.waiting[instance]
+        while waiting and self.free[instance] > 0:
             dv = heapq.heappop(waiting)[3]
             if dv.started:
                 continue
@@ -769,8 +831,9 @@ class _GroupSim:
         for dv in members:
             dv.start_ms, dv.processing_ms, dv.batch_size = t, total, len(members)
             dv.result_state = "Inflight"
-        self.free -= 1
-        self.push(t + total, 0, "free")
+        instance = members[0].instance
+        self.free[instance] -= 1
+        self.push(t + total, 0, "free", instance)
         if end < cfg.horizon:
             self.push(end, 0, "end", (members, outcome))
 
@@ -832,6 +895,7 @@ class _GroupSim:
                     "reconsume_times": dv.rt,
                     "source_topic": dv.topic,
                     "queue_id": dv.queue,
+                    "consumer_instance": self.instance_of(dv),
                     "born_ms": dv.msg.born_ms,
                     "ready_ms": dv.ready_ms,
                     "start_ms": dv.start_ms,

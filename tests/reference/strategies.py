@@ -35,6 +35,8 @@ CONSUMERS = [
     {"instances": 1, "threads": 1},
     {"instances": 1, "threads": 2},
     {"instances": 2, "threads": 2},
+    {"instances": 3, "threads": 1},
+    {"instances": 5, "threads": 2},
 ]
 
 
@@ -73,11 +75,15 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
             "messages": draw(st.integers(1, max_messages)),
             "over": draw(st.sampled_from(["1ms", "10s", "5m"])),
             "arrival": draw(st.sampled_from(["uniform", "poisson"])),
-            "queues": draw(st.integers(1, 3)),
+            "queues": draw(st.integers(1, 4)),
         },
         "consumers": draw(st.sampled_from(CONSUMERS)),
         "behavior": behavior,
     }
+    queues = g["workload"]["queues"]
+    g["brokers"] = draw(st.sampled_from([b for b in (1, 2, 4) if queues % b == 0]))
+    g["retry_queue_nums"] = draw(st.integers(1, 3))
+    g["allocate"] = draw(st.sampled_from(["averagely", "averagely_by_circle"]))
     if "+ordered" in flavor:
         g["ordered"] = True
     if flavor == "rocketmq4.orderly":

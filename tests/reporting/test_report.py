@@ -45,6 +45,19 @@ SCENARIOS = {
         "horizon=1h",
     ],
     "orderly-blocking": [f"groups.{i}.workload.messages=200" for i in (0, 1)] + ["horizon=20m"],
+    "retry-storm": [
+        "groups.0.workload.messages=3000",
+        "groups.0.workload.over=5m",
+        "groups.0.behavior.outages.0.start=1m",
+        "groups.0.behavior.outages.0.end=3m",
+        "groups.0.consumers.threads=2",
+        "horizon=1h",
+    ],
+    "idle-instances": [
+        "groups.0.workload.messages=2000",
+        "groups.0.workload.over=2m",
+        "horizon=30m",
+    ],
 }
 _IMAGE = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
 
@@ -88,7 +101,7 @@ def test_scenario_runs_and_its_report_has_every_section(spark, tmp_path, name, d
     path = write_run_report(spark, str(tmp_path), name)
 
     assert path == report_path(str(tmp_path), name) and Path(path).is_file()
-    assert set(tables) == {"runs", "summary", "load", "attempts"}
+    assert set(tables) == {"runs", "summary", "load", "instance_load", "attempts"}
     assert collected and not [columns for columns in collected if "msg_id" in columns]
     text = Path(path).read_text()
     assert "<script" not in text and "http://" not in text and "https://" not in text
@@ -141,6 +154,12 @@ def _check_story(name: str, summary: dict) -> None:
         assert summary["inventory-sync"]["replayed"] > 0
     elif name == "orderly-blocking":
         assert summary["ledger-default"]["engine"] == "sequential"
+    elif name == "retry-storm":  # instance 0 holds the one retry queue
+        storm = summary["order-service"]
+        assert storm["busiest_instance"] == 0 and storm["idle_instances"] == 0
+        assert storm["busiest_instance_utilization"] == 1.0 > storm["peak_utilization"]
+    elif name == "idle-instances":  # 8 instances, 4 queues
+        assert summary["billing"]["idle_instances"] == 4
 
 
 # --------------------------------------------------------------------------- plan report
@@ -186,6 +205,8 @@ def _plan_rows() -> list[tuple]:
                 5,
                 backlog * 10,
                 0.9,
+                0.95,
+                0,
                 targets,
                 not misses,
                 ",".join(misses) or None,

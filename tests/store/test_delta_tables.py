@@ -1,4 +1,4 @@
-"""The seven tables as Delta tables: read back by delta-rs and by Spark, a rerun replaces its
+"""The eight tables as Delta tables: read back by delta-rs and by Spark, a rerun replaces its
 run, and the counts of one run reconcile across every table.
 
 The scenario mixes a 4.x group that retries, times out, fails over to the DLQ and is cut by

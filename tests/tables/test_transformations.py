@@ -45,6 +45,7 @@ def stage(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
         "group": "g",
         "source_topic": "T",
         "queue_id": 0,
+        "consumer_instance": 0,
         "born_ms": 0,
         "batch_size": 1,
         "reconsume_times": 0,
