@@ -93,8 +93,9 @@ def simulate(
 ) -> Result:
     """Simulate ``scenario`` and write all eight tables under ``output`` (a temp dir if None).
 
-    ``tables="lean"`` writes attempts, dead_letters, load, summary and runs only, for very
-    large runs: transitions and messages are derived when read (:mod:`retrysim.store.views`).
+    ``tables="lean"`` writes attempts, dead_letters, load, instance_load, summary and runs
+    only, for very large runs: transitions and messages are derived when read
+    (:mod:`retrysim.store.views`).
 
     ``tail_rows``: a round frontier of at most this many retrying messages is finished event
     by event in one stage (0: always one Spark stage per round). The staged tables are

@@ -98,10 +98,12 @@ def lanes_are_independent(plan: GroupPlan) -> bool:
     whose deliveries it may run (by message: every queue)."""
     policy = plan.policy
     threads = policy.topology.threads
-    most = policy.topology.most_lanes_per_instance
     return (
         policy.blocking
         and policy.batch_size == 1
         and policy.replay is None
-        and (threads is None or (policy.timeout_ms is None and threads >= most))
+        and (
+            threads is None
+            or (policy.timeout_ms is None and threads >= policy.topology.most_lanes_per_instance)
+        )
     )

@@ -98,6 +98,9 @@ class _Simulation:
         self.wait_ids: dict[tuple[str, int, int], int] = {}
         self.lane_waiting: list[list[tuple]] = []
         self.heads: dict[int, list[tuple]] = {}
+        # instances given a waiting delivery or a free thread since the last dispatch: the
+        # others are either idle or full, and dispatching them would start nothing
+        self.touched: set[int] = set()
         self.rows: list[tuple] = []
         self.fixed: set[int] = set()  # positions whose poison was fixed by a replay
         self.last_delivery: dict[int, int] = {}
@@ -257,6 +260,7 @@ class _Simulation:
                 payload = heapq.heappop(self.events)[3]
                 if payload < 0:
                     self.free[-1 - payload] += 1
+                    self.touched.add(-1 - payload)
                 else:
                     self._release(payload, now)
             self._take_arrivals(now)
@@ -288,14 +292,18 @@ class _Simulation:
         waiting = self.lane_waiting[lane]
         if not waiting or key < waiting[0][:3]:
             heapq.heappush(self.heads.setdefault(instance, []), (*key, lane))
+            self.touched.add(instance)
         heapq.heappush(waiting, (*key, entry))
 
     def _dispatch(self, now: int) -> None:
         """Start what waits, per instance, while the instance has a free thread. Instances
         do not share threads, so the order they are served in changes nothing."""
         size, free = self.policy.batch_size, self.free
-        for instance in sorted(self.heads):
-            heads = self.heads[instance]
+        touched, self.touched = self.touched, set()
+        for instance in sorted(touched):
+            heads = self.heads.get(instance)
+            if heads is None:
+                continue
             while heads and (free is None or free[instance] > 0):
                 *key, lane = heapq.heappop(heads)
                 waiting = self.lane_waiting[lane]
@@ -576,7 +584,7 @@ def _simulate_parts(spec: KeySpec, parts: list[pd.DataFrame]) -> Iterator[pd.Dat
 def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:
     """The rest of the deliveries of a round run's frontier, in one stage.
 
-    For unordered consumption with a pool that is not full, messages do not interact, so a
+    For unordered consumption whose instances' pools never fill, messages do not interact, so a
     thin frontier of long retry chains is finished event by event in one stage instead of
     one Spark stage per remaining round (an always-failing HTTP message alone takes 289).
     Messages are spread over tasks by id; each task simulates its messages' chains.

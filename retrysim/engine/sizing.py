@@ -149,11 +149,12 @@ def estimate(scenario: Scenario) -> list[GroupEstimate]:
 
 
 def _may_fill(plan: GroupPlan, deliveries: float) -> bool:
-    pool = plan.policy.pool_size
-    if pool is None:
+    """Whether an instance's threads may fill: its share of the mean load, twice over."""
+    topology = plan.policy.topology
+    if topology.threads is None:
         return False
     busy = deliveries / max(1, plan.group.workload.over) * _mean_processing_ms(plan.group)
-    return PEAK_TO_MEAN * busy >= pool
+    return PEAK_TO_MEAN * busy / topology.assignable_instances >= topology.threads
 
 
 # --------------------------------------------------------------------------- the machine

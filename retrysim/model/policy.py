@@ -87,7 +87,6 @@ class Policy:
     ack_index: int | None
     pull_interval_ms: int
     ready_wait_ms: int
-    pool_size: int | None
     replay: Replay | None
     topology: Topology
 
@@ -145,8 +144,8 @@ class Policy:
         send_back_failed: bool,
         topic: str,
         queue_id: int,
-        msg_id: int = 0,
-        delivery: int = 1,
+        msg_id: int,
+        delivery: int,
     ) -> Step:
         """The rules of docs/model.md §6 and docs/flavors.md for one settled delivery."""
         here = (topic, queue_id)
@@ -363,7 +362,6 @@ def policy_for(group: Group, delay_table_ms: tuple[int, ...]) -> Policy:
         ack_index=group.ack_index,
         pull_interval_ms=group.pull_interval,
         ready_wait_ms=group.behavior.ready_wait,
-        pool_size=group.consumers.pool_size,
         replay=group.replay,
         topology=topology_of(group, fields["retry_path"]),
         **fields,
@@ -377,7 +375,8 @@ def topology_of(group: Group, retry_path: str) -> Topology:
     by_broker = balancing == BY_QUEUE and retry_path == SCHEDULE
     return Topology(
         balancing=balancing,
-        instances=consumers.instances,
+        # an unlimited pool is one instance that never fills
+        instances=1 if consumers.unlimited else consumers.instances,
         threads=None if consumers.unlimited else consumers.threads,
         queues=group.workload.queues,
         brokers=group.brokers,

@@ -34,9 +34,9 @@ AVERAGELY, AVERAGELY_BY_CIRCLE = "averagely", "averagely_by_circle"
 ALLOCATE_STRATEGIES = (AVERAGELY, AVERAGELY_BY_CIRCLE)
 
 
-def owner(position: int, queues: int, instances: int, strategy: str) -> int | None:
+def owner(position: int, queues: int, instances: int, strategy: str) -> int:
     """The instance that ``strategy`` gives the queue at ``position`` of ``queues`` sorted
-    queues, or None when no instance takes it (never: every queue has an owner)."""
+    queues (every queue has one; an instance may have none)."""
     if strategy == AVERAGELY_BY_CIRCLE or queues <= instances:
         return position % instances
     size, bigger = divmod(queues, instances)  # the first `bigger` instances take size + 1
@@ -76,21 +76,24 @@ class Topology:
         return self.brokers * self.retry_queue_nums
 
     @property
-    def busy_instances(self) -> int:
-        """How many instances can get work: by queue, those that own a queue."""
+    def assignable_instances(self) -> int:
+        """How many instances can get work: by queue, those that own a queue they consume
+        (both strategies give queues to the lowest-numbered instances first); broadcasting's
+        tables follow one."""
         if self.balancing == BROADCAST:
             return 1
         if self.balancing == BY_MESSAGE:
             return self.instances
-        return min(self.instances, max(self.queues, self.retry_queues))
+        retry_queues = self.retry_queues if self.retry_topic is not None else 0
+        return min(self.instances, max(self.queues, retry_queues))
 
     @property
     def most_lanes_per_instance(self) -> int:
-        """The most of the topic's queues whose deliveries one instance may run at once."""
+        """The most of the topic's queues whose deliveries one instance may run at once: by
+        queue, either strategy gives an instance at most ``ceil(queues / instances)``."""
         if self.balancing != BY_QUEUE:
             return self.queues
-        owners = [owner(q, self.queues, self.instances, self.allocate) for q in range(self.queues)]
-        return max(owners.count(i) for i in set(owners))
+        return -(-self.queues // self.instances)
 
     # ----------------------------------------------------------------- plain Python
 

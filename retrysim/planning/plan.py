@@ -35,6 +35,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from retrysim.engine.rounds import Progress
+from retrysim.model.policy import policy_for
 from retrysim.planning.sweep import PlanPoint, SweepAxis, parse_sweep, plan_points
 from retrysim.planning.targets import (
     Outcome,
@@ -223,8 +224,10 @@ def run_plan(
 
 
 def _outcome(spec: PlanSpec, point: PlanPoint, group: str, metrics: dict[str, Any]) -> Outcome:
-    consumers = next(g for g in point.scenario.groups if g.name == group).consumers
+    config = next(g for g in point.scenario.groups if g.name == group)
+    consumers = config.consumers
     unlimited = consumers.pool_size is None
+    topology = policy_for(config, point.scenario.broker.message_delay_level).topology
     return Outcome(
         point=point.number,
         group=group,
@@ -234,6 +237,7 @@ def _outcome(spec: PlanSpec, point: PlanPoint, group: str, metrics: dict[str, An
         pool=consumers.pool_size,
         metrics=metrics,
         failed=tuple(evaluate(metrics, spec.targets, group)),
+        topology=topology,
     )
 
 

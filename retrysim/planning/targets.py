@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from retrysim.model.topology import BY_QUEUE, Topology
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.units import parse_duration
 
@@ -195,6 +196,7 @@ class Outcome:
     pool: int | None  # None: unlimited
     metrics: Mapping[str, float | None]
     failed: tuple[Target, ...] = ()
+    topology: Topology | None = None  # how the point spreads the group over its instances
 
     @property
     def meets(self) -> bool:
@@ -279,9 +281,10 @@ def topology_note(outcome: Outcome | None) -> str:
     instance takes every retry). Empty when neither."""
     if outcome is None:
         return ""
-    m = outcome.metrics
+    m, topology = outcome.metrics, outcome.topology
+    by_queue = topology is None or topology.balancing == BY_QUEUE
     idle = m.get("idle_instances") or 0
-    if idle and outcome.instances:
+    if idle and outcome.instances and by_queue:
         return (
             f" {idle} of {outcome.instances} instances ran no delivery at point "
             f"p{outcome.point}: a 4.x queue goes to one instance, so instances beyond the "
@@ -295,11 +298,17 @@ def topology_note(outcome: Outcome | None) -> str:
         and peak < GROUP_NOT_FULL
         and (outcome.instances or 1) > 1
     ):
+        retries = topology is None or topology.retry_topic is not None
         return (
             f" At point p{outcome.point} instance {m.get('busiest_instance')} ran at "
             f"{busy:.0%} of its threads while the group's never passed {peak:.0%} at once: "
-            "one instance's queues bind, not the pool (with one retry queue per broker one "
-            "instance takes every retry: raise retry_queue_nums)."
+            "one instance's work binds, not the pool"
+            + (
+                " (with one retry queue per broker one instance takes every retry: raise "
+                "retry_queue_nums)."
+                if retries and by_queue
+                else "."
+            )
         )
     return ""
 

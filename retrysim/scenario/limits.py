@@ -32,11 +32,12 @@ MAX_CONSUME_BATCH = 1_024
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
-# SubscriptionGroupConfig.retryQueueNums = 1 and MixAll.DLQ_NUMS_PER_GROUP = 1: one queue each.
+# SubscriptionGroupConfig.retryQueueNums = 1 and MixAll.DLQ_NUMS_PER_GROUP = 1: one queue each
+# (a 4.x group's retry queues per broker are the key retry_queue_nums).
 RETRY_QUEUE_ID = 0
+DLQ_QUEUE_ID = 0
 DEFAULT_BROKERS, MAX_BROKERS = 1, 1_024
 DEFAULT_RETRY_QUEUE_NUMS, MAX_RETRY_QUEUE_NUMS = 1, 1_024
-DLQ_QUEUE_ID = 0
 
 # ApsaraMQ 5.x (the consumption-retry document, docs/flavors.md): push-consumer retry intervals for
 # unordered messages, 2 h after the 16th; default 16 and at most 1000 retries; the push

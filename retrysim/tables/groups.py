@@ -27,7 +27,7 @@ GROUPS = nullable_schema(
     ("pool", LongType()),
     ("levels", IntegerType()),
     ("threads", LongType()),
-    ("busy_instances", IntegerType()),
+    ("assignable_instances", IntegerType()),
 )
 
 
@@ -49,7 +49,7 @@ def groups_df(spark: SparkSession, scenario: Scenario) -> DataFrame:
                 topology.threads if one else g.consumers.pool_size,
                 len(table) if g.flavor_record.uses_delay_table else 0,
                 topology.threads,
-                topology.busy_instances,
+                topology.assignable_instances,
             )
         )
     return literal_rows(spark, rows, GROUPS)

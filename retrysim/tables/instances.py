@@ -18,29 +18,67 @@ from retrysim.model.policy import policy_for
 from retrysim.model.topology import BROADCAST
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import groups_df
-from retrysim.tables.peaks import THREAD_UNITS, bucket_maximum, instance_changes
+from retrysim.tables.peaks import EXACT, THREAD_UNITS, bucket_maximum, instance_changes
 from retrysim.tables.schemas import INSTANCE_LOAD, data_schema, select_schema
 
 _KEYS = ["group", "consumer_instance", "bucket"]
+
+
+def shared_groups(scenario: Scenario) -> list[str]:
+    """The groups whose work more than one instance can get: the others' one instance does
+    the group's load, row for row."""
+    table = scenario.broker.message_delay_level
+    return [
+        g.name for g in scenario.groups if policy_for(g, table).topology.assignable_instances > 1
+    ]
+
+
+def changes_of_shared_groups(attempts: DataFrame, scenario: Scenario) -> DataFrame | None:
+    """:func:`instance_changes` of the :func:`shared_groups` (None when there are none): a
+    single instance's rows are the load's, so its attempts are not exploded again."""
+    shared = shared_groups(scenario)
+    if not shared:
+        return None
+    return instance_changes(attempts.where(F.col("group").isin(*shared)), scenario)
 
 
 def instance_load_from(
     spark: SparkSession,
     attempts: DataFrame,
     scenario: Scenario,
+    load: DataFrame,
     changes: DataFrame | None = None,
 ) -> DataFrame:
-    """The ``instance_load`` table from staged attempts (``changes``: their
-    :func:`instance_changes`, when the caller holds them)."""
+    """The ``instance_load`` table from staged attempts and the run's ``load`` (its rows
+    are a single instance's); ``changes``: :func:`changes_of_shared_groups`, when the caller
+    holds them."""
+    shared = shared_groups(scenario)
+    alone = _from_load(load.where(~F.col("group").isin(*(shared or [""]))))
+    if not shared:
+        return alone
+    if changes is None:
+        changes = changes_of_shared_groups(attempts, scenario)
+    return alone.unionByName(_from_changes(spark, scenario, shared, changes))
+
+
+def _from_load(load: DataFrame) -> DataFrame:
+    return select_schema(load.withColumn("consumer_instance", F.lit(0)), data_schema(INSTANCE_LOAD))
+
+
+def _from_changes(
+    spark: SparkSession, scenario: Scenario, shared: list[str], changes: DataFrame
+) -> DataFrame:
     bucket_ms = scenario.load_bucket
     buckets = -(-scenario.horizon // bucket_ms)
-    changes = changes if changes is not None else instance_changes(attempts, scenario)
     grid = (
         groups_df(spark, scenario)
+        .where(F.col("group").isin(*shared))
         .select(
             "group",
             "threads",
-            F.explode(F.sequence(F.lit(0), F.col("busy_instances") - 1)).alias("consumer_instance"),
+            F.explode(F.sequence(F.lit(0), F.col("assignable_instances") - 1)).alias(
+                "consumer_instance"
+            ),
         )
         .crossJoin(spark.range(0, buckets, numPartitions=1).withColumnRenamed("id", "bucket"))
     )
@@ -63,10 +101,9 @@ def instance_load_from(
             "threads_busy": F.sum("threads_busy_total").over(upto),
         }
     )
-    exact = "decimal(38,0)"  # a thousand threads x a bucket x THREAD_UNITS outgrows a long
-    entered = (F.col("threads_busy") - F.col("threads_busy_total")).cast(exact)
-    area = entered * F.lit(bucket_ms).cast(exact) + F.col("threads_busy_area")
-    busy_ms = (area / units.cast(exact)).cast("double")
+    entered = (F.col("threads_busy") - F.col("threads_busy_total")).cast(EXACT)
+    area = entered * F.lit(bucket_ms).cast(EXACT) + F.col("threads_busy_area")
+    busy_ms = (area / units.cast(EXACT)).cast("double")
     threads = F.col("threads") * F.lit(bucket_ms)
     return select_schema(
         ends.withColumns(
@@ -105,11 +142,10 @@ def instance_extremes(instance_load: DataFrame, scenario: Scenario) -> DataFrame
         .groupBy("group")
         .agg(F.sum(F.when(F.col("deliveries") > 0, 1).otherwise(0)).alias("working"))
     )
-    instances = {g.name: g.consumers.instances for g in scenario.groups}
     table = scenario.broker.message_delay_level
-    broadcast = {
-        g.name for g in scenario.groups if policy_for(g, table).topology.balancing == BROADCAST
-    }
+    topologies = {g.name: policy_for(g, table).topology for g in scenario.groups}
+    instances = {name: topology.instances for name, topology in topologies.items()}
+    broadcast = {name for name, topology in topologies.items() if topology.balancing == BROADCAST}
     count = F.create_map(*[x for k, v in instances.items() for x in (F.lit(k), F.lit(v))])
     # broadcasting: every instance does what instance 0 does
     working_all = F.when(

@@ -38,7 +38,8 @@ GAUGES = ("ready_backlog", "inflight", "waiting_retry", "schedule", "threads_bus
 RATES = ("deliveries", "retries", "commitlog_writes")
 # Rows of the schedule gauge per delay level have level >= 1; level 0 rows hold the rest.
 ALL_LEVELS = 0
-_EXACT = "decimal(38,0)"
+# Thread time in THREAD_UNITS: a thousand threads x a bucket outgrows a long.
+EXACT = "decimal(38,0)"
 _FIELDS = (*GAUGES, *RATES)
 
 
@@ -75,7 +76,8 @@ def _moments() -> list[Column]:
     busy = started & (c("processing_ms") > 0)
     share = F.floor(F.lit(THREAD_UNITS) / c("batch_size"))
     freed = c("start_ms") + c("processing_ms")
-    frees_at_end = busy & (freed == c("end_ms"))
+    # a request running at the horizon has no end: its thread is freed on its own moment
+    frees_at_end = busy & F.coalesce(freed == c("end_ms"), F.lit(False))
     waited_until = F.coalesce(c("next_ready_ms"), c("settled_ms"))
     leaves_schedule_then = scheduled & (c("next_ready_ms") == waited_until)
     return [
@@ -126,9 +128,10 @@ def _exploded(
     scenario: Scenario,
     fields: tuple[str, ...],
     by: tuple[str, ...] = ("group",),
+    until: int | None = None,
 ) -> DataFrame:
-    """The attempts' moments before the horizon that change one of ``fields``, one row each,
-    with the attempt's ``by`` columns."""
+    """The attempts' moments before the horizon (or ``until``) that change one of
+    ``fields``, one row each, with the attempt's ``by`` columns."""
     changes = [F.col(f"m.{name}") != F.lit(0) for name in fields if name != "ready_wait"]
     if "ready_wait" in fields:
         changes.append(F.col("m.ready_wait").isNotNull())
@@ -137,7 +140,11 @@ def _exploded(
         any_change = any_change | change
     return (
         attempts.select(*by, F.explode(F.array(*_moments())).alias("m"))
-        .where(F.col("m").isNotNull() & (F.col("m.t") < F.lit(scenario.horizon)) & any_change)
+        .where(
+            F.col("m").isNotNull()
+            & (F.col("m.t") < F.lit(until if until is not None else scenario.horizon))
+            & any_change
+        )
         .select(*by, "m.t", "m.level", *[f"m.{name}" for name in fields])
     )
 
@@ -208,13 +215,16 @@ def instance_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
     threads busy's net change and rise (as :func:`bucket_changes`), the deliveries started,
     and ``threads_busy_area``, the sum of each threads-busy change times the time from it to
     the bucket's end: with the value the bucket entered with, the exact busy thread time in
-    it (THREAD_UNITS per thread-millisecond). Held in executor memory."""
+    it (THREAD_UNITS per thread-millisecond), as the load counts it: a thread busy past the
+    horizon is freed when its request ends, up to the last bucket's end. Held in executor
+    memory."""
     bucket_ms = scenario.load_bucket
     keys = ["bucket", "consumer_instance", "group"]
     fields = ("ready_backlog", "threads_busy", "deliveries")
-    moments = _exploded(attempts, scenario, fields, ("group", "consumer_instance")).withColumn(
-        "bucket", _bucket(bucket_ms)
-    )
+    last_end = -(-scenario.horizon // bucket_ms) * bucket_ms
+    moments = _exploded(
+        attempts, scenario, fields, ("group", "consumer_instance"), until=last_end
+    ).withColumn("bucket", _bucket(bucket_ms))
     bucket_end = (F.col("bucket") + F.lit(1)) * F.lit(bucket_ms)
     return _gauge_changes(
         moments,
@@ -223,7 +233,7 @@ def instance_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
         bucket_ms,
         F.sum("deliveries").alias("deliveries"),
         # exact: up to a thousand threads x a bucket x THREAD_UNITS outgrows a long
-        F.sum(F.col("threads_busy").cast(_EXACT) * (bucket_end - F.col("t")).cast(_EXACT)).alias(
+        F.sum(F.col("threads_busy").cast(EXACT) * (bucket_end - F.col("t")).cast(EXACT)).alias(
             "threads_busy_area"
         ),
     ).localCheckpoint()

@@ -22,9 +22,9 @@ from retrysim.scenario.loading import scenario_json
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.dead_letters import dead_letters_from_attempts
-from retrysim.tables.instances import instance_load_from
+from retrysim.tables.instances import changes_of_shared_groups, instance_load_from
 from retrysim.tables.load import compact_attempts, load_from_attempts, retries_by_level
-from retrysim.tables.peaks import bucket_changes, instance_changes
+from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.schemas import ATTEMPTS, RUNS, SCHEMAS, TABLE_ORDER, data_schema, literal_rows
 from retrysim.tables.summary import summary_from, times_to_settle
 from retrysim.tables.transitions import transitions_from_attempts
@@ -75,7 +75,7 @@ def stage_tables(
                 lambda: compact_attempts(attempts, scenario),
                 lambda: times_to_settle(attempts),
                 lambda: bucket_changes(attempts, scenario),
-                lambda: instance_changes(attempts, scenario),
+                lambda: changes_of_shared_groups(attempts, scenario),
             ]
         )
         say(f"  compacted the attempts for load and summary ({time.monotonic() - began:.1f}s)")
@@ -86,7 +86,7 @@ def stage_tables(
         load = spark.read.parquet(path["load"])
         stage(
             "instance_load",
-            lambda: instance_load_from(spark, attempts, scenario, per_instance).coalesce(1),
+            lambda: instance_load_from(spark, attempts, scenario, load, per_instance).coalesce(1),
         )
         instance_load = spark.read.parquet(path["instance_load"])
         summary = summary_from(

@@ -91,7 +91,7 @@ def summary_from(
     here when the caller does not hold it; the busiest and idle instances come from
     ``instance_load`` (:func:`retrysim.tables.instances.instance_load_from`)."""
     if instance_load is None:
-        instance_load = instance_load_from(spark, attempts, scenario)
+        instance_load = instance_load_from(spark, attempts, scenario, load)
     compact = compact if compact is not None else compact_attempts(attempts, scenario)
     times = times if times is not None else times_to_settle(attempts)
     changes = changes if changes is not None else bucket_changes(attempts, scenario)

@@ -129,20 +129,20 @@ def test_concurrently_levels_clamp_to_a_short_table():
 
 def test_concurrently_timeout_goes_back_at_level_3_even_with_dlq_now():
     policy = _policy("concurrently-dlq-now")
-    step = policy.next_step(0, TIMEOUT, 0, 900_000, False, "orders", 3)
+    step = policy.next_step(0, TIMEOUT, 0, 900_000, False, "orders", 3, 0, 1)
     assert (step.result_state, step.delay_level, step.next_ready_ms) == ("WaitingRetry", 3,
                                                                           910_000)  # fmt: skip
-    step = policy.next_step(0, EXCEPTION, 0, 5, False, "orders", 3)
+    step = policy.next_step(0, EXCEPTION, 0, 5, False, "orders", 3, 0, 1)
     assert (step.result_state, step.end_reason) == ("DLQ", "delay_level_negative")
 
 
 def test_after_backoff_leave_waits_one_more_interval():
     push = _policy("push")  # max 3 retries; retry 4 would wait 2 min
-    step = push.next_step(3, RECONSUME_LATER, 1_000, 2_000, False, "%RETRY%g_g", 0)
+    step = push.next_step(3, RECONSUME_LATER, 1_000, 2_000, False, "%RETRY%g_g", 0, 0, 1)
     assert step.end_state == "WaitingRetry" and step.leave_state == "DLQ"
     assert step.settled_ms == 2_000 + 120_000
     simple = _policy("simple")  # the interval runs from the delivery's start
-    step = simple.next_step(16, TIMEOUT, 1_000, 31_000, False, "t", 0)
+    step = simple.next_step(16, TIMEOUT, 1_000, 31_000, False, "t", 0, 0, 1)
     assert (step.leave_state, step.settled_ms) == ("Discard", 31_000)
 
 
@@ -154,7 +154,7 @@ def test_exponential_intervals_round_half_up_and_cap():
 
 def test_send_back_failure_resubmits_locally_without_dlq_check():
     policy = _policy("concurrently")
-    step = policy.next_step(16, RECONSUME_LATER, 0, 10, True, "%RETRY%g", 0)
+    step = policy.next_step(16, RECONSUME_LATER, 0, 10, True, "%RETRY%g", 0, 0, 1)
     assert (step.result_state, step.end_reason, step.next_ready_ms) == (
         "WaitingRetry", "send_back_failed", 5_010,
     )  # fmt: skip

@@ -56,8 +56,8 @@ def test_queues_over_brokers_are_numbered_in_the_order_rebalance_sorts_them():
 def test_more_instances_than_queues_leaves_the_rest_without_a_queue():
     t = topology(instances=8, queues=4)
     assert {t.instance("t", q, 0, 1) for q in range(4)} == {0, 1, 2, 3}
-    assert t.busy_instances == 4
-    assert topology(instances=8, queues=4, retry_queue_nums=6).busy_instances == 6
+    assert t.assignable_instances == 4
+    assert topology(instances=8, queues=4, retry_queue_nums=6).assignable_instances == 6
 
 
 def test_every_retry_of_one_broker_lands_on_one_instance():
@@ -86,7 +86,7 @@ def test_by_message_deals_deliveries_round_the_instances():
     t = topology(instances=3, queues=2, balancing=BY_MESSAGE)
     assert [t.instance("t", 0, m, 1) for m in range(6)] == [0, 1, 2, 0, 1, 2]
     assert [t.instance("t", 0, 4, d) for d in range(1, 5)] == [1, 2, 0, 1]
-    assert t.busy_instances == 3
+    assert t.assignable_instances == 3
     assert topology(instances=5, queues=2, balancing=BROADCAST).instance("t", 1, 9, 3) == 0
 
 
