@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from support import PROJECT
+from support import PROJECT, QUICK_JVM
 
 from retrysim.checks.digest import digest_columns, format_digests, frame_digest, table_digests
 from retrysim.store.sinks import read_table
@@ -42,9 +42,7 @@ SMALL = (
     "groups.0.behavior.poison_fraction=0.01",
 )
 RUN_TIMEOUT_S = 900
-# Short-lived JVMs spend half their CPU in the C2 JIT compiler; C1 alone halves a run's cost
-# and changes nothing in the results (executor options matter on the cluster only).
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# support.QUICK_JVM for both (the executor options matter on the cluster only)
 QUICK_JVM_CONF = (
     f"spark.driver.extraJavaOptions={QUICK_JVM}",
     f"spark.executor.extraJavaOptions={QUICK_JVM}",

@@ -16,15 +16,13 @@ import nbformat
 import pytest
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
-from support import PROJECT
+from support import PROJECT, QUICK_JVM
 
 pytestmark = pytest.mark.spark  # spark-submit runs, each in its own JVM
 
 NOTEBOOKS = PROJECT / "notebooks"
 ORDER = ("01_explore_run.ipynb", "02_capacity_plan.ipynb")
 CELL_TIMEOUT_S = 600
-# As in test_determinism: a short-lived JVM runs faster with the C1 compiler alone.
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 @pytest.fixture(scope="module")

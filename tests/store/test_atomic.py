@@ -31,7 +31,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
-from support import PROJECT
+from support import PROJECT, QUICK_JVM
 
 from retrysim.checks.validate import validate_output
 from retrysim.runner import simulate
@@ -76,7 +76,6 @@ def scenario_file(tmp_path: Path) -> Path:
     return path
 
 
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 ENV = {
     **os.environ,
     "PYTHONUNBUFFERED": "1",
