@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from retrysim.model.policy import policy_for
 from retrysim.model.topology import BROADCAST
 from retrysim.scenario.spec import Scenario
-from retrysim.tables.groups import groups_df
+from retrysim.tables.groups import groups_df, literal_map
 from retrysim.tables.peaks import EXACT, THREAD_UNITS, bucket_maximum, instance_changes
 from retrysim.tables.schemas import INSTANCE_LOAD, data_schema, select_schema
 
@@ -146,7 +146,7 @@ def instance_extremes(instance_load: DataFrame, scenario: Scenario) -> DataFrame
     topologies = {g.name: policy_for(g, table).topology for g in scenario.groups}
     instances = {name: topology.instances for name, topology in topologies.items()}
     broadcast = {name for name, topology in topologies.items() if topology.balancing == BROADCAST}
-    count = F.create_map(*[x for k, v in instances.items() for x in (F.lit(k), F.lit(v))])
+    count = literal_map(instances)
     # broadcasting: every instance does what instance 0 does
     working_all = F.when(
         F.col("group").isin(*sorted(broadcast or {""})) & (F.col("working") > 0),
