@@ -9,6 +9,7 @@ blocking lane never runs two messages at once. No Spark.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 from fractions import Fraction
@@ -27,6 +28,7 @@ MIN = 60 * S
 HOUR = 60 * MIN
 
 ATTEMPT_KEYS = {
+    "broker_reconsume_times",
     "group",
     "msg_id",
     "delivery",
@@ -697,6 +699,59 @@ def test_send_back_failure_retries_locally():
         "local_retry",
     )
     assert not [x for x in r["transitions"] if x["state"] == "DLQ"]
+    assert [a["broker_reconsume_times"] for a in rows] == [0, 0, 0, 0]
+
+
+def test_a_failed_send_back_does_not_use_up_a_broker_retry():
+    """Worked by hand from the 4.9.7 source: every failure's send-back fails once (the draw
+    of deliveries 1, 3, 5 is below the failure share, found with uniform_np), then goes
+    through; the broker counts only its own copies, so the level is 3 + its count and the
+    DLQ comes after max broker retries, not max deliveries."""
+    r = run(
+        max_reconsume_times=2,
+        workload=one(),
+        behavior={**ALWAYS_FAIL, "send_back_failure_probability": 0.5},
+        levels="1s 2s 3s 4s 5s 6s",
+    )
+    rows = attempts(r)
+    failed = [a["delivery"] for a in rows if a["next_ready_ms"] is not None
+              and a["delay_level"] is None]  # fmt: skip
+    # whatever the draws, the broker's count rises only when a send-back reached it
+    for a, b in itertools.pairwise(rows):
+        if b["delivery"] in [d + 1 for d in failed]:
+            assert (b["reconsume_times"], b["broker_reconsume_times"]) == (
+                a["reconsume_times"] + 1, a["broker_reconsume_times"],
+            )  # fmt: skip
+        else:
+            assert b["reconsume_times"] == b["broker_reconsume_times"]
+            assert b["broker_reconsume_times"] == a["broker_reconsume_times"] + 1
+            assert a["delay_level"] == 3 + a["broker_reconsume_times"]
+    assert rows[-1]["result_state"] == "DLQ" and rows[-1]["broker_reconsume_times"] == 2
+    assert len(rows) == 3 + len(failed) and failed
+
+
+def test_producer_fallback_levels_by_the_client_count_and_dead_letters_late():
+    """RPC fails, the plain re-send succeeds (sendMessageBackAsNormalMessage): DELAY = 3 + rt
+    even with delay_level_when_next_consume -1, and a 4.9.7 broker dead-letters at rt + 1 >=
+    max through the schedule topic (the DELAY property survives handleRetryAndDLQ)."""
+    r = run(
+        max_reconsume_times=2,
+        delay_level_when_next_consume=-1,
+        workload=one(),
+        behavior={**ALWAYS_FAIL, "send_back_fallback_probability": 1.0},
+        levels="1s 2s 3s 4s 5s 6s",
+    )
+    rows = attempts(r)
+    # one delivery fewer than the RPC path (3 with max 2): RECONSUME_TIME 2 >= 2 at rt 1
+    assert [a["start_ms"] for a in rows] == [0, 3 * S]
+    assert [(a["reconsume_times"], a["broker_reconsume_times"]) for a in rows] == [(0, 0), (1, 1)]
+    assert [a["delay_level"] for a in rows] == [3, 4]
+    last = trans(r)[-2:]
+    assert [(t["state"], t["at_ms"], t["topic"], t["queue_id"], t["reason"]) for t in last] == [
+        ("WaitingRetry", 3 * S, "SCHEDULE_TOPIC_XXXX", 3, "send_back_fallback"),
+        ("DLQ", 7 * S, "%DLQ%g", 0, "max_reconsume_times"),
+    ]
+    assert (rows[-1]["result_state"], rows[-1]["settled_ms"]) == ("DLQ", 7 * S)
 
 
 # --------------------------------------------------------------------------- 12. presets

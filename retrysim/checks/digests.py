@@ -6,13 +6,13 @@ group. When they agree, the table *is* the attempts' transitions.
 
 **Chains.** Every delivery's Ready takes a *link* offered by its predecessor: its message
 (delivery 1, published, when born), the previous delivery's WaitingRetry (the next delivery
-number, reconsume_times + 1, next_ready_ms, the topic, queue and reason it named) or its
-dead letter (replayed). :func:`attempt_chain_digest`, :func:`message_chain_digest` and
-:func:`dead_letter_chain_digest` hash the links each side gives, per run and group. When the
-links taken equal the links offered (and no row breaks a rule alone, and no message is
-listed twice), every path, delivery and message check holds. Only when they disagree does
-validation run the row-by-row pass (a 64-bit digest misses a broken chain with probability
-about 2^-64).
+number, its reconsume_times on client and broker, next_ready_ms, the topic, queue and reason
+it named) or its dead letter (replayed). :func:`attempt_chain_digest`,
+:func:`message_chain_digest` and :func:`dead_letter_chain_digest` hash the links each side
+gives, per run and group. When the links taken equal the links offered (and no row breaks a
+rule alone, and no message is listed twice), every path, delivery and message check holds.
+Only when they disagree does validation run the row-by-row pass (a 64-bit digest misses a
+broken chain with probability about 2^-64).
 """
 
 from __future__ import annotations
@@ -128,13 +128,18 @@ def attempt_chain_digest(tables: dict[str, DataFrame], ends: DataFrame) -> DataF
 _FIRST, _RETRY, _REPLAY, _ODD = 1, 2, 3, 0
 
 
+def _counts(rt: Column, broker_rt: Column) -> Column:
+    """A delivery's two reconsume counts as one long for a link (both 0: the number 0)."""
+    return rt.cast("long") * F.lit(1 << 32) + broker_rt.cast("long")
+
+
 def _link(
     kind: Column, delivery: Column, rt: Column, ready: Column, born: Column, route: Column
 ) -> Column:
     """A 64-bit hash of a link of a message's chain of deliveries: what a predecessor (the
     message, a WaitingRetry attempt, a replayed dead letter) offers and what the delivery's
     Ready takes. Both sides hash the same values when the chain is whole."""
-    values = [kind.cast("int"), F.col("msg_id"), delivery.cast("int"), rt.cast("int")]
+    values = [kind.cast("int"), F.col("msg_id"), delivery.cast("int"), rt.cast("long")]
     return transition_hash([*values, ready.cast("long"), born.cast("long"), route.cast("long")])
 
 
@@ -159,7 +164,7 @@ def _attempt_links() -> dict[str, Column]:
     take = _link(
         kind,
         c("delivery"),
-        c("a_reconsume_times"),
+        _counts(c("a_reconsume_times"), c("a_broker_reconsume_times")),
         c("t_ready_ms"),
         F.when(~replayed, c("a_born_ms")).otherwise(no_route),
         F.when(~replayed, c("t_route")).otherwise(no_route),
@@ -172,7 +177,7 @@ def _attempt_links() -> dict[str, Column]:
     offer = _link(
         F.lit(_RETRY),
         c("delivery") + 1,
-        c("a_reconsume_times") + 1,
+        _counts(c("a_next_rt"), c("a_next_broker_rt")),
         c("a_next_ready_ms"),
         c("a_born_ms"),
         c("a_next_route"),

@@ -46,7 +46,11 @@ INVARIANTS = (
     Invariant("seq_numbering", "seq = 4*(delivery-1)+k, k by state (1 Ready ... 4 leave), unique"),
     Invariant("deliveries_consecutive", "deliveries run 1, 2, 3, ... per message, no gap"),
     Invariant("time_order", "times never go backwards along a message's path"),
-    Invariant("reconsume_times", "reconsume_times = deliveries since the first or replayed one"),
+    Invariant(
+        "reconsume_times",
+        "reconsume_times (client and broker) follow from the previous delivery; 0 when "
+        "first or replayed",
+    ),
     Invariant(
         "attempts_transitions",
         "the transitions are exactly those the attempts give, ending in their results",

@@ -56,6 +56,7 @@ from retrysim.checks.invariants import (
     transition_hash,
     why_text,
 )
+from retrysim.model.policy import next_reconsume_columns
 from retrysim.model.states import (
     COMMIT,
     DISCARD,
@@ -73,8 +74,8 @@ from retrysim.tables.transitions import step_columns
 
 # --------------------------------------------------------------------------- rows
 
-_ATTEMPT_COLUMNS = ("reconsume_times", "ready_ms", "start_ms", "end_ms", "next_ready_ms",
-                    "settled_ms")  # fmt: skip
+_ATTEMPT_COLUMNS = ("reconsume_times", "broker_reconsume_times", "ready_ms", "start_ms",
+                    "end_ms", "next_ready_ms", "settled_ms")  # fmt: skip
 # What a delivery breaks that its attempt row alone shows, as bits of ``l_bad``: computed
 # before the shuffle, so the rows shuffled, aggregated and sorted by message carry one int
 # instead of the step columns the rules read.
@@ -83,7 +84,8 @@ _LOCAL_RULES = ("illegal", "off_step", "path_backwards", "mismatch", "attempt_ba
 _BIT = {name: 1 << index for index, name in enumerate(_LOCAL_RULES)}
 # What the message pass needs of an attempt row besides its keys (the step columns stay
 # behind unless example texts are wanted).
-_NARROW = ("src", "a_state", "a_reconsume_times", "a_ready_ms", "a_next_ready_ms", "a_settled_ms",
+_NARROW = ("src", "a_state", "a_reconsume_times", "a_broker_reconsume_times", "a_next_rt",
+           "a_next_broker_rt", "a_ready_ms", "a_next_ready_ms", "a_settled_ms",
            "a_born_ms", "a_poison_fixed", "a_next_route", "t_ready_ms", "t_ready_reason",
            "t_end_state", "t_last_state", "t_last_ms", "t_route", "l_bad")  # fmt: skip
 # Where a delivery is Ready and where it routes its retry (readable, for example texts).
@@ -113,6 +115,16 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
         F.lit(SRC_ATTEMPT).alias("src"),
         state_code(c("result_state")).alias("a_state"),
         *[c(name).alias(f"a_{name}") for name in _ATTEMPT_COLUMNS],
+        *[
+            count.alias(name)
+            for count, name in zip(
+                next_reconsume_columns(
+                    c("reconsume_times"), c("broker_reconsume_times"), c("end_reason")
+                ),
+                ("a_next_rt", "a_next_broker_rt"),
+                strict=True,
+            )
+        ],
         *[steps[n][0].cast("int").alias(f"t_n_{n}") for n in names],
         *[
             F.when(steps[n][0], F.coalesce(state_code(steps[n][1]["state"]), F.lit(0))).alias(
@@ -340,6 +352,8 @@ def delivery_rows(
             "prev_delivery": F.lag(F.when(delivered, c("delivery"))).over(order),
             "prev_last_state": F.lag("t_last_state").over(order),
             "prev_last_ms": F.lag("t_last_ms").over(order),
+            "prev_next_rt": F.lag("a_next_rt").over(order),
+            "prev_next_broker_rt": F.lag("a_next_broker_rt").over(order),
             "next_ready_ms": F.lead("t_ready_ms").over(order),
             "next_replayed": F.lead(replayed).over(order),
             "is_last": F.lead("delivery").over(order).isNull(),
@@ -401,7 +415,16 @@ def _delivery_flags() -> dict[str, Column]:
         "seq_numbering": has_path & _broke("off_step"),
         "attempts_transitions": (c("a_n") != 1) | _broke("mismatch"),
         "time_order": _broke("attempt_backwards") | late | (has_path & path_backwards),
-        "reconsume_times": (c("a_n") == 1) & differs(c("a_reconsume_times"), _since_replay()),
+        "reconsume_times": (c("a_n") == 1)
+        & reduce(
+            lambda a, b: a | b,
+            [
+                differs(c(f"a_{name}"), expected)
+                for name, expected in zip(
+                    ("reconsume_times", "broker_reconsume_times"), _expected_counts(), strict=True
+                )
+            ],
+        ),
         "deliveries_consecutive": flagged(~step),
         "dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | flagged(dead_wrong),
         "attempts_routing": _broke("unrouted")
@@ -420,10 +443,17 @@ def _delivery_flags() -> dict[str, Column]:
     }
 
 
-def _since_replay() -> Column:
-    """The reconsume_times a delivery should have: deliveries since the first or the last
-    replayed one."""
-    return F.col("delivery") - F.coalesce(F.col("last_replay"), F.lit(1))
+def _expected_counts() -> tuple[Column, Column]:
+    """The reconsume_times and broker_reconsume_times a delivery should have: 0 for a first
+    or replayed delivery, else what its predecessor's retry said
+    (:func:`retrysim.model.policy.next_reconsume_times`)."""
+    c = F.col
+    fresh = c("prev_delivery").isNull() | (c("t_ready_reason") == REASON_CODE[READY_REPLAYED])
+    zero = F.lit(0)
+    return (
+        F.when(fresh, zero).otherwise(c("prev_next_rt")),
+        F.when(fresh, zero).otherwise(c("prev_next_broker_rt")),
+    )
 
 
 def _path_text() -> Column:
@@ -471,7 +501,8 @@ def _why_texts() -> dict[str, Column]:
             *(path_times, *times, "next_ready_ms"),
         ),
         "why_reconsume_times": why_text(
-            "reconsume_times %s, expected %s", "a_reconsume_times", _since_replay()
+            "reconsume_times %s (broker %s), expected %s (broker %s)",
+            *("a_reconsume_times", "a_broker_reconsume_times", *_expected_counts()),
         ),
         "why_deliveries_consecutive": why_text(
             "delivery %s follows delivery %s", "delivery", "prev_delivery"

@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from retrysim.engine.sequential import KeySpec, frontier_attempts
 from retrysim.model.behavior import listener_draw_columns
-from retrysim.model.policy import Policy, policy_for
+from retrysim.model.policy import Policy, next_reconsume_columns, policy_for
 from retrysim.model.states import (
     DLQ,
     INFLIGHT,
@@ -80,6 +80,7 @@ FRONTIER_COLUMNS = (
     "msg_id",
     "delivery",
     "reconsume_times",
+    "broker_reconsume_times",
     "source_topic",
     "queue_id",
     "born_ms",
@@ -138,6 +139,7 @@ def first_frontier(messages: DataFrame, horizon_ms: int) -> DataFrame:
         "msg_id",
         F.lit(1).alias("delivery"),
         F.lit(0).alias("reconsume_times"),
+        F.lit(0).alias("broker_reconsume_times"),
         F.col("topic").alias("source_topic"),
         "queue_id",
         "born_ms",
@@ -185,9 +187,7 @@ class Round:
         self.groups: list[tuple[Column, list[dict[str, Column]], list[str]]] = []
         for plan in plans:
             policy = plan.policy
-            draws = listener_draw_columns(
-                plan.group.behavior, seed, plan.name, policy.send_back_failure_probability
-            )
+            draws = listener_draw_columns(plan.group.behavior, seed, plan.name)
             cases, steps = policy.next_step_columns()
             projections = [
                 {
@@ -226,11 +226,15 @@ def retries_due(horizon_ms: int) -> Column:
 
 def next_frontier(attempts: DataFrame, horizon_ms: int) -> DataFrame:
     """The deliveries that WaitingRetry rows lead to, when due before the horizon."""
+    counted, kept = next_reconsume_columns(
+        F.col("reconsume_times"), F.col("broker_reconsume_times"), F.col("end_reason")
+    )
     return attempts.where(retries_due(horizon_ms)).select(
         "group",
         "msg_id",
         (F.col("delivery") + 1).alias("delivery"),
-        (F.col("reconsume_times") + 1).alias("reconsume_times"),
+        counted.alias("reconsume_times"),
+        kept.alias("broker_reconsume_times"),
         F.col("next_topic").alias("source_topic"),
         F.col("next_queue_id").alias("queue_id"),
         "born_ms",
@@ -262,6 +266,7 @@ def replay_frontier(attempts: DataFrame, plans: list[GroupPlan], horizon_ms: int
                 "msg_id",
                 (F.col("delivery") + 1).alias("delivery"),
                 F.lit(0).alias("reconsume_times"),
+                F.lit(0).alias("broker_reconsume_times"),
                 F.lit(plan.group.source_topic).alias("source_topic"),
                 (F.col("rank") % F.lit(plan.group.workload.queues)).cast("int").alias("queue_id"),
                 "born_ms",

@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from retrysim.model.behavior import CONSUME_SUCCESS, RECONSUME_LATER, DrawCache, ListenerModel
-from retrysim.model.policy import Policy, Step
+from retrysim.model.policy import Policy, Step, next_reconsume_times
 from retrysim.model.states import (
     DLQ,
     INFLIGHT,
@@ -58,6 +58,7 @@ class _Delivery:
     """A delivery that is Ready: waiting for its eligible time, a lane or a thread."""
 
     __slots__ = (
+        "broker_rt",
         "delivery",
         "eligible_ms",
         "index",
@@ -68,8 +69,9 @@ class _Delivery:
         "topic",
     )
 
-    def __init__(self, index, delivery, rt, topic, queue_id, ready_ms, reason, eligible_ms):
-        self.index, self.delivery, self.rt = index, delivery, rt
+    def __init__(self, index, delivery, rt, broker_rt, topic, queue_id, ready_ms, reason,
+                 eligible_ms):  # fmt: skip
+        self.index, self.delivery, self.rt, self.broker_rt = index, delivery, rt, broker_rt
         self.topic, self.queue_id = topic, queue_id
         self.ready_ms, self.reason, self.eligible_ms = ready_ms, reason, eligible_ms
 
@@ -85,7 +87,7 @@ class _Simulation:
         # messages published in time (none when continuing a frontier of retries)
         self.count = int(np.searchsorted(self.born, spec.horizon_ms)) if publish else 0
         self.spec, self.policy, self.horizon = spec, spec.policy, spec.horizon_ms
-        self.model = ListenerModel(spec.behavior, self.policy.send_back_failure_probability)
+        self.model = ListenerModel(spec.behavior)
         self.draws = DrawCache(spec.seed, spec.group, self.msg_ids, spec.behavior.poison_fraction)
         self.topology = topology = self.policy.topology
         # free threads per instance (None: unlimited)
@@ -147,7 +149,7 @@ class _Simulation:
 
     def _first_delivery(self, position: int, delivery: int, ready_ms: int, queue_id: int,
                         reason: str) -> _Delivery:  # fmt: skip
-        return _Delivery(position, delivery, 0, self.spec.topic, queue_id, ready_ms, reason, 0)
+        return _Delivery(position, delivery, 0, 0, self.spec.topic, queue_id, ready_ms, reason, 0)
 
     def _release(self, lane: int, at_ms: int) -> None:
         """A blocking lane is free: its next message (publish order) becomes eligible."""
@@ -218,6 +220,7 @@ class _Simulation:
         columns = (
             "delivery",
             "reconsume_times",
+            "broker_reconsume_times",
             "source_topic",
             "queue_id",
             "ready_ms",
@@ -225,7 +228,7 @@ class _Simulation:
             "poison_fixed",
         )
         values = zip(positions, *(frontier[c].tolist() for c in columns), strict=True)
-        for position, delivery, rt, topic, queue_id, ready, reason, fixed in values:
+        for position, delivery, rt, broker_rt, topic, queue_id, ready, reason, fixed in values:
             if fixed:
                 self.fixed.add(position)
             self.last_delivery[position] = delivery - 1
@@ -233,6 +236,7 @@ class _Simulation:
                 position,
                 delivery,
                 rt,
+                broker_rt,
                 topic,
                 queue_id,
                 ready,
@@ -341,7 +345,7 @@ class _Simulation:
 
     def _settle(
         self, entry: _Delivery, now: int, processing: int, outcome: str, end: int,
-        send_back_failed: bool, batch_size: int, beyond_ack: bool,
+        send_back: int, batch_size: int, beyond_ack: bool,
     ) -> None:  # fmt: skip
         policy = self.policy
         self.last_delivery[entry.index] = entry.delivery
@@ -353,16 +357,17 @@ class _Simulation:
             return
         step = policy.next_step(
             entry.rt,
+            entry.broker_rt,
             RECONSUME_LATER if beyond_ack else outcome,
             now,
             end,
-            send_back_failed,
+            send_back,
             entry.topic,
             entry.queue_id,
             int(self.msg_ids[entry.index]),
             entry.delivery,
         )
-        if beyond_ack and step.end_state == WAITING_RETRY:
+        if beyond_ack and step.end_reason == RECONSUME_LATER:
             step = step._replace(end_reason=REASON_BEYOND_ACK)
         if step.leave_state is not None and step.settled_ms >= self.horizon:
             step = step._replace(
@@ -377,13 +382,15 @@ class _Simulation:
         if step.result_state == WAITING_RETRY:
             due = step.next_ready_ms
             if due is not None and due < self.horizon:
+                rt, broker_rt = next_reconsume_times(entry.rt, entry.broker_rt, step.end_reason)
                 self._push(
                     policy.eligible_ms(due),
                     _ELIGIBLE,
                     _Delivery(
                         entry.index,
                         entry.delivery + 1,
-                        entry.rt + 1,
+                        rt,
+                        broker_rt,
                         step.next_topic,
                         step.next_queue_id,
                         due,
@@ -406,6 +413,7 @@ class _Simulation:
                 int(self.msg_ids[entry.index]),
                 entry.delivery,
                 entry.rt,
+                entry.broker_rt,
                 entry.topic,
                 entry.queue_id,
                 self._instance(entry),

@@ -37,6 +37,10 @@ POISON, FAIL, KIND, TIME_A, TIME_B, SEND_BACK = (
     "send_back",
 )
 DELIVERY_STREAMS = (FAIL, KIND, TIME_A, TIME_B, SEND_BACK)
+# How a 4.x send-back goes (DefaultMQPushConsumerImpl.sendMessageBack): the
+# CONSUMER_SEND_MSG_BACK RPC does it; the RPC fails and the producer fallback
+# (sendMessageBackAsNormalMessage) does it; or both fail and the client resubmits locally.
+SEND_BACK_DONE, SEND_BACK_FALLBACK, SEND_BACK_FAILED = 0, 1, 2
 
 
 def lognormal_params(mean_ms: float, p99_ms: float) -> tuple[float, float]:
@@ -73,21 +77,20 @@ def _in_window(start_ms: Column, outage_start: int, outage_end: int) -> Column:
     return (start_ms >= F.lit(outage_start)) & (start_ms < F.lit(outage_end))
 
 
-def with_listener_draws(
-    df: DataFrame,
-    behavior: Behavior,
-    seed: int,
-    group: str,
-    send_back_probability: float = 0.0,
-) -> DataFrame:
-    """Add ``processing_ms``, ``listener_outcome`` and ``send_back_failed`` for deliveries
+def with_listener_draws(df: DataFrame, behavior: Behavior, seed: int, group: str) -> DataFrame:
+    """Add ``processing_ms``, ``listener_outcome`` and ``send_back`` for deliveries
     starting at ``start_ms`` (needs ``msg_id``, ``delivery`` and ``poison_fixed``)."""
-    return df.withColumns(listener_draw_columns(behavior, seed, group, send_back_probability))
+    return df.withColumns(listener_draw_columns(behavior, seed, group))
 
 
-def listener_draw_columns(
-    behavior: Behavior, seed: int, group: str, send_back_probability: float = 0.0
-) -> dict[str, Column]:
+def send_back_thresholds(behavior: Behavior) -> tuple[float, float]:
+    """One draw decides how a send-back goes: below the first threshold the RPC and its
+    fallback both fail, below the second only the RPC does (docs/model.md §3)."""
+    failed = behavior.send_back_failure_probability
+    return failed, failed + behavior.send_back_fallback_probability
+
+
+def listener_draw_columns(behavior: Behavior, seed: int, group: str) -> dict[str, Column]:
     """The columns :func:`with_listener_draws` adds, as expressions (the round engine
     builds them once per run and applies them every round)."""
     msg_id, delivery, start = F.col("msg_id"), F.col("delivery"), F.col("start_ms")
@@ -116,13 +119,19 @@ def listener_draw_columns(
         .when(kind < F.lit(second), F.lit(EXCEPTION))
         .otherwise(F.lit(NULL_RETURN))
     )
-    send_back = (
-        u(SEND_BACK) < F.lit(send_back_probability) if send_back_probability > 0 else F.lit(False)
-    )
+    failed, fallen_back = send_back_thresholds(behavior)
+    send_back: Column = F.lit(SEND_BACK_DONE)
+    if fallen_back > 0:
+        draw = u(SEND_BACK)
+        send_back = (
+            F.when(draw < F.lit(failed), F.lit(SEND_BACK_FAILED))
+            .when(draw < F.lit(fallen_back), F.lit(SEND_BACK_FALLBACK))
+            .otherwise(send_back)
+        )
     return {
         "processing_ms": time_ms,
         "listener_outcome": F.when(fails, failure).otherwise(F.lit(CONSUME_SUCCESS)),
-        "send_back_failed": send_back,
+        "send_back": send_back,
     }
 
 
@@ -159,7 +168,7 @@ class _Dist:
 class ListenerModel:
     """The plain-Python twin of :func:`with_listener_draws`, for one group."""
 
-    def __init__(self, behavior: Behavior, send_back_probability: float = 0.0) -> None:
+    def __init__(self, behavior: Behavior) -> None:
         self.fail_first = behavior.fail_first
         self.base_probability = behavior.fail_probability
         self.windows = tuple(
@@ -169,12 +178,12 @@ class ListenerModel:
         )  # fmt: skip
         self.base_dist = _Dist.of(behavior.processing_time)
         self.kind_first, self.kind_second = _kind_thresholds(behavior)
-        self.send_back_probability = send_back_probability
+        self.send_back_failed, self.send_back_fallen_back = send_back_thresholds(behavior)
 
     def result(
         self, draws: tuple[float, ...], delivery: int, start_ms: int, poisoned: bool
-    ) -> tuple[str, int, bool]:
-        """(listener_outcome, processing_ms, send_back_failed) of one delivery.
+    ) -> tuple[str, int, int]:
+        """(listener_outcome, processing_ms, send_back) of one delivery.
 
         ``draws`` are the delivery's uniforms in :data:`DELIVERY_STREAMS` order.
         """
@@ -197,7 +206,13 @@ class ListenerModel:
             outcome = EXCEPTION
         else:
             outcome = NULL_RETURN
-        return outcome, dist.sample(u_a, u_b), u_send_back < self.send_back_probability
+        if u_send_back < self.send_back_failed:
+            send_back = SEND_BACK_FAILED
+        elif u_send_back < self.send_back_fallen_back:
+            send_back = SEND_BACK_FALLBACK
+        else:
+            send_back = SEND_BACK_DONE
+        return outcome, dist.sample(u_a, u_b), send_back
 
 
 class DrawCache:

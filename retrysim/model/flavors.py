@@ -41,6 +41,7 @@ FLAVOR_KEYS = (
     "ordered",
     "consume_timeout",
     "behavior.send_back_failure_probability",
+    "behavior.send_back_fallback_probability",
 )
 
 
@@ -118,6 +119,8 @@ def policy_fields(**overrides: object) -> dict[str, object]:
         "timeout_level": None,
         "timeout_interval_ms": None,
         "dlq_now": False,
+        "fallback_levels": None,
+        "fallback_intervals_ms": None,
     }
     base.update(overrides)
     return base
@@ -129,6 +132,9 @@ def _concurrently(group: Group, table: tuple[int, ...]) -> dict[str, object]:
     if asked > 0:
         levels = (min(asked, len(table)),)
     timeout_level = min(limits.TIMEOUT_SEND_BACK_LEVEL, len(table))
+    # sendMessageBackAsNormalMessage: DELAY = 3 + reconsumeTimes, whatever was asked
+    fallback = delay_table_levels(table, limits.BROKER_FIRST_RETRY_LEVEL)
+    falls_back = group.behavior.send_back_fallback_probability > 0
     return policy_fields(
         retry_path=SCHEDULE,
         max_retries=retries_of(group, limits.DEFAULT_MAX_RECONSUME_TIMES_CONCURRENT),
@@ -139,6 +145,8 @@ def _concurrently(group: Group, table: tuple[int, ...]) -> dict[str, object]:
         timeout_level=timeout_level,
         timeout_interval_ms=table[timeout_level - 1],
         dlq_now=asked < 0,
+        fallback_levels=fallback if falls_back else None,
+        fallback_intervals_ms=tuple(table[level - 1] for level in fallback) if falls_back else None,
     )
 
 
@@ -269,6 +277,7 @@ CATALOGUE: tuple[Flavor, ...] = (
                 "pull_interval",
                 "consume_timeout",
                 "behavior.send_back_failure_probability",
+                "behavior.send_back_fallback_probability",
             }
         ),
         uses_delay_table=True,

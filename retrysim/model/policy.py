@@ -15,7 +15,12 @@ from typing import NamedTuple
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from retrysim.model.behavior import CONSUME_SUCCESS, TIMEOUT
+from retrysim.model.behavior import (
+    CONSUME_SUCCESS,
+    SEND_BACK_FAILED,
+    SEND_BACK_FALLBACK,
+    TIMEOUT,
+)
 from retrysim.model.states import (
     COMMIT,
     DISCARD,
@@ -28,6 +33,7 @@ from retrysim.model.states import (
     REASON_MAX_RECONSUME,
     REASON_NEGATIVE_LEVEL,
     REASON_SEND_BACK_FAILED,
+    REASON_SEND_BACK_FALLBACK,
     REVIVE,
     SCHEDULE,
     VISIBLE,
@@ -82,7 +88,9 @@ class Policy:
     timeout_interval_ms: int | None
     dlq_now: bool
     dlq_enabled: bool
-    send_back_failure_probability: float
+    # the producer fallback's levels and intervals (3 + reconsume_times), when it can happen
+    fallback_levels: tuple[int, ...] | None
+    fallback_intervals_ms: tuple[int, ...] | None
     batch_size: int
     ack_index: int | None
     pull_interval_ms: int
@@ -117,6 +125,11 @@ class Policy:
     def level(self, retry: int) -> int | None:
         return None if self.levels is None else self.levels[min(retry, len(self.levels)) - 1]
 
+    @property
+    def falls_back(self) -> bool:
+        """Whether a send-back can take the producer fallback (docs/flavors.md)."""
+        return self.fallback_levels is not None
+
     def eligible_ms(self, ready_ms: int) -> int:
         """When a Ready delivery can start: after the ready wait, at the next pull tick."""
         due = ready_ms + self.ready_wait_ms
@@ -138,16 +151,19 @@ class Policy:
     def next_step(
         self,
         rt: int,
+        broker_rt: int,
         outcome: str,
         start_ms: int,
         end_ms: int,
-        send_back_failed: bool,
+        send_back: int,
         topic: str,
         queue_id: int,
         msg_id: int,
         delivery: int,
     ) -> Step:
-        """The rules of docs/model.md §6 and docs/flavors.md for one settled delivery."""
+        """The rules of docs/model.md §6 and docs/flavors.md for one settled delivery:
+        ``rt`` is the reconsumeTimes the client holds, ``broker_rt`` the stored copy's,
+        which a 4.x send-back RPC decides by; ``send_back`` how the send-back goes."""
         here = (topic, queue_id)
         if outcome == CONSUME_SUCCESS:
             return Step(COMMIT, None, None, end_ms, COMMIT, *here, CONSUME_SUCCESS,
@@ -156,23 +172,38 @@ class Policy:
             return Step(DISCARD, None, None, end_ms, DISCARD, *here, REASON_BROADCAST,
                         None, None, None, None, None, None, None)  # fmt: skip
         timed_out = outcome == TIMEOUT
-        if send_back_failed and not timed_out:
+        if send_back == SEND_BACK_FAILED and not timed_out:
             due = end_ms + limits.SEND_BACK_RESUBMIT_MS
             return Step(WAITING_RETRY, None, due, None, WAITING_RETRY, *here,
                         REASON_SEND_BACK_FAILED, None, None, None, None, *here,
                         READY_LOCAL)  # fmt: skip
-        retry = rt + 1
-        if timed_out and self.timeout_interval_ms is not None:
-            interval, level = self.timeout_interval_ms, self.timeout_level
+        fallback = send_back == SEND_BACK_FALLBACK and not timed_out and self.falls_back
+        if fallback:
+            # a plain send with RECONSUME_TIME = rt + 1 and DELAY = 3 + rt; a 4.9.7 broker
+            # dead-letters it when rt + 1 >= max, through the schedule topic
+            levels, intervals = self.fallback_levels, self.fallback_intervals_ms
+            level = levels[min(rt + 1, len(levels)) - 1]
+            interval = intervals[min(rt + 1, len(intervals)) - 1]
+            exhausted = rt + 1 >= self.max_retries
+            reason_now = REASON_SEND_BACK_FALLBACK
         else:
-            interval, level = self.interval(retry), self.level(retry)
+            retry = broker_rt + 1
+            if timed_out and self.timeout_interval_ms is not None:
+                interval, level = self.timeout_interval_ms, self.timeout_level
+            else:
+                interval, level = self.interval(retry), self.level(retry)
+            exhausted = broker_rt >= self.max_retries
+            reason_now = outcome
         due = (start_ms if self.from_start else end_ms) + interval
-        exhausted = rt >= self.max_retries
-        negative = self.dlq_now and not timed_out
+        negative = self.dlq_now and not timed_out and not fallback
         if exhausted or negative:
             reason = REASON_MAX_RECONSUME if exhausted else REASON_NEGATIVE_LEVEL
             state = DLQ if self.dlq_enabled else DISCARD
             where = (self.dlq_topic, limits.DLQ_QUEUE_ID) if self.dlq_enabled else here
+            if fallback:
+                return Step(state, level, None, due, WAITING_RETRY, limits.SCHEDULE_TOPIC,
+                            level - 1, reason_now, state, *where, reason,
+                            None, None, None)  # fmt: skip
             if self.leave_after_backoff and not negative:
                 return Step(state, None, None, due, WAITING_RETRY, *here, outcome,
                             state, *where, reason, None, None, None)  # fmt: skip
@@ -186,7 +217,7 @@ class Policy:
             wait_at, back_at = here, (self.retry_topic, limits.RETRY_QUEUE_ID)
         else:
             wait_at, back_at = here, here
-        return Step(WAITING_RETRY, level, due, None, WAITING_RETRY, *wait_at, outcome,
+        return Step(WAITING_RETRY, level, due, None, WAITING_RETRY, *wait_at, reason_now,
                     None, None, None, None, *back_at,
                     _READY_REASON.get(self.retry_path, READY_LOCAL))  # fmt: skip
 
@@ -227,21 +258,33 @@ class Policy:
         written, or evaluated, twice.
         """
         rt, outcome = F.col("reconsume_times"), F.col("outcome")
+        broker_rt = F.col("broker_reconsume_times")
         timed_out = outcome == F.lit(TIMEOUT)
-        retry = rt + F.lit(1)
+        send_back = F.col("send_back")
+        retry = broker_rt + F.lit(1)
         interval = _table_lookup(self.intervals_ms, retry)
         level = _table_lookup(self.levels, retry) if self.levels else F.lit(None).cast("int")
         if self.timeout_interval_ms is not None:
             interval = F.when(timed_out, F.lit(self.timeout_interval_ms)).otherwise(interval)
             level = F.when(timed_out, F.lit(self.timeout_level)).otherwise(level)
+        exhausted = broker_rt >= F.lit(self.max_retries)
+        fallback = F.lit(False)
+        if self.falls_back:
+            fallback = (send_back == F.lit(SEND_BACK_FALLBACK)) & ~timed_out
+            local = rt + F.lit(1)
+            interval = F.when(fallback, _table_lookup(self.fallback_intervals_ms, local)).otherwise(
+                interval
+            )
+            level = F.when(fallback, _table_lookup(self.fallback_levels, local)).otherwise(level)
+            exhausted = F.when(fallback, local >= F.lit(self.max_retries)).otherwise(exhausted)
         origin = F.col("start_ms" if self.from_start else "end_ms")
-        exhausted = rt >= F.lit(self.max_retries)
-        negative = F.lit(self.dlq_now) & ~timed_out
+        negative = F.lit(self.dlq_now) & ~timed_out & ~fallback
+        gone_now = exhausted & F.lit(not self.leave_after_backoff) & ~fallback
         case = (
             F.when(outcome == F.lit(CONSUME_SUCCESS), F.lit(_OK))
             .when(F.lit(self.retry_path == NO_RETRY), F.lit(_DROPPED))
-            .when(F.col("send_back_failed") & ~timed_out, F.lit(_RESUBMIT))
-            .when(negative | (exhausted & F.lit(not self.leave_after_backoff)), F.lit(_GONE))
+            .when((send_back == F.lit(SEND_BACK_FAILED)) & ~timed_out, F.lit(_RESUBMIT))
+            .when(negative | gone_now, F.lit(_GONE))
             .when(exhausted, F.lit(_LATER))
             .otherwise(F.lit(_RETRIED))
         )
@@ -253,6 +296,8 @@ class Policy:
                 F.lit(REASON_NEGATIVE_LEVEL)
             ),
         }
+        if self.falls_back:
+            cases["_fallback"] = fallback
         return cases, self._step_columns()
 
     def _step_columns(self) -> dict[str, Column]:
@@ -289,25 +334,35 @@ class Policy:
             return result if result is not None else by_case[0]
 
         resubmit_due = end + F.lit(limits.SEND_BACK_RESUBMIT_MS)
+        # after backoff: where the message waits before it leaves (a 4.9.7 fallback that
+        # dead-letters waits in the schedule topic), and why it waits
+        later_level, later_topic, later_queue = null_int, here_topic, here_queue
+        why_wait = F.col("outcome")
+        if self.falls_back:
+            fallback = F.col("_fallback")
+            later_level = F.when(fallback, level)
+            later_topic = F.when(fallback, F.lit(limits.SCHEDULE_TOPIC)).otherwise(here_topic)
+            later_queue = F.when(fallback, (level - F.lit(1)).cast("int")).otherwise(here_queue)
+            why_wait = F.when(fallback, F.lit(REASON_SEND_BACK_FALLBACK)).otherwise(why_wait)
         return {
             "result_state": pick(commit, discard, wr, state, state, wr),
-            "delay_level": pick(null_int, null_int, null_int, null_int, null_int, level),
+            "delay_level": pick(null_int, null_int, null_int, null_int, later_level, level),
             "next_ready_ms": pick(null_long, null_long, resubmit_due, null_long, null_long, due),
             "settled_ms": pick(end, end, null_long, end, due, null_long),
             "end_state": pick(commit, discard, wr, state, wr, wr),
             "end_topic": pick(
-                here_topic, here_topic, here_topic, leave_topic, here_topic, wait_topic
+                here_topic, here_topic, here_topic, leave_topic, later_topic, wait_topic
             ),
             "end_queue_id": pick(
-                here_queue, here_queue, here_queue, leave_queue, here_queue, wait_queue
+                here_queue, here_queue, here_queue, leave_queue, later_queue, wait_queue
             ),
             "end_reason": pick(
                 F.lit(CONSUME_SUCCESS),
                 F.lit(REASON_BROADCAST),
                 F.lit(REASON_SEND_BACK_FAILED),
                 leave_reason,
-                F.col("outcome"),
-                F.col("outcome"),
+                why_wait,
+                why_wait,
             ),
             "leave_state": pick(null_str, null_str, null_str, null_str, state, null_str),
             "leave_topic": pick(null_str, null_str, null_str, null_str, leave_topic, null_str),
@@ -342,6 +397,32 @@ class Policy:
         return (F.ceil(due / pull) * pull).cast("long")
 
 
+def next_reconsume_times(rt: int, broker_rt: int, end_reason: str) -> tuple[int, int]:
+    """(reconsume_times, broker_reconsume_times) of the delivery a retry leads to.
+
+    The broker stores a send-back's copy with the *stored* copy's count + 1
+    (``consumerSendMsgBack``), and the client reads it from there; a local resubmit after a
+    failed send-back counts on the client only, and the producer fallback stores the
+    client's count + 1. Every other retry counts one on both sides.
+    """
+    if end_reason == REASON_SEND_BACK_FAILED:
+        return rt + 1, broker_rt
+    if end_reason == REASON_SEND_BACK_FALLBACK:
+        return rt + 1, rt + 1
+    return broker_rt + 1, broker_rt + 1
+
+
+def next_reconsume_columns(
+    rt: Column, broker_rt: Column, end_reason: Column
+) -> tuple[Column, Column]:
+    """The column twin of :func:`next_reconsume_times`."""
+    one = F.lit(1)
+    local = end_reason.isin(REASON_SEND_BACK_FAILED, REASON_SEND_BACK_FALLBACK)
+    counted = F.when(local, rt + one).otherwise(broker_rt + one)
+    kept = F.when(end_reason == F.lit(REASON_SEND_BACK_FAILED), broker_rt).otherwise(counted)
+    return counted.cast("int"), kept.cast("int")
+
+
 def _table_lookup(table: tuple[int, ...], retry: Column) -> Column:
     values = F.array(*[F.lit(v) for v in table])
     return F.element_at(values, F.least(retry, F.lit(len(table))).cast("int"))
@@ -357,7 +438,6 @@ def policy_for(group: Group, delay_table_ms: tuple[int, ...]) -> Policy:
         blocking=group.blocking,
         periodic_timeout=group.consume_timeout_check == "periodic",
         dlq_enabled=group.dlq_enabled,
-        send_back_failure_probability=group.behavior.send_back_failure_probability,
         batch_size=group.consume_message_batch_max_size,
         ack_index=group.ack_index,
         pull_interval_ms=group.pull_interval,

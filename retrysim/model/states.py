@@ -14,6 +14,8 @@ REASON_MAX_RECONSUME = "max_reconsume_times"
 REASON_NEGATIVE_LEVEL = "delay_level_negative"
 REASON_BROADCAST = "broadcast_no_retry"
 REASON_SEND_BACK_FAILED = "send_back_failed"
+# the send-back RPC failed and its producer fallback re-sent the message to %RETRY%<group>
+REASON_SEND_BACK_FALLBACK = "send_back_fallback"
 REASON_BEYOND_ACK = "beyond_ack_index"
 READY_PUBLISHED, READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE, READY_REPLAYED = (
     "published",

@@ -117,7 +117,19 @@ class Behavior(_Model):
     outages: tuple[Outage, ...] = ()
     outcome_mix: OutcomeMix = OutcomeMix()
     send_back_failure_probability: Probability = 0.0
+    send_back_fallback_probability: Probability = 0.0
     ready_wait: Annotated[Duration, in_range(0, limits.HOUR_MS, duration=True)] = 0
+
+    @model_validator(mode="after")
+    def _send_back_shares(self) -> Behavior:
+        # one draw decides a send-back: failed both ways, fallen back, or done by the RPC
+        if self.send_back_failure_probability + self.send_back_fallback_probability > 1:
+            raise FieldRuleError(
+                "send_back_fallback_probability",
+                f"value {self.send_back_fallback_probability}: must be between 0 and "
+                f"{1 - self.send_back_failure_probability:g} (1 - send_back_failure_probability)",
+            )
+        return self
 
 
 class Workload(_Model):

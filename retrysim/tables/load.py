@@ -95,7 +95,6 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
             waits_retry,
             F.floor(F.coalesce(F.col("next_ready_ms"), F.col("settled_ms")) / F.lit(bucket_ms)),
         ).cast("long"),
-        "b_next": F.when(scheduled, _bucket_of("next_ready_ms", bucket_ms)),
         "b_busy_last": F.when(busy, F.floor((busy_end - 1) / F.lit(bucket_ms))).cast("long"),
         "batch_size": F.col("batch_size"),
         **_retry_columns(),
@@ -199,7 +198,7 @@ def _events(compact: DataFrame) -> DataFrame:
                     event(F.lit(True), "b_ready", "ready_backlog"),
                     event(started, "b_start", "ready_backlog", -1),
                     event(scheduled, "b_end", "schedule", 1, level=True),
-                    event(scheduled, "b_next", "schedule", -1, level=True),
+                    event(scheduled, "b_wr_until", "schedule", -1, level=True),
                 )
             ).alias("e"),
         )

@@ -78,8 +78,9 @@ def _moments() -> list[Column]:
     freed = c("start_ms") + c("processing_ms")
     # a request running at the horizon has no end: its thread is freed on its own moment
     frees_at_end = busy & F.coalesce(freed == c("end_ms"), F.lit(False))
+    # a retry leaves the schedule topic when it is due; a 4.9.7 fallback's dead letter when
+    # it reaches the DLQ
     waited_until = F.coalesce(c("next_ready_ms"), c("settled_ms"))
-    leaves_schedule_then = scheduled & (c("next_ready_ms") == waited_until)
     return [
         _moment(waited, c("ready_ms"), ready_backlog=one, commitlog_writes=written),
         _moment(
@@ -103,16 +104,10 @@ def _moments() -> list[Column]:
             commitlog_writes=flag(scheduled) + flag(dlq & (c("settled_ms") == c("end_ms"))),
         ),
         _moment(busy & ~frees_at_end, freed, threads_busy=-share),
-        _moment(
-            waits_retry,
-            waited_until,
-            waiting_retry=-one,
-            schedule=-flag(leaves_schedule_then),
-        ),
-        _moment(scheduled & ~leaves_schedule_then, c("next_ready_ms"), schedule=-one),
+        _moment(waits_retry, waited_until, waiting_retry=-one, schedule=-flag(scheduled)),
         _moment(dlq & (c("settled_ms") != c("end_ms")), c("settled_ms"), commitlog_writes=one),
         _moment(scheduled, c("end_ms"), c("delay_level"), schedule=one),
-        _moment(scheduled, c("next_ready_ms"), c("delay_level"), schedule=-one),
+        _moment(scheduled, waited_until, c("delay_level"), schedule=-one),
     ]
 
 

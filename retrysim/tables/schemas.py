@@ -59,6 +59,9 @@ ATTEMPTS = nullable_schema(
     ("msg_id", LongType()),
     ("delivery", IntegerType()),
     ("reconsume_times", IntegerType()),
+    # the reconsumeTimes of the copy the broker stored: a 4.x send-back's level and DLQ test
+    # read it (equal to reconsume_times until a send-back fails and the client resubmits)
+    ("broker_reconsume_times", IntegerType()),
     ("source_topic", StringType()),
     ("queue_id", IntegerType()),
     # the instance that ran the delivery (or that a delivery still Ready waits for)
@@ -220,7 +223,8 @@ SUMMARY = nullable_schema(
 # (sequential.py appends rows positionally). Round files in this shape are published as the
 # attempts table's files as they are: Parquet and Delta readers find columns by name.
 _STAGE_ORDER = (
-    "group", "msg_id", "delivery", "reconsume_times", "source_topic", "queue_id",
+    "group", "msg_id", "delivery", "reconsume_times", "broker_reconsume_times", "source_topic",
+    "queue_id",
     "consumer_instance", "born_ms", "ready_ms", "ready_reason", "start_ms", "processing_ms",
     "end_ms", "outcome",
     "result_state", "delay_level", "next_ready_ms", "settled_ms", "batch_size", "end_state",

@@ -48,7 +48,8 @@ def _attempt(msg, delivery, rt, topic, queue, ready, end, outcome, state, **rest
     """An attempt row, with the derivation columns its transitions come from: Ready
     (published or retry_due) on its own topic and queue, Inflight, and ``state`` at ``end``
     on the same topic and queue unless ``rest`` says otherwise."""
-    row = dict(group=G, msg_id=msg, delivery=delivery, reconsume_times=rt, source_topic=topic,
+    row = dict(group=G, msg_id=msg, delivery=delivery, reconsume_times=rt,
+               broker_reconsume_times=rt, source_topic=topic,
                queue_id=queue, ready_ms=ready, start_ms=ready, processing_ms=end - ready,
                end_ms=end, outcome=outcome, result_state=state, batch_size=1,
                ready_reason="published" if delivery == 1 else "retry_due", end_state=state,
@@ -156,7 +157,7 @@ def _dead_letter_after_commit():
 
 def _delivery_gap():
     attempts = copy.deepcopy(HAND["attempts"])
-    attempts[2].update(delivery=3, reconsume_times=2)
+    attempts[2].update(delivery=3)
     transitions = copy.deepcopy(HAND["transitions"])
     for row in transitions[6:]:
         row.update(delivery=3, seq=row["seq"] + 4)
@@ -323,6 +324,15 @@ RUNS = {
                              "queue 3 (retry_due), next_ready 10015 ms; the next delivery is "
                              "Ready on %RETRY%g queue 0 (retry_due)"},
     ),
+    "broker-count": Broken(
+        # the retry copy's count must be the stored copy's + 1 (consumerSendMsgBack)
+        edit(
+            attempts=[*HAND["attempts"][:2], {**HAND["attempts"][2], "broker_reconsume_times": 0}]
+        ),
+        {"reconsume_times"},
+        {"reconsume_times": "msg_id=1 delivery=2: reconsume_times 1 (broker 0), expected 1 "
+                            "(broker 1)"},
+    ),
     "born-elsewhere": Broken(
         edit(attempts=[*HAND["attempts"][:2], {**HAND["attempts"][2], "born_ms": 11}]),
         {"attempts_routing"},
@@ -440,7 +450,8 @@ SCENARIO = {
         {"name": "conc", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 2,
          "consumers": "unlimited", "workload": {"messages": 150, "over": "2m", "queues": 2},
          "behavior": {"fail_probability": 0.3, "poison_fraction": 0.05, "processing_time": "1s",
-                      "send_back_failure_probability": 0.2},
+                      "send_back_failure_probability": 0.2,
+                      "send_back_fallback_probability": 0.3},
          "replay": {"at": "40m", "rate": "1/s"}},
         {"name": "fifo", "flavor": "rocketmq4.orderly", "max_reconsume_times": 2,
          "workload": {"messages": 40, "over": "1m", "queues": 2},

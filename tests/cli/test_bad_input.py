@@ -302,6 +302,20 @@ CASES = [
         edit(**{b0 + "send_back_failure_probability": 1.5}),
     ),
     Case(
+        "send-back-shares-above-1",
+        (
+            "groups[0].behavior.send_back_fallback_probability",
+            "value 0.5",
+            "between 0 and 0.3",
+        ),
+        edit(
+            **{
+                b0 + "send_back_failure_probability": 0.7,
+                b0 + "send_back_fallback_probability": 0.5,
+            }
+        ),
+    ),
+    Case(
         "max-retries-over-1000-on-5x",
         ("groups[0].max_reconsume_times", "value 1001", "between -1 and 1,000 for rocketmq5.push"),
         edit(**{g0 + "flavor": "rocketmq5.push", g0 + "max_reconsume_times": 1001}),

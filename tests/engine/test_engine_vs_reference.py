@@ -46,6 +46,7 @@ GROUPS = [
             "processing_time": LOGNORMAL,
             "outcome_mix": {"reconsume_later": 0.6, "exception": 0.3, "null_return": 0.1},
             "send_back_failure_probability": 0.05,
+            "send_back_fallback_probability": 0.05,
             "outages": [
                 {"start": "5m", "end": "8m", "fail_probability": 1.0},
                 {"start": "20m", "end": "22m", "fail_probability": 0.5, "processing_time": "20m"},
@@ -108,7 +109,12 @@ GROUPS = [
         "ack_index": 1,
         "pull_interval": "1s",
         "workload": {"messages": 400, "over": "2m", "queues": 2},
-        "behavior": {"fail_probability": 0.05, "processing_time": "20ms"},
+        "behavior": {
+            "fail_probability": 0.05,
+            "processing_time": "20ms",
+            "send_back_failure_probability": 0.2,
+            "send_back_fallback_probability": 0.2,
+        },
     },
     {
         "name": "pool",
@@ -224,7 +230,9 @@ def test_scenario_exercises_every_path(run):
     ]:
         assert expected in seen, expected
     reasons = {r["reason"] for r in run.transitions.select("reason").distinct().collect()}
-    assert {"send_back_failed", "replayed", "beyond_ack_index", "local_retry"} <= reasons
+    assert {
+        "send_back_failed", "send_back_fallback", "replayed", "beyond_ack_index", "local_retry",
+    } <= reasons  # fmt: skip
     waited = run.attempts.where(
         (F.col("group") == "pool") & (F.col("start_ms") > F.col("ready_ms"))
     )

@@ -9,7 +9,7 @@ import pytest
 from support import DEFAULT_TABLE_MS, group, scenario
 
 from retrysim.model import flavors
-from retrysim.model.behavior import RECONSUME_LATER
+from retrysim.model.behavior import RECONSUME_LATER, SEND_BACK_DONE
 from retrysim.model.flavors import Flavor, policy_fields
 from retrysim.model.policy import policy_for
 from retrysim.model.states import DLQ, VISIBLE, WAITING_RETRY
@@ -63,9 +63,12 @@ def test_a_new_flavor_is_one_record(monkeypatch):
     monkeypatch.setattr(flavors, "CATALOGUE", (*flavors.CATALOGUE, ACME))
     built = scenario(group("g", flavor="acme.fixed", pull_interval="1s"))
     policy = policy_for(built.groups[0], DEFAULT_TABLE_MS)
-    failed = policy.next_step(0, RECONSUME_LATER, 0, 10, False, "t", 0, 0, 1)
+    failed = policy.next_step(0, 0, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "t", 0, 0, 1)
     assert (failed.result_state, failed.next_ready_ms) == (WAITING_RETRY, 7_010)
-    assert policy.next_step(2, RECONSUME_LATER, 0, 10, False, "t", 0, 0, 1).result_state == DLQ
+    assert (
+        policy.next_step(2, 2, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "t", 0, 0, 1).result_state
+        == DLQ
+    )
     with pytest.raises(ScenarioError, match=r"applies only to .*, not to acme\.fixed"):
         build_scenario({"groups": [{"name": "g", "flavor": "acme.fixed", "ack_index": 0}]})
     assert "acme.fixed" in flavors.readers("pull_interval")

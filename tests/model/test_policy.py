@@ -13,14 +13,25 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 from support import group, scenario
 
-from retrysim.model.behavior import CONSUME_SUCCESS, EXCEPTION, RECONSUME_LATER, TIMEOUT
+from retrysim.model.behavior import (
+    CONSUME_SUCCESS,
+    EXCEPTION,
+    RECONSUME_LATER,
+    SEND_BACK_DONE,
+    SEND_BACK_FAILED,
+    SEND_BACK_FALLBACK,
+    TIMEOUT,
+)
 from retrysim.model.flavors import delay_table_levels, exponential_intervals
-from retrysim.model.policy import Step, policy_for
+from retrysim.model.policy import Step, next_reconsume_times, policy_for
 
 FLAVOR_GROUPS = {
     "concurrently": {},
     "concurrently-fixed-level": {"delay_level_when_next_consume": 4, "max_reconsume_times": 3},
     "concurrently-dlq-now": {"delay_level_when_next_consume": -1},
+    "concurrently-fallback": {"delay_level_when_next_consume": -1, "max_reconsume_times": 3,
+                              "behavior": {"send_back_failure_probability": 0.2,
+                                           "send_back_fallback_probability": 0.3}},
     "concurrently-periodic": {"consume_timeout": "1m", "consume_timeout_check": "periodic"},
     "concurrently-no-dlq": {"dlq_enabled": False, "max_reconsume_times": 2},
     "concurrently-brokers": {"brokers": 2, "retry_queue_nums": 3,
@@ -55,14 +66,20 @@ def _policy(name: str, **extra):
 
 
 def _cases():
-    for rt, outcome, send_back in itertools.product(
-        (0, 1, 2, 3, 5, 16, 300), OUTCOMES, (False, True)
+    for rt, behind, outcome, send_back in itertools.product(
+        (0, 1, 2, 3, 5, 16, 300),
+        (0, 2),
+        OUTCOMES,
+        (SEND_BACK_DONE, SEND_BACK_FALLBACK, SEND_BACK_FAILED),
     ):
         start = 1_000 * rt + 7
-        yield (rt, outcome, start, start + 250, send_back, "orders", 3, 40 + rt, rt + 1)
+        # the broker's count trails the client's after failed send-backs
+        brt = max(rt - behind, 0)
+        yield (rt, brt, outcome, start, start + 250, send_back, "orders", 3, 40 + rt, rt + 1)
         # a retry copy on broker 1's third retry queue: its next retry stays on broker 1
         yield (
             rt,
+            brt,
             outcome,
             start,
             start + 250,
@@ -79,22 +96,23 @@ def test_next_step_columns_equal_python(spark):
     cases = list(_cases())
     frame = spark.createDataFrame(
         cases,
-        "reconsume_times int, outcome string, start_ms long, end_ms long, "
-        "send_back_failed boolean, source_topic string, queue_id int, msg_id long, "
+        "reconsume_times int, broker_reconsume_times int, outcome string, start_ms long, "
+        "end_ms long, send_back int, source_topic string, queue_id int, msg_id long, "
         "delivery int",
     )
     actual, expected_rows = None, []
     for name in sorted(FLAVOR_GROUPS):
         policy = _policy(name)
         part = frame.transform(policy.with_next_step).select(
-            F.lit(name).alias("flavor"), "reconsume_times", "outcome", "send_back_failed",
-            *STEP_COLUMNS,
+            F.lit(name).alias("flavor"), "reconsume_times", "broker_reconsume_times", "outcome",
+            "send_back", *STEP_COLUMNS,
         )  # fmt: skip
         actual = part if actual is None else actual.unionByName(part)
         expected_rows += [
-            (name, rt, outcome, send_back,
-             *policy.next_step(rt, outcome, start, end, send_back, topic, q, msg_id, delivery))
-            for rt, outcome, start, end, send_back, topic, q, msg_id, delivery in cases
+            (name, rt, brt, outcome, send_back,
+             *policy.next_step(rt, brt, outcome, start, end, send_back, topic, q, msg_id,
+                               delivery))
+            for rt, brt, outcome, start, end, send_back, topic, q, msg_id, delivery in cases
         ]  # fmt: skip
     expected = spark.createDataFrame(expected_rows, actual.schema)
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
@@ -129,20 +147,22 @@ def test_concurrently_levels_clamp_to_a_short_table():
 
 def test_concurrently_timeout_goes_back_at_level_3_even_with_dlq_now():
     policy = _policy("concurrently-dlq-now")
-    step = policy.next_step(0, TIMEOUT, 0, 900_000, False, "orders", 3, 0, 1)
+    step = policy.next_step(0, 0, TIMEOUT, 0, 900_000, SEND_BACK_DONE, "orders", 3, 0, 1)
     assert (step.result_state, step.delay_level, step.next_ready_ms) == ("WaitingRetry", 3,
                                                                           910_000)  # fmt: skip
-    step = policy.next_step(0, EXCEPTION, 0, 5, False, "orders", 3, 0, 1)
+    step = policy.next_step(0, 0, EXCEPTION, 0, 5, SEND_BACK_DONE, "orders", 3, 0, 1)
     assert (step.result_state, step.end_reason) == ("DLQ", "delay_level_negative")
 
 
 def test_after_backoff_leave_waits_one_more_interval():
     push = _policy("push")  # max 3 retries; retry 4 would wait 2 min
-    step = push.next_step(3, RECONSUME_LATER, 1_000, 2_000, False, "%RETRY%g_g", 0, 0, 1)
+    step = push.next_step(
+        3, 3, RECONSUME_LATER, 1_000, 2_000, SEND_BACK_DONE, "%RETRY%g_g", 0, 0, 1
+    )
     assert step.end_state == "WaitingRetry" and step.leave_state == "DLQ"
     assert step.settled_ms == 2_000 + 120_000
     simple = _policy("simple")  # the interval runs from the delivery's start
-    step = simple.next_step(16, TIMEOUT, 1_000, 31_000, False, "t", 0, 0, 1)
+    step = simple.next_step(16, 16, TIMEOUT, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 1)
     assert (step.leave_state, step.settled_ms) == ("Discard", 31_000)
 
 
@@ -154,12 +174,56 @@ def test_exponential_intervals_round_half_up_and_cap():
 
 def test_send_back_failure_resubmits_locally_without_dlq_check():
     policy = _policy("concurrently")
-    step = policy.next_step(16, RECONSUME_LATER, 0, 10, True, "%RETRY%g", 0, 0, 1)
+    step = policy.next_step(16, 16, RECONSUME_LATER, 0, 10, SEND_BACK_FAILED, "%RETRY%g", 0, 0, 1)
     assert (step.result_state, step.end_reason, step.next_ready_ms) == (
         "WaitingRetry", "send_back_failed", 5_010,
     )  # fmt: skip
     assert (step.next_topic, step.next_queue_id, step.next_reason) == ("%RETRY%g", 0,
                                                                        "local_retry")  # fmt: skip
+
+
+def test_a_failed_send_back_does_not_use_up_a_broker_retry():
+    """AbstractSendMessageProcessor.consumerSendMsgBack decides level and DLQ on the stored
+    copy (looked up by the commit-log offset the request carries), not on the client's
+    local reconsumeTimes + 1 after a resubmit; the new copy stores the stored count + 1."""
+    policy = _policy("concurrently", max_reconsume_times=3)
+    assert next_reconsume_times(0, 0, "send_back_failed") == (1, 0)
+    step = policy.next_step(1, 0, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 2)
+    assert (step.result_state, step.delay_level, step.end_reason) == (
+        "WaitingRetry", 3, RECONSUME_LATER,
+    )  # fmt: skip
+    assert next_reconsume_times(1, 0, RECONSUME_LATER) == (1, 1)
+    # the client says 3 (= max), the broker's copy 2: retried, not dead-lettered
+    step = policy.next_step(3, 2, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 5)
+    assert (step.result_state, step.delay_level) == ("WaitingRetry", 5)
+    step = policy.next_step(3, 3, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 6)
+    assert (step.result_state, step.end_reason) == ("DLQ", "max_reconsume_times")
+
+
+def test_the_producer_fallback_counts_locally_and_dead_letters_through_the_schedule_topic():
+    """sendMessageBackAsNormalMessage: DELAY = 3 + the client's count, delayLevelWhenNextConsume
+    ignored (here -1); a 4.9.7 broker (SendMessageProcessor.handleRetryAndDLQ) dead-letters
+    when RECONSUME_TIME = count + 1 >= max, and the DELAY property it keeps sends the dead
+    letter through SCHEDULE_TOPIC_XXXX first."""
+    policy = _policy("concurrently-fallback")  # max 3, dlq now, 6-level table
+    step = policy.next_step(1, 0, EXCEPTION, 0, 10, SEND_BACK_FALLBACK, "orders", 0, 0, 2)
+    assert (step.result_state, step.delay_level, step.next_ready_ms, step.end_reason) == (
+        "WaitingRetry", 4, 30_010, "send_back_fallback",
+    )  # fmt: skip
+    assert (step.end_topic, step.end_queue_id) == ("SCHEDULE_TOPIC_XXXX", 3)
+    assert next_reconsume_times(1, 0, "send_back_fallback") == (2, 2)
+    step = policy.next_step(2, 0, EXCEPTION, 0, 10, SEND_BACK_FALLBACK, "orders", 0, 0, 3)
+    assert (step.result_state, step.end_state, step.end_topic, step.end_queue_id) == (
+        "DLQ", "WaitingRetry", "SCHEDULE_TOPIC_XXXX", 4,
+    )  # fmt: skip
+    assert (step.delay_level, step.settled_ms, step.leave_topic) == (
+        5,
+        60_010,
+        "%DLQ%concurrently-fallback",
+    )
+    # without the fallback the same failure is dead-lettered at once (level -1)
+    step = policy.next_step(2, 0, EXCEPTION, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 3)
+    assert (step.result_state, step.settled_ms) == ("DLQ", 10)
 
 
 def test_eligible_time_rounds_up_to_the_pull_tick(spark):

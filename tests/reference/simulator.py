@@ -110,6 +110,7 @@ import numpy as np
 
 from retrysim.model.rng import uniform_np
 from tests.reference import rebalance
+from tests.reference import source_rules as source
 
 __all__ = ["parse_duration_ms", "simulate_scenario"]
 
@@ -225,6 +226,7 @@ class _Group:
     levels: list[int]
     next_level: int  # delay_level_when_next_consume
     send_back_p: float
+    fallback_p: float
     batch: int
     ack_index: int | None
     # local retries
@@ -413,6 +415,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         levels=levels,
         next_level=int(g.get("delay_level_when_next_consume", 0) or 0),
         send_back_p=float(bh.get("send_back_failure_probability", 0) or 0),
+        fallback_p=float(bh.get("send_back_fallback_probability", 0) or 0),
         batch=batch if kind == "concurrently" else 1,
         ack_index=None if (ack is None or kind != "concurrently") else int(ack),
         suspend=suspend,
@@ -513,6 +516,7 @@ class _Delivery:
     ready_ms: int
     reason: str
     lane_entry: bool  # a publication/replay: enters its lane at the back (blocking lanes)
+    brt: int = 0  # the reconsume_times of the commit-log copy it was pulled from
     start_ms: int | None = None
     processing_ms: int | None = None
     end_ms: int | None = None
@@ -614,7 +618,8 @@ class _GroupSim:
     def run(self) -> None:
         cfg = self.cfg
         for msg in self.messages:
-            self.schedule_ready(msg.born_ms, (msg, 1, 0, cfg.topic, msg.queue_id, "published"))
+            spec = (msg, 1, 0, cfg.topic, msg.queue_id, "published", 0)
+            self.schedule_ready(msg.born_ms, spec)
         if cfg.replay_at is not None and cfg.replay_at < cfg.horizon:
             self.push(cfg.replay_at, 0, "replay")
         events = self.events
@@ -635,8 +640,9 @@ class _GroupSim:
         self.free[instance] += 1
 
     def on_ready(self, t: int, spec: tuple) -> None:
-        msg, d, rt, topic, queue, reason = spec
-        dv = _Delivery(msg, d, rt, topic, queue, t, reason, reason in ("published", "replayed"))
+        msg, d, rt, topic, queue, reason, brt = spec
+        fresh = reason in ("published", "replayed")
+        dv = _Delivery(msg, d, rt, topic, queue, t, reason, fresh, brt)
         msg.last_d = d
         self.deliveries.append(dv)
         cfg = self.cfg
@@ -660,7 +666,7 @@ class _GroupSim:
         for k, msg in enumerate(letters):
             msg.replayed = True
             at = t + math.floor(Fraction(k * 1000) / cfg.replay_rate)
-            spec = (msg, msg.last_d + 1, 0, cfg.topic, k % cfg.queues, "replayed")
+            spec = (msg, msg.last_d + 1, 0, cfg.topic, k % cfg.queues, "replayed", 0)
             self.schedule_ready(at, spec)
 
     def on_end(self, t: int, batch: tuple) -> None:
@@ -690,27 +696,7 @@ class _GroupSim:
         if cfg.kind == "broadcasting":
             self.leave(t, dv, "broadcast_no_retry", k=3, discard=True)
         elif cfg.kind == "concurrently":
-            send_back_p = cfg.send_back_p if outcome != TIMEOUT else 0
-            if send_back_p > 0 and self.u("send_back", dv.msg.msg_id, dv.d) < send_back_p:
-                # send-back RPC and fallback failed: the client retries locally after 5 s
-                self.retry(t, dv, "send_back_failed", t + 5000, here, None, here, "local_retry")
-                return
-            if outcome == TIMEOUT:
-                level = 3  # the expired-message cleaner's fixed level
-            elif cfg.next_level == 0:
-                level = 3 + rt
-            else:
-                level = cfg.next_level
-            if rt >= cfg.max_retries:
-                self.leave(t, dv, "max_reconsume_times", k=3)
-            elif level < 0:
-                self.leave(t, dv, "delay_level_negative", k=3)
-            else:
-                level = min(level, len(cfg.levels))
-                due = t + cfg.levels[level - 1]
-                schedule = (SCHEDULE_TOPIC, level - 1)
-                retry_queue = (cfg.retry_topic_4x, self.retry_queue(dv))
-                self.retry(t, dv, why, due, schedule, level, retry_queue, "retry_due")
+            self.send_back(t, dv, outcome, why)
         elif cfg.kind == "local":
             if rt >= cfg.max_retries:
                 self.leave(t, dv, "max_reconsume_times", k=3)
@@ -730,6 +716,49 @@ class _GroupSim:
             else:
                 self.retry(t, dv, why, due, here, None, here, "visible_again")
 
+    def send_back(self, t: int, dv: _Delivery, outcome: str, why: str) -> None:
+        """4.x concurrently: the send-back as the source does it (source_rules.py), and the
+        broker's write read back as the message's next states."""
+        cfg = self.cfg
+        msg = source.MessageExt(dv.rt, source.Stored(dv.brt))
+        max_level = len(cfg.levels)
+        rpc_fails = fallback_fails = False
+        if outcome == TIMEOUT:
+            put = source.clean_expired_msg(cfg.name, msg, cfg.max_retries, max_level)
+        else:
+            if cfg.send_back_p + cfg.fallback_p > 0:
+                u = self.u("send_back", dv.msg.msg_id, dv.d)
+                rpc_fails = u < cfg.send_back_p + cfg.fallback_p
+                fallback_fails = u < cfg.send_back_p
+            put = source.process_consume_result_member(
+                cfg.name, msg, cfg.next_level, cfg.max_retries, max_level, rpc_fails, fallback_fails
+            )
+        here = (dv.topic, dv.queue)
+        if put is None:  # submitConsumeRequestLater: 5 s, the local count already raised
+            self.retry(t, dv, "send_back_failed", t + 5000, here, None, here, "local_retry",
+                       counts=(msg.reconsume_times, dv.brt))  # fmt: skip
+            return
+        why = "send_back_fallback" if rpc_fails else why
+        target = put.real_topic or put.topic
+        if target.startswith(source.DLQ_GROUP_TOPIC_PREFIX) and put.delay_level == 0:
+            exhausted = msg.stored.reconsume_times >= cfg.max_retries
+            self.leave(t, dv, "max_reconsume_times" if exhausted else "delay_level_negative", k=3)
+            return
+        level = put.delay_level
+        assert put.topic == SCHEDULE_TOPIC and level > 0, put
+        due = t + cfg.levels[level - 1]
+        schedule = (put.topic, put.queue_id)
+        if target.startswith(source.DLQ_GROUP_TOPIC_PREFIX):  # a 4.9.7 fallback's dead letter
+            dv.result_state, dv.delay_level = "WaitingRetry", level
+            dv.ends.append((3, "WaitingRetry", t, *schedule, level, why))
+            if due < cfg.horizon:
+                self.push(due, 0, "leave", (dv, "max_reconsume_times"))
+            return
+        retry_queue = (cfg.retry_topic_4x, self.retry_queue(dv))
+        copy = source.delivered_copy(put)
+        self.retry(t, dv, why, due, schedule, level, retry_queue, "retry_due",
+                   counts=(copy.reconsume_times, copy.stored.reconsume_times))  # fmt: skip
+
     def retry(
         self,
         t: int,
@@ -740,11 +769,14 @@ class _GroupSim:
         level: int | None,
         ready_at: tuple[str, int],
         reason: str,
+        counts: tuple[int, int] | None = None,
     ) -> None:
-        """WaitingRetry at t on ``wait_at``; delivery d + 1 Ready at ``due`` on ``ready_at``."""
+        """WaitingRetry at t on ``wait_at``; delivery d + 1 Ready at ``due`` on ``ready_at``,
+        with ``counts`` (client, broker) reconsume times (default: both one more)."""
         dv.result_state, dv.delay_level, dv.next_ready_ms = "WaitingRetry", level, due
         dv.ends.append((3, "WaitingRetry", t, *wait_at, level, why))
-        self.schedule_ready(due, (dv.msg, dv.d + 1, dv.rt + 1, *ready_at, reason))
+        rt, brt = counts or (dv.rt + 1, dv.rt + 1)
+        self.schedule_ready(due, (dv.msg, dv.d + 1, rt, *ready_at, reason, brt))
 
     def leave(self, t: int, dv: _Delivery, why: str, k: int, discard: bool = False) -> None:
         cfg = self.cfg
@@ -893,6 +925,7 @@ class _GroupSim:
                     "msg_id": dv.msg.msg_id,
                     "delivery": dv.d,
                     "reconsume_times": dv.rt,
+                    "broker_reconsume_times": dv.brt,
                     "source_topic": dv.topic,
                     "queue_id": dv.queue,
                     "consumer_instance": self.instance_of(dv),

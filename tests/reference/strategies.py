@@ -106,6 +106,7 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
         g["delay_level_when_next_consume"] = draw(st.sampled_from([0, 0, 1, -1]))
         g["consume_timeout_check"] = draw(st.sampled_from(["exact", "periodic"]))
         behavior["send_back_failure_probability"] = draw(st.sampled_from([0.0, 0.3]))
+        behavior["send_back_fallback_probability"] = draw(st.sampled_from([0.0, 0.3]))
     if flavor.startswith(("rocketmq4.c", "rocketmq4.b")):
         g["consume_timeout"] = draw(st.sampled_from(["15m", "1s", "10s"]))
     if flavor == "rocketmq5.simple":

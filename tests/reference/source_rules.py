@@ -1,0 +1,162 @@
+"""RocketMQ 4.x send-back, ported from the source, not from retrysim's docs.
+
+Each function is one Java method of apache/rocketmq at tag ``rocketmq-all-4.9.7`` (the 4.x
+client and broker), kept to its branches and its names, so a rule retrysim's spec got wrong
+disagrees here. The reference simulator (``simulator.py``) calls these for
+``rocketmq4.concurrently`` instead of its own spec-written rules.
+
+Objects are the Java ones, reduced to the fields the rules read: :class:`MessageExt` is a
+message as the client holds it (its ``reconsume_times`` the client may change locally) with
+the commit-log copy it was pulled from (``stored``); :class:`Put` is one
+``CommitLog.asyncPutMessage``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # TopicValidator.RMQ_SYS_SCHEDULE_TOPIC
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"  # MixAll
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+
+
+class SendFailed(Exception):
+    """An exception out of an RPC or a producer send."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A message as the commit log holds it (what ``lookMessageByOffset`` returns)."""
+
+    reconsume_times: int
+
+
+@dataclass
+class MessageExt:
+    """A message in the client's process queue."""
+
+    reconsume_times: int
+    stored: Stored
+
+
+@dataclass(frozen=True)
+class Put:
+    """One commit-log write: where it lands now, and where a delayed one lands later."""
+
+    topic: str
+    queue_id: int
+    reconsume_times: int
+    delay_level: int  # > 0: stored in the schedule topic, delivered to real_topic later
+    real_topic: str | None = None
+
+
+def commit_log_put(topic: str, reconsume_times: int, delay_level: int, max_level: int) -> Put:
+    """``CommitLog.asyncPutMessage`` lines 633-648: a level > 0 goes to the schedule topic,
+    queue ``level - 1``, clamped to the highest level; the real topic is kept."""
+    if delay_level > 0:
+        delay_level = min(delay_level, max_level)
+        return Put(SCHEDULE_TOPIC, delay_level - 1, reconsume_times, delay_level, topic)
+    return Put(topic, 0, reconsume_times, 0)
+
+
+def consumer_send_msg_back(
+    group: str, msg: MessageExt, delay_level: int, max_reconsume_times: int, max_level: int
+) -> Put:
+    """Broker: ``SendMessageProcessor.consumerSendMsgBack`` lines 168-226. The request carries
+    the commit-log offset; level and DLQ are decided on the copy found there."""
+    msg_ext = msg.stored  # lookMessageByOffset(requestHeader.getOffset())
+    new_topic = RETRY_GROUP_TOPIC_PREFIX + group
+    if msg_ext.reconsume_times >= max_reconsume_times or delay_level < 0:  # line 191
+        new_topic = DLQ_GROUP_TOPIC_PREFIX + group
+        delay_level = 0  # msgExt.setDelayTimeLevel(0)
+    elif delay_level == 0:
+        delay_level = 3 + msg_ext.reconsume_times  # line 208
+    # msgInner.setReconsumeTimes(msgExt.getReconsumeTimes() + 1), line 226
+    return commit_log_put(new_topic, msg_ext.reconsume_times + 1, delay_level, max_level)
+
+
+def handle_retry_and_dlq_put(
+    group: str, reconsume_times: int, delay_property: int, max_reconsume_times: int, max_level: int
+) -> Put:
+    """Broker: a plain send to ``%RETRY%<group>``, ``SendMessageProcessor.sendMessage`` with
+    ``handleRetryAndDLQ`` lines 359-373: ``reconsumeTimes >= max`` sends it to the DLQ, and
+    ``setDelayTimeLevel(0)`` there is undone by ``MessageAccessor.setProperties(msgInner,
+    origProps)`` (line 296), so the request's DELAY property still delays it."""
+    topic = RETRY_GROUP_TOPIC_PREFIX + group
+    if reconsume_times >= max_reconsume_times:
+        topic = DLQ_GROUP_TOPIC_PREFIX + group
+    return commit_log_put(topic, reconsume_times, delay_property, max_level)
+
+
+def send_message_back_as_normal_message(
+    group: str, msg: MessageExt, max_reconsume_times: int, max_level: int
+) -> Put:
+    """Client: the fallback in ``DefaultMQPushConsumerImpl.sendMessageBack`` lines 532-545:
+    RECONSUME_TIME = the client's count + 1, DELAY = 3 + the client's count."""
+    return handle_retry_and_dlq_put(
+        group, msg.reconsume_times + 1, 3 + msg.reconsume_times, max_reconsume_times, max_level
+    )
+
+
+def send_message_back(
+    group: str,
+    msg: MessageExt,
+    delay_level: int,
+    max_reconsume_times: int,
+    max_level: int,
+    rpc_fails: bool,
+    fallback_fails: bool,
+) -> Put:
+    """Client: ``DefaultMQPushConsumerImpl.sendMessageBack`` lines 522-549: the
+    CONSUMER_SEND_MSG_BACK RPC, and when it throws, the producer fallback; when that throws
+    too, the exception reaches the caller."""
+    try:
+        if rpc_fails:
+            raise SendFailed("consumerSendMessageBack")
+        return consumer_send_msg_back(group, msg, delay_level, max_reconsume_times, max_level)
+    except SendFailed:
+        if fallback_fails:
+            raise
+        return send_message_back_as_normal_message(group, msg, max_reconsume_times, max_level)
+
+
+def process_consume_result_member(
+    group: str,
+    msg: MessageExt,
+    delay_level_when_next_consume: int,
+    max_reconsume_times: int,
+    max_level: int,
+    rpc_fails: bool,
+    fallback_fails: bool,
+) -> Put | None:
+    """Client: one member past ``ackIndex`` in ``ConsumeMessageConcurrentlyService.
+    processConsumeResult`` (CLUSTERING, lines 277-292) with ``sendMessageBack`` (308-321):
+    the broker's write, or None when the send-back failed and the client, having counted
+    ``reconsumeTimes + 1`` locally, resubmits the message later (5 s)."""
+    try:
+        return send_message_back(
+            group,
+            msg,
+            delay_level_when_next_consume,
+            max_reconsume_times,
+            max_level,
+            rpc_fails,
+            fallback_fails,
+        )
+    except SendFailed:
+        msg.reconsume_times += 1  # line 283
+        return None
+
+
+def clean_expired_msg(group: str, msg: MessageExt, max_reconsume_times: int, max_level: int) -> Put:
+    """Client: ``ProcessQueue.cleanExpiredMsg`` line 109, ``sendMessageBack(msg, 3)``.
+
+    Where the model differs: its send-back draws do not apply here (a failed cleaner
+    send-back leaves the message in the process queue for the next sweep, 15 min later,
+    which retrysim does not model), so the RPC is taken to succeed."""
+    return consumer_send_msg_back(group, msg, 3, max_reconsume_times, max_level)
+
+
+def delivered_copy(put: Put) -> MessageExt:
+    """Client: the next pull of the retry topic gets the copy the broker stored."""
+    return MessageExt(put.reconsume_times, Stored(put.reconsume_times))
