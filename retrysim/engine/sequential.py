@@ -277,7 +277,9 @@ class _Simulation:
             if self.events and self.events[0][0] == now and self.events[0][1] == _REPLAY:
                 heapq.heappop(self.events)
                 self._replay(now)
-                continue  # replayed deliveries may be eligible now: take them first
+                if self.events and self.events[0][0] == now:
+                    continue  # replayed deliveries eligible now: take them first
+                # else what already waits is dispatched now, not at the next event
             self._dispatch(now)
             if len(self.rows) >= OUTPUT_CHUNK_ROWS:
                 yield self.rows

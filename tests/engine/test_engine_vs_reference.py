@@ -11,6 +11,8 @@ simulate the same scenarios and every message, attempt and transition must be eq
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +23,8 @@ from reference.simulator import simulate_scenario
 from reference.strategies import scenarios
 
 from retrysim import simulate
+from retrysim.engine.rounds import group_plans, key_specs
+from retrysim.engine.sequential import simulate_key
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.schemas import (
     ATTEMPTS,
@@ -290,3 +294,39 @@ def test_a_replay_on_an_idle_ordered_lane_goes_before_a_later_first_delivery(
     replayed = result.attempts.where((F.col("msg_id") == 0) & (F.col("delivery") == 5)).first()
     assert (replayed["ready_ms"], replayed["start_ms"]) == (30_000, 30_100)
     compare(spark, result, simulate_scenario(REPLAY_ON_IDLE_LANE))
+
+
+# A hypothesis find: the replay lands at 30 s, the very millisecond a retry waiting on
+# instance 0 becomes eligible; nothing else happens at 30 s.
+REPLAY_WHILE_A_RETRY_WAITS = {
+    "name": "replay-waits", "seed": 0, "horizon": "1m",
+    "broker": {"message_delay_level": "1s 2s 5s 10s"},
+    "groups": [{
+        "name": "g6", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 3,
+        "consumers": {"instances": 3, "threads": 1}, "retry_queue_nums": 3,
+        "allocate": "averagely_by_circle", "pull_interval": "500ms",
+        "workload": {"messages": 15, "over": "10s", "queues": 1},
+        "behavior": {"poison_fraction": 0.2, "processing_time": "5ms", "ready_wait": "3s",
+                     "outcome_mix": {"reconsume_later": 1, "exception": 1, "null_return": 1},
+                     "outages": [{"start": "0s", "end": "3m", "fail_probability": 1.0}],
+                     "send_back_failure_probability": 0.3},
+        "replay": {"at": "30s", "rate": "60/m", "poison_fixed": True},
+    }],
+}  # fmt: skip
+
+
+def test_the_sequential_engine_dispatches_at_the_replay_moment():
+    """Plain Python, no Spark: the sequential engine from scratch against the reference.
+    It used to skip the dispatch of the replay's millisecond when the replay made nothing
+    eligible then, starting the waiting retry at the next pull tick."""
+    config = build_scenario(REPLAY_WHILE_A_RETRY_WAITS)
+    spec = key_specs(config, group_plans(config))[0]
+    ids = np.arange(15, dtype=np.int64)
+    rows = pd.concat(simulate_key(spec, ids, ids % 1, ids * 10_000 // 15))
+    expected = simulate_scenario(REPLAY_WHILE_A_RETRY_WAITS)["attempts"]
+    keys = zip(rows["msg_id"], rows["delivery"], strict=True)
+    starts = dict(zip(keys, rows["start_ms"], strict=True))
+    assert starts[(7, 3)] == 30_000
+    assert {(a["msg_id"], a["delivery"]): a["start_ms"] for a in expected} == {
+        key: None if pd.isna(value) else int(value) for key, value in starts.items()
+    }
