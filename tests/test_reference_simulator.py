@@ -483,7 +483,13 @@ def test_orderly_max_reconsume_times_releases_queue():
         behavior={"fail_first": 3, "processing_time": 0},
     )
     assert starts(r, 0) == [0, S, 2 * S]
-    assert path(r, 0)[-1] == (11, "DLQ", 2 * S)
+    # ConsumeMessageOrderlyService.sendMessageBack: RECONSUME_TIME 2 >= 2 and DELAY 3 + 2;
+    # a 4.9.7 broker keeps the DELAY on the dead letter: a minute in the schedule topic
+    assert path(r, 0)[-2:] == [(11, "WaitingRetry", 2 * S), (12, "DLQ", 62 * S)]
+    assert (trans(r)[-2]["topic"], trans(r)[-2]["queue_id"], trans(r)[-2]["delay_level"]) == (
+        "SCHEDULE_TOPIC_XXXX", 4, 5,
+    )  # fmt: skip
+    # the queue moves on at the failure, not when the dead letter lands
     assert starts(r, 1) == [2 * S, 3 * S, 4 * S]
 
 
@@ -516,6 +522,27 @@ def test_broadcasting_discards():
         "g",
         "broadcast_no_retry",
     )
+
+
+def test_broadcasting_timeout_is_sent_back_where_nobody_reads_it():
+    """ProcessQueue.cleanExpiredMsg skips only orderly consumers: an expired broadcast
+    message is sent back at level 3 (schedule topic, then %RETRY%g), and no broadcasting
+    consumer subscribes the retry topic: two commit-log writes, then nothing."""
+    r = run(
+        flavor="rocketmq4.broadcasting",
+        consume_timeout="1s",
+        workload=one(),
+        behavior={"processing_time": "5s"},
+    )
+    assert [(a["result_state"], a["delay_level"], a["settled_ms"]) for a in attempts(r)] == [
+        ("Discard", 3, 11 * S),
+    ]
+    assert [(t["state"], t["at_ms"], t["topic"], t["queue_id"], t["reason"]) for t in trans(r)][
+        2:
+    ] == [
+        ("WaitingRetry", S, "SCHEDULE_TOPIC_XXXX", 2, "TIMEOUT"),
+        ("Discard", 11 * S, "%RETRY%g", 0, "broadcast_no_retry"),
+    ]
 
 
 # --------------------------------------------------------------------------- 9. pools

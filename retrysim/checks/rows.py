@@ -70,7 +70,7 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.tables.schemas import PARTITION_COLUMN
-from retrysim.tables.transitions import step_columns
+from retrysim.tables.transitions import lands_unread, step_columns
 
 # --------------------------------------------------------------------------- rows
 
@@ -135,6 +135,9 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
         *[F.when(steps[n][0], steps[n][1]["at_ms"]).alias(f"t_{n}_ms") for n in names],
         reason_code_of(steps["ready"][1]["reason"]).alias("t_ready_reason"),
         (steps["end"][1]["topic"] == F.lit(limits.SCHEDULE_TOPIC)).alias("t_end_scheduled"),
+        (steps["leave"][0] & lands_unread(steps["leave"][1]["state"], steps["leave"][1]["topic"]))
+        .cast("int")
+        .alias("t_leave_unread"),
         c("born_ms").alias("a_born_ms"),
         c("poison_fixed").cast("int").alias("a_poison_fixed"),
         _route("next_topic", "next_queue_id", "next_reason").alias("a_next_route"),
@@ -182,9 +185,10 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
                 why[READY_PUBLISHED], why[READY_REPLAYED], why[READY_RETRY_DUE]
             ).cast("int")
             + F.coalesce(scheduled, F.lit(False)).cast("int")
-            + in_state(DLQ),
+            + in_state(DLQ)
+            + F.coalesce(c("t_leave_unread"), F.lit(0)),
         }
-    ).drop("t_end_scheduled")
+    ).drop("t_end_scheduled", "t_leave_unread")
     local = _local_rules()
     return summed.withColumn(
         "l_bad", sum_of([F.when(local[name], _BIT[name]).otherwise(0) for name in _LOCAL_RULES])

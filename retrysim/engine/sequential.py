@@ -30,6 +30,7 @@ from retrysim.model.states import (
     REASON_BEYOND_ACK,
     WAITING_RETRY,
 )
+from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior
 from retrysim.tables.schemas import STAGE
 
@@ -381,6 +382,16 @@ class _Simulation:
                 leave_reason=None,
             )
         self._row(entry, _step_values(now, processing, outcome, end, step, batch_size))
+        if (
+            policy.blocking
+            and step.next_ready_ms is None
+            and step.end_topic == limits.SCHEDULE_TOPIC
+        ):
+            # re-sent to the broker (4.x orderly): the queue moves on now, whenever the
+            # message lands
+            self._push(end, _FREE, self._lane(entry.topic, entry.queue_id))
+        elif policy.blocking and step.result_state != WAITING_RETRY:
+            self._push(step.settled_ms, _FREE, self._lane(entry.topic, entry.queue_id))
         if step.result_state == WAITING_RETRY:
             due = step.next_ready_ms
             if due is not None and due < self.horizon:
@@ -404,8 +415,6 @@ class _Simulation:
         self.draws.forget(entry.index)
         if step.result_state == DLQ:
             self.dead.append((step.settled_ms, int(self.msg_ids[entry.index]), entry.index))
-        if policy.blocking:
-            self._push(step.settled_ms, _FREE, self._lane(entry.topic, entry.queue_id))
 
     def _row(self, entry: _Delivery, rest: tuple) -> None:
         """Append one staged attempt row (STAGE column order)."""

@@ -119,8 +119,8 @@ def policy_fields(**overrides: object) -> dict[str, object]:
         "timeout_level": None,
         "timeout_interval_ms": None,
         "dlq_now": False,
-        "fallback_levels": None,
-        "fallback_intervals_ms": None,
+        "resend_levels": None,
+        "resend_intervals_ms": None,
     }
     base.update(overrides)
     return base
@@ -132,8 +132,6 @@ def _concurrently(group: Group, table: tuple[int, ...]) -> dict[str, object]:
     if asked > 0:
         levels = (min(asked, len(table)),)
     timeout_level = min(limits.TIMEOUT_SEND_BACK_LEVEL, len(table))
-    # sendMessageBackAsNormalMessage: DELAY = 3 + reconsumeTimes, whatever was asked
-    fallback = delay_table_levels(table, limits.BROKER_FIRST_RETRY_LEVEL)
     falls_back = group.behavior.send_back_fallback_probability > 0
     return policy_fields(
         retry_path=SCHEDULE,
@@ -145,28 +143,43 @@ def _concurrently(group: Group, table: tuple[int, ...]) -> dict[str, object]:
         timeout_level=timeout_level,
         timeout_interval_ms=table[timeout_level - 1],
         dlq_now=asked < 0,
-        fallback_levels=fallback if falls_back else None,
-        fallback_intervals_ms=tuple(table[level - 1] for level in fallback) if falls_back else None,
+        **(_resends(table) if falls_back else {}),
     )
 
 
-def _orderly(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+def _resends(table: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """A 4.x client's plain send to %RETRY%<group> (the concurrent producer fallback, the
+    orderly send of an exhausted message) carries DELAY = 3 + reconsumeTimes, whatever
+    delayLevelWhenNextConsume asked."""
+    levels = delay_table_levels(table, limits.BROKER_FIRST_RETRY_LEVEL)
+    return {
+        "resend_levels": levels,
+        "resend_intervals_ms": tuple(table[level - 1] for level in levels),
+    }
+
+
+def _orderly(group: Group, table: tuple[int, ...]) -> dict[str, object]:
     return policy_fields(
         retry_path=LOCAL,
         max_retries=retries_of(group, limits.INTEGER_MAX_VALUE),
         intervals_ms=(group.suspend_current_queue_time,),
         leave_after_backoff=False,
         timeout_ms=None,
+        **_resends(table),
     )
 
 
-def _broadcasting(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+def _broadcasting(group: Group, table: tuple[int, ...]) -> dict[str, object]:
+    timeout_level = min(limits.TIMEOUT_SEND_BACK_LEVEL, len(table))
     return policy_fields(
         retry_path=NO_RETRY,
         max_retries=0,
         intervals_ms=(0,),
         leave_after_backoff=False,
         timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_4X_MS,
+        # cleanExpiredMsg sends an expired message back, to a retry topic nobody reads
+        timeout_level=timeout_level,
+        timeout_interval_ms=table[timeout_level - 1],
     )
 
 

@@ -25,6 +25,7 @@ from retrysim.model.states import (
     COMMIT,
     DISCARD,
     DLQ,
+    LOCAL,
     NO_RETRY,
     READY_LOCAL,
     READY_RETRY_DUE,
@@ -39,7 +40,7 @@ from retrysim.model.states import (
     VISIBLE,
     WAITING_RETRY,
 )
-from retrysim.model.topology import BY_QUEUE, Topology
+from retrysim.model.topology import BROADCAST, BY_QUEUE, Topology
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Group, Replay
 
@@ -88,9 +89,11 @@ class Policy:
     timeout_interval_ms: int | None
     dlq_now: bool
     dlq_enabled: bool
-    # the producer fallback's levels and intervals (3 + reconsume_times), when it can happen
-    fallback_levels: tuple[int, ...] | None
-    fallback_intervals_ms: tuple[int, ...] | None
+    # the levels and intervals of a 4.x client's plain send to %RETRY%<group> (DELAY =
+    # 3 + reconsume_times): the concurrent producer fallback (when it can happen) and the
+    # orderly send of an exhausted message, which a 4.9.7 broker dead-letters late
+    resend_levels: tuple[int, ...] | None
+    resend_intervals_ms: tuple[int, ...] | None
     batch_size: int
     ack_index: int | None
     pull_interval_ms: int
@@ -128,7 +131,23 @@ class Policy:
     @property
     def falls_back(self) -> bool:
         """Whether a send-back can take the producer fallback (docs/flavors.md)."""
-        return self.fallback_levels is not None
+        return self.resend_levels is not None and self.retry_path == SCHEDULE
+
+    @property
+    def dead_letters_late(self) -> bool:
+        """Whether an exhausted message is re-sent and dead-lettered out of the schedule
+        topic (4.x orderly on a 4.9.7 broker, docs/flavors.md)."""
+        return self.resend_levels is not None and self.retry_path == LOCAL
+
+    @property
+    def timeout_sent_back_unread(self) -> bool:
+        """Whether a timeout is sent back to a retry topic nobody reads (4.x broadcasting)."""
+        return self.retry_path == NO_RETRY and self.timeout_level is not None
+
+    def _resend(self, rt: int) -> tuple[int, int]:
+        """(level, interval) of a client's plain send to the retry topic: 3 + rt."""
+        index = min(rt + 1, len(self.resend_levels)) - 1
+        return self.resend_levels[index], self.resend_intervals_ms[index]
 
     def eligible_ms(self, ready_ms: int) -> int:
         """When a Ready delivery can start: after the ready wait, at the next pull tick."""
@@ -168,10 +187,20 @@ class Policy:
         if outcome == CONSUME_SUCCESS:
             return Step(COMMIT, None, None, end_ms, COMMIT, *here, CONSUME_SUCCESS,
                         None, None, None, None, None, None, None)  # fmt: skip
+        timed_out = outcome == TIMEOUT
+        if self.retry_path == NO_RETRY and timed_out and self.timeout_sent_back_unread:
+            # cleanExpiredMsg: level 3, then %RETRY%<group>, which broadcasting never reads
+            level, due = self.timeout_level, end_ms + self.timeout_interval_ms
+            landed = (
+                self.topology.retry_topic,
+                self.topology.retry_queue(topic, queue_id, msg_id, delivery),
+            )
+            return Step(DISCARD, level, None, due, WAITING_RETRY, limits.SCHEDULE_TOPIC,
+                        level - 1, outcome, DISCARD, *landed, REASON_BROADCAST,
+                        None, None, None)  # fmt: skip
         if self.retry_path == NO_RETRY:
             return Step(DISCARD, None, None, end_ms, DISCARD, *here, REASON_BROADCAST,
                         None, None, None, None, None, None, None)  # fmt: skip
-        timed_out = outcome == TIMEOUT
         if send_back == SEND_BACK_FAILED and not timed_out:
             due = end_ms + limits.SEND_BACK_RESUBMIT_MS
             return Step(WAITING_RETRY, None, due, None, WAITING_RETRY, *here,
@@ -181,9 +210,7 @@ class Policy:
         if fallback:
             # a plain send with RECONSUME_TIME = rt + 1 and DELAY = 3 + rt; a 4.9.7 broker
             # dead-letters it when rt + 1 >= max, through the schedule topic
-            levels, intervals = self.fallback_levels, self.fallback_intervals_ms
-            level = levels[min(rt + 1, len(levels)) - 1]
-            interval = intervals[min(rt + 1, len(intervals)) - 1]
+            level, interval = self._resend(rt)
             exhausted = rt + 1 >= self.max_retries
             reason_now = REASON_SEND_BACK_FALLBACK
         else:
@@ -194,13 +221,17 @@ class Policy:
                 interval, level = self.interval(retry), self.level(retry)
             exhausted = broker_rt >= self.max_retries
             reason_now = outcome
+        # re-sent to the retry topic with DELAY = 3 + rt: into the schedule topic
+        resent = fallback or (exhausted and self.dead_letters_late)
+        if resent and not fallback:
+            level, interval = self._resend(rt)
         due = (start_ms if self.from_start else end_ms) + interval
         negative = self.dlq_now and not timed_out and not fallback
         if exhausted or negative:
             reason = REASON_MAX_RECONSUME if exhausted else REASON_NEGATIVE_LEVEL
             state = DLQ if self.dlq_enabled else DISCARD
             where = (self.dlq_topic, limits.DLQ_QUEUE_ID) if self.dlq_enabled else here
-            if fallback:
+            if resent:
                 return Step(state, level, None, due, WAITING_RETRY, limits.SCHEDULE_TOPIC,
                             level - 1, reason_now, state, *where, reason,
                             None, None, None)  # fmt: skip
@@ -271,18 +302,25 @@ class Policy:
         fallback = F.lit(False)
         if self.falls_back:
             fallback = (send_back == F.lit(SEND_BACK_FALLBACK)) & ~timed_out
+            exhausted = F.when(fallback, rt + F.lit(1) >= F.lit(self.max_retries)).otherwise(
+                exhausted
+            )
+        resent = fallback | (exhausted if self.dead_letters_late else F.lit(False))
+        if self.resend_levels is not None:
             local = rt + F.lit(1)
-            interval = F.when(fallback, _table_lookup(self.fallback_intervals_ms, local)).otherwise(
+            interval = F.when(resent, _table_lookup(self.resend_intervals_ms, local)).otherwise(
                 interval
             )
-            level = F.when(fallback, _table_lookup(self.fallback_levels, local)).otherwise(level)
-            exhausted = F.when(fallback, local >= F.lit(self.max_retries)).otherwise(exhausted)
+            level = F.when(resent, _table_lookup(self.resend_levels, local)).otherwise(level)
         origin = F.col("start_ms" if self.from_start else "end_ms")
         negative = F.lit(self.dlq_now) & ~timed_out & ~fallback
-        gone_now = exhausted & F.lit(not self.leave_after_backoff) & ~fallback
+        gone_now = exhausted & F.lit(not self.leave_after_backoff) & ~resent
+        dropped = F.lit(self.retry_path == NO_RETRY)
+        sent_back_unread = dropped & timed_out & F.lit(self.timeout_sent_back_unread)
         case = (
             F.when(outcome == F.lit(CONSUME_SUCCESS), F.lit(_OK))
-            .when(F.lit(self.retry_path == NO_RETRY), F.lit(_DROPPED))
+            .when(sent_back_unread, F.lit(_LATER))
+            .when(dropped, F.lit(_DROPPED))
             .when((send_back == F.lit(SEND_BACK_FAILED)) & ~timed_out, F.lit(_RESUBMIT))
             .when(negative | gone_now, F.lit(_GONE))
             .when(exhausted, F.lit(_LATER))
@@ -296,8 +334,8 @@ class Policy:
                 F.lit(REASON_NEGATIVE_LEVEL)
             ),
         }
-        if self.falls_back:
-            cases["_fallback"] = fallback
+        if self.resend_levels is not None:
+            cases["_resent"] = resent
         return cases, self._step_columns()
 
     def _step_columns(self) -> dict[str, Column]:
@@ -334,18 +372,34 @@ class Policy:
             return result if result is not None else by_case[0]
 
         resubmit_due = end + F.lit(limits.SEND_BACK_RESUBMIT_MS)
-        # after backoff: where the message waits before it leaves (a 4.9.7 fallback that
-        # dead-letters waits in the schedule topic), and why it waits
+        # leaving later: where the message waits before it leaves (after backoff: where it
+        # was; re-sent by a 4.x client: the schedule topic), why, and where it goes
         later_level, later_topic, later_queue = null_int, here_topic, here_queue
+        later = (state, leave_topic, leave_queue, leave_reason)
         why_wait = F.col("outcome")
-        if self.falls_back:
-            fallback = F.col("_fallback")
-            later_level = F.when(fallback, level)
-            later_topic = F.when(fallback, F.lit(limits.SCHEDULE_TOPIC)).otherwise(here_topic)
-            later_queue = F.when(fallback, (level - F.lit(1)).cast("int")).otherwise(here_queue)
-            why_wait = F.when(fallback, F.lit(REASON_SEND_BACK_FALLBACK)).otherwise(why_wait)
+        schedule_queue = (level - F.lit(1)).cast("int")
+        if self.resend_levels is not None:
+            resent = F.col("_resent")
+            later_level = F.when(resent, level)
+            later_topic = F.when(resent, F.lit(limits.SCHEDULE_TOPIC)).otherwise(here_topic)
+            later_queue = F.when(resent, schedule_queue).otherwise(here_queue)
+            if self.falls_back:  # re-sent by the fallback, not by the exhausted-path send
+                why_wait = F.when(resent, F.lit(REASON_SEND_BACK_FALLBACK)).otherwise(why_wait)
+        if self.timeout_sent_back_unread:
+            later_level, later_topic, later_queue = (
+                level,
+                F.lit(limits.SCHEDULE_TOPIC),
+                schedule_queue,
+            )
+            later = (
+                discard,
+                F.lit(self.topology.retry_topic),
+                self.topology.retry_queue_col(),
+                F.lit(REASON_BROADCAST),
+            )
+        later_state, later_leave_topic, later_leave_queue, later_leave_reason = later
         return {
-            "result_state": pick(commit, discard, wr, state, state, wr),
+            "result_state": pick(commit, discard, wr, state, later_state, wr),
             "delay_level": pick(null_int, null_int, null_int, null_int, later_level, level),
             "next_ready_ms": pick(null_long, null_long, resubmit_due, null_long, null_long, due),
             "settled_ms": pick(end, end, null_long, end, due, null_long),
@@ -364,10 +418,16 @@ class Policy:
                 why_wait,
                 why_wait,
             ),
-            "leave_state": pick(null_str, null_str, null_str, null_str, state, null_str),
-            "leave_topic": pick(null_str, null_str, null_str, null_str, leave_topic, null_str),
-            "leave_queue_id": pick(null_int, null_int, null_int, null_int, leave_queue, null_int),
-            "leave_reason": pick(null_str, null_str, null_str, null_str, leave_reason, null_str),
+            "leave_state": pick(null_str, null_str, null_str, null_str, later_state, null_str),
+            "leave_topic": pick(
+                null_str, null_str, null_str, null_str, later_leave_topic, null_str
+            ),
+            "leave_queue_id": pick(
+                null_int, null_int, null_int, null_int, later_leave_queue, null_int
+            ),
+            "leave_reason": pick(
+                null_str, null_str, null_str, null_str, later_leave_reason, null_str
+            ),
             "next_topic": pick(null_str, null_str, here_topic, null_str, null_str, back_topic),
             "next_queue_id": pick(null_int, null_int, here_queue, null_int, null_int, back_queue),
             "next_reason": pick(
@@ -452,7 +512,9 @@ def topology_of(group: Group, retry_path: str) -> Topology:
     """How ``group``'s deliveries spread over its instances (:mod:`retrysim.model.topology`)."""
     consumers = group.consumers
     balancing = group.flavor_record.balancing
-    by_broker = balancing == BY_QUEUE and retry_path == SCHEDULE
+    # 4.x send-backs go to the retry queues of the broker that stored the message (for
+    # broadcasting, only an expired message's, which nobody reads)
+    by_broker = (balancing == BY_QUEUE and retry_path == SCHEDULE) or balancing == BROADCAST
     return Topology(
         balancing=balancing,
         # an unlimited pool is one instance that never fills

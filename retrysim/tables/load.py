@@ -40,6 +40,7 @@ from retrysim.tables.schemas import (
     data_schema,
     select_schema,
 )
+from retrysim.tables.transitions import lands_unread
 
 # Retries by retry number are counted up to this number; later ones share the last bar
 # (an orderly poison message can retry thousands of times).
@@ -86,6 +87,7 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
         "state": state,
         "ended": F.col("end_state").isNotNull(),
         "waits_retry": waits_retry,
+        "lands_unread": lands_unread(state, F.col("leave_topic")),
         "level": F.when(scheduled, F.col("delay_level")),
         "b_ready": _bucket_of("ready_ms", bucket_ms),
         "b_start": _bucket_of("start_ms", bucket_ms),
@@ -191,6 +193,7 @@ def _events(compact: DataFrame) -> DataFrame:
                     event(F.col("written"), "b_ready", "commitlog_writes"),
                     event(scheduled, "b_end", "commitlog_writes"),
                     event(state == F.lit(DLQ), "b_settled", "commitlog_writes"),
+                    event(F.col("lands_unread"), "b_settled", "commitlog_writes"),
                     event(started, "b_start", "inflight"),
                     event(F.col("ended"), "b_end", "inflight", -1),
                     event(waits_retry, "b_end", "waiting_retry"),

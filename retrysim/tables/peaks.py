@@ -30,6 +30,7 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.transitions import lands_unread
 
 # Threads busy are counted in units of 1/THREAD_UNITS of a thread, so that a batch member's
 # share (1/batch_size of its request's thread) adds up exactly as an integer.
@@ -72,7 +73,8 @@ def _moments() -> list[Column]:
     written = flag(c("ready_reason").isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE))
     waits_retry = c("end_state") == F.lit(WAITING_RETRY)
     scheduled = waits_retry & (c("end_topic") == F.lit(limits.SCHEDULE_TOPIC))
-    dlq = c("result_state") == F.lit(DLQ)
+    # a dead letter is written to %DLQ%; an expired broadcast message to a retry topic
+    dlq = (c("result_state") == F.lit(DLQ)) | lands_unread(c("result_state"), c("leave_topic"))
     busy = started & (c("processing_ms") > 0)
     share = F.floor(F.lit(THREAD_UNITS) / c("batch_size"))
     freed = c("start_ms") + c("processing_ms")

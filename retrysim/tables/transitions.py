@@ -11,7 +11,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from retrysim.model.states import INFLIGHT, READY, WAITING_RETRY
+from retrysim.model.states import DISCARD, INFLIGHT, READY, WAITING_RETRY
+from retrysim.scenario import limits
 from retrysim.tables.schemas import PARTITION_COLUMN, TRANSITIONS, data_schema, select_schema
 
 SEQ_PER_DELIVERY = 4
@@ -37,6 +38,13 @@ def _transition(
         "delay_level": delay_level.cast("int"),
         "reason": reason,
     }
+
+
+def lands_unread(state: Column, topic: Column) -> Column:
+    """A leave that is a commit-log write though nobody reads it: a 4.x broadcasting
+    consumer's expired message, sent back into ``%RETRY%<group>`` (docs/flavors.md). Every
+    other Discard writes nothing."""
+    return (state == F.lit(DISCARD)) & topic.startswith(limits.RETRY_TOPIC_PREFIX)
 
 
 def step_columns() -> list[tuple[Column, dict[str, Column]]]:

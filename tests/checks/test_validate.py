@@ -464,7 +464,9 @@ SCENARIO = {
          "workload": {"messages": 60, "over": "1m", "queues": 2},
          "behavior": {"fail_probability": 0.3, "processing_time": "50ms"}},
         {"name": "cast", "flavor": "rocketmq4.broadcasting", "consumers": "unlimited",
-         "workload": {"messages": 40, "over": "1m"}, "behavior": {"fail_probability": 0.2}},
+         "consume_timeout": "1s", "workload": {"messages": 40, "over": "1m"},
+         "behavior": {"fail_probability": 0.2,
+                      "processing_time": {"dist": "exponential", "mean": "1s"}}},
     ],
 }  # fmt: skip
 

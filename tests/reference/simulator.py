@@ -1,11 +1,14 @@
 """Independent reference simulator of retrysim: every flavor, event by event, in plain Python.
 
-Written only from docs/model.md and docs/flavors.md (and the documents they cite), never from
+Written from docs/model.md and docs/flavors.md (and the documents they cite), never from
 the engine's code; the one piece of engine code used is ``retrysim.model.rng.uniform_np``, the
 hash-based uniform draws (checked against Spark elsewhere). Everything else -- duration and
 delay-table parsing, defaults, the listener model, the retry policies and the dispatch of
 deliveries to consumer threads -- is re-derived here, so the engine can be checked against it
-row by row.
+row by row. Where a rule can be checked against RocketMQ itself, the reference takes it from
+ports of the source, not from the docs: the 4.x topology from ``rebalance.py`` and the 4.x
+send-back, orderly dead letter and expired-message rules from ``source_rules.py`` (both
+method by method from apache/rocketmq), so a rule the docs got wrong fails the comparison.
 
 Usage::
 
@@ -47,11 +50,12 @@ Interpretations (where the docs are silent or ambiguous, the reading chosen here
     ``delay_level_when_next_consume: -1`` is retried at level 3, not dead-lettered (unless
     ``rt >= M``). ``consume_timeout_check: periodic`` applies to the 4.x flavors with a
     timeout (concurrently, broadcasting); every other flavor checks exactly.
- 6. ``send_back_failure_probability`` (concurrently only) is drawn for every member that the
-    consume service sends back -- failures and ``beyond_ack_index`` members, not timeouts
-    (the expired-message cleaner does not resubmit; flavors.md) -- *before* the DLQ check: a
-    failed send-back is a local retry (reason ``send_back_failed``) even when ``rt >= M`` or
-    the level is negative (the broker never sees the message).
+ 6. The send-back draw (concurrently only: ``send_back_failure_probability`` and
+    ``send_back_fallback_probability``) applies to every member the consume service sends
+    back -- failures and ``beyond_ack_index`` members, not timeouts (the model takes the
+    expired-message cleaner's send-back to succeed; source_rules.clean_expired_msg says
+    why) -- and source_rules.py decides the rest: a failed send-back is a local retry
+    (reason ``send_back_failed``) even when ``rt >= M`` or the level is negative.
  7. Reason precedence when both hold: ``max_reconsume_times`` over ``delay_level_negative``.
  8. Batches (``consume_message_batch_max_size > 1``, ``ack_index``) only for
     ``rocketmq4.concurrently`` (model.md §4); other flavors dispatch one delivery per request.
@@ -685,18 +689,22 @@ class _GroupSim:
                 self.after_failure(t, dv, outcome, why)
 
     def on_leave(self, t: int, spec: tuple) -> None:
-        dv, why = spec
-        self.leave(t, dv, why, k=4)
+        dv, why, *landed = spec
+        self.leave(t, dv, why, k=4, discard=bool(landed), where=landed[0] if landed else None)
 
     # -- after a delivery (model.md §6, flavors.md)
     def after_failure(self, t: int, dv: _Delivery, outcome: str, why: str) -> None:
         """A failed (or beyond-ack_index) delivery ended at t: retry it, or let it leave."""
         cfg = self.cfg
         rt, here = dv.rt, (dv.topic, dv.queue)
-        if cfg.kind == "broadcasting":
+        if cfg.kind == "broadcasting" and outcome == TIMEOUT:
+            self.broadcast_expired(t, dv)
+        elif cfg.kind == "broadcasting":
             self.leave(t, dv, "broadcast_no_retry", k=3, discard=True)
         elif cfg.kind == "concurrently":
             self.send_back(t, dv, outcome, why)
+        elif cfg.kind == "local" and cfg.interval_of is None:
+            self.orderly(t, dv, why)
         elif cfg.kind == "local":
             if rt >= cfg.max_retries:
                 self.leave(t, dv, "max_reconsume_times", k=3)
@@ -749,15 +757,52 @@ class _GroupSim:
         due = t + cfg.levels[level - 1]
         schedule = (put.topic, put.queue_id)
         if target.startswith(source.DLQ_GROUP_TOPIC_PREFIX):  # a 4.9.7 fallback's dead letter
-            dv.result_state, dv.delay_level = "WaitingRetry", level
-            dv.ends.append((3, "WaitingRetry", t, *schedule, level, why))
-            if due < cfg.horizon:
-                self.push(due, 0, "leave", (dv, "max_reconsume_times"))
+            self.dead_letter_later(t, dv, put, why)
             return
         retry_queue = (cfg.retry_topic_4x, self.retry_queue(dv))
         copy = source.delivered_copy(put)
         self.retry(t, dv, why, due, schedule, level, retry_queue, "retry_due",
                    counts=(copy.reconsume_times, copy.stored.reconsume_times))  # fmt: skip
+
+    def orderly(self, t: int, dv: _Delivery, why: str) -> None:
+        """4.x orderly: ``checkReconsumeTimes`` as the source does it (source_rules.py)."""
+        cfg = self.cfg
+        msg = source.MessageExt(dv.rt, source.Stored(dv.brt))
+        put = source.check_reconsume_times(cfg.name, msg, cfg.max_retries, len(cfg.levels))
+        here = (dv.topic, dv.queue)
+        if put is None:  # suspended: the same message again after suspendCurrentQueueTimeMillis
+            counts = (msg.reconsume_times, msg.reconsume_times)
+            self.retry(t, dv, why, t + cfg.suspend, here, None, here, "local_retry", counts=counts)
+            return
+        self.settled(t, dv)  # the queue moves on now, whenever the dead letter lands
+        self.dead_letter_later(t, dv, put, why)
+
+    def broadcast_expired(self, t: int, dv: _Delivery) -> None:
+        """4.x broadcasting timeout: the cleaner sends the message back (source_rules.py);
+        it waits in the schedule topic and lands, unread, in ``%RETRY%<group>``."""
+        cfg = self.cfg
+        msg = source.MessageExt(dv.rt, source.Stored(dv.brt))
+        put = source.clean_expired_msg(cfg.name, msg, 16, len(cfg.levels))
+        assert put.topic == SCHEDULE_TOPIC and put.real_topic == cfg.retry_topic_4x, put
+        level = put.delay_level
+        dv.result_state, dv.delay_level = "WaitingRetry", level
+        dv.ends.append((3, "WaitingRetry", t, put.topic, put.queue_id, level, TIMEOUT))
+        due = t + cfg.levels[level - 1]
+        if due < cfg.horizon:
+            landed = (cfg.retry_topic_4x, self.retry_queue(dv))
+            self.push(due, 0, "leave", (dv, "broadcast_no_retry", landed))
+
+    def dead_letter_later(self, t: int, dv: _Delivery, put: source.Put, why: str) -> None:
+        """A 4.9.7 broker's delayed dead letter: WaitingRetry in the schedule topic at the
+        put's level, then the DLQ when the delay ends."""
+        cfg = self.cfg
+        level = put.delay_level
+        assert put.topic == SCHEDULE_TOPIC and put.real_topic.startswith("%DLQ%"), put
+        dv.result_state, dv.delay_level = "WaitingRetry", level
+        dv.ends.append((3, "WaitingRetry", t, put.topic, put.queue_id, level, why))
+        due = t + cfg.levels[level - 1]
+        if due < cfg.horizon:
+            self.push(due, 0, "leave", (dv, "max_reconsume_times"))
 
     def retry(
         self,
@@ -778,11 +823,20 @@ class _GroupSim:
         rt, brt = counts or (dv.rt + 1, dv.rt + 1)
         self.schedule_ready(due, (dv.msg, dv.d + 1, rt, *ready_at, reason, brt))
 
-    def leave(self, t: int, dv: _Delivery, why: str, k: int, discard: bool = False) -> None:
+    def leave(
+        self,
+        t: int,
+        dv: _Delivery,
+        why: str,
+        k: int,
+        discard: bool = False,
+        where: tuple[str, int] | None = None,
+    ) -> None:
+        """DLQ (or Discard) at t; a discarded message stays where it was unless ``where``."""
         cfg = self.cfg
         if discard or not cfg.dlq_enabled:
             dv.result_state = "Discard"
-            dv.ends.append((k, "Discard", t, dv.topic, dv.queue, None, why))
+            dv.ends.append((k, "Discard", t, *(where or (dv.topic, dv.queue)), None, why))
         else:
             dv.result_state = "DLQ"
             dv.ends.append((k, "DLQ", t, cfg.dlq_topic, 0, None, why))

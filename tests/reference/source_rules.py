@@ -149,7 +149,10 @@ def process_consume_result_member(
 
 
 def clean_expired_msg(group: str, msg: MessageExt, max_reconsume_times: int, max_level: int) -> Put:
-    """Client: ``ProcessQueue.cleanExpiredMsg`` line 109, ``sendMessageBack(msg, 3)``.
+    """Client: ``ProcessQueue.cleanExpiredMsg`` line 109, ``sendMessageBack(msg, 3)``. Only
+    orderly consumers skip the cleaner (line 80): a broadcasting consumer's expired message
+    is sent back too, to a ``%RETRY%<group>`` it does not read (``copySubscription``
+    subscribes the retry topic for CLUSTERING only, ``DefaultMQPushConsumerImpl`` 857-860).
 
     Where the model differs: its send-back draws do not apply here (a failed cleaner
     send-back leaves the message in the process queue for the next sweep, 15 min later,
@@ -160,3 +163,27 @@ def clean_expired_msg(group: str, msg: MessageExt, max_reconsume_times: int, max
 def delivered_copy(put: Put) -> MessageExt:
     """Client: the next pull of the retry topic gets the copy the broker stored."""
     return MessageExt(put.reconsume_times, Stored(put.reconsume_times))
+
+
+def orderly_send_message_back(
+    group: str, msg: MessageExt, max_reconsume_times: int, max_level: int
+) -> Put:
+    """Client: ``ConsumeMessageOrderlyService.sendMessageBack`` lines 377-398, a producer send
+    to ``%RETRY%<group>`` with RECONSUME_TIME = the count as it is (line 386) and DELAY =
+    3 + the count (line 389), which ``handleRetryAndDLQ`` dead-letters (delayed)."""
+    return handle_retry_and_dlq_put(
+        group, msg.reconsume_times, 3 + msg.reconsume_times, max_reconsume_times, max_level
+    )
+
+
+def check_reconsume_times(
+    group: str, msg: MessageExt, max_reconsume_times: float, max_level: int
+) -> Put | None:
+    """Client: ``ConsumeMessageOrderlyService.checkReconsumeTimes`` lines 358-375: an
+    exhausted message is sent back and the queue moves on (the broker's write returned);
+    otherwise the count goes up locally and the queue is suspended (None). A failed
+    send-back of an exhausted message (suspend, count + 1) is not modelled."""
+    if msg.reconsume_times >= max_reconsume_times:
+        return orderly_send_message_back(group, msg, int(max_reconsume_times), max_level)
+    msg.reconsume_times += 1
+    return None
