@@ -382,7 +382,10 @@ def test_the_scenarios_show_what_they_are_about(engine, reference):
     assert storm[-1]["ready_backlog"] == storm[-1]["waiting_retry"] == 0
     # orderly: poison messages block their queues; the messages behind them wait in Ready,
     # some of them still at the horizon
-    assert summary["orderly"]["dlq"] > 0 and summary["orderly"]["pending"] > 0
+    assert summary["orderly"]["pending"] > 0
+    # its exhausted poison messages are re-sent at level 3 + 480 (clamped: 18, 2 h), so on a
+    # 4.9.7 broker their dead letters are still in the schedule topic at 30 min
+    assert summary["orderly"]["dlq"] == 0 < summary["orderly"]["max_schedule_backlog"]
     assert load["orderly"][-1]["ready_backlog"] > 0
     assert summary["orderly"]["max_ready_backlog"] > 10 and reference["orderly"]["waited"] > 0
     assert load["orderly"][-1]["oldest_ready_age_ms"] > 60_000

@@ -52,9 +52,10 @@ def stage(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
         "poison_fixed": False,
     }
     names = [f.name for f in STAGE.fields]
-    return spark.createDataFrame(
-        [tuple({**base, **row}.get(name) for name in names) for row in rows], STAGE
-    )
+    rows = [{**base, **row} for row in rows]
+    for row in rows:  # the broker's count is the client's unless a row says otherwise
+        row.setdefault("broker_reconsume_times", row["reconsume_times"])
+    return spark.createDataFrame([tuple(row.get(name) for name in names) for row in rows], STAGE)
 
 
 def committed(msg_id: int, ready: int, start: int, processing: int) -> dict[str, Any]:
