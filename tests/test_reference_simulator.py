@@ -386,15 +386,20 @@ def test_simple_invisible_duration():
         workload=one(),
         behavior={"processing_time": "10s", "fail_first": 1},
     )
+    # the 5.x seed's simple mode has no WaitingRetry: a message not acknowledged stays
+    # Inflight (invisible) until its invisible duration ends, then it is Ready again
     assert path(r) == [
         (1, "Ready", 0),
         (2, "Inflight", 0),
-        (3, "WaitingRetry", 10 * S),
         (5, "Ready", 30 * S),
         (6, "Inflight", 30 * S),
         (7, "Commit", 40 * S),
     ]
-    assert trans(r)[3]["topic"] == "%RETRY%g_g"
+    assert trans(r)[2]["topic"] == "%RETRY%g_g"
+    first = attempts(r)[0]
+    assert (first["result_state"], first["end_ms"], first["next_ready_ms"]) == (
+        "Inflight", 30 * S, 30 * S,
+    )  # fmt: skip
     r = run(
         flavor="rocketmq5.simple",
         invisible_duration="30s",
@@ -409,7 +414,16 @@ def test_simple_invisible_duration():
         (60 * S, None, None),
     ]
     assert rows[0]["next_ready_ms"] == 30 * S  # 0 ms after the timeout
-    assert rows[2]["result_state"] == "Inflight"
+    assert [a["result_state"] for a in rows] == ["Inflight"] * 3  # the last at the horizon
+    # out of retries: the DLQ when the invisible duration ends, not a backoff later
+    r = run(
+        flavor="rocketmq5.simple",
+        invisible_duration="30s",
+        max_reconsume_times=1,
+        workload=one(),
+        behavior=ALWAYS_FAIL,
+    )
+    assert path(r)[-3:] == [(5, "Ready", 30 * S), (6, "Inflight", 30 * S), (7, "DLQ", 60 * S)]
 
 
 # --------------------------------------------------------------------------- 6. HTTP
@@ -1054,7 +1068,7 @@ def check_paths(r, horizon):
             k = t["seq"] - 4 * (t["delivery"] - 1)
             assert 1 <= k <= 4
             per_d[t["delivery"]][k] = t
-        prev_end = None  # how the previous delivery ended
+        prev_end = prev_next = None  # how the previous delivery ended, its next Ready
         for a in rows:
             d = a["delivery"]
             steps = per_d[d]
@@ -1064,7 +1078,8 @@ def check_paths(r, horizon):
             elif prev_end == "DLQ":
                 assert steps[1]["reason"] == "replayed" and a["reconsume_times"] == 0
             else:
-                assert prev_end == "WaitingRetry"
+                # Inflight: a 5.x simple delivery, invisible until it was Ready again
+                assert prev_end == "WaitingRetry" or (prev_end == "Inflight" and prev_next)
                 assert steps[1]["reason"] in {"retry_due", "local_retry", "visible_again"}
             states = [steps[k]["state"] for k in sorted(steps)]
             assert sorted(steps) == list(range(1, len(steps) + 1))
@@ -1084,13 +1099,14 @@ def check_paths(r, horizon):
                     assert states[2] == state
                 if state in TERMINAL:
                     assert a["settled_ms"] is not None
-            if state in ("Ready", "Inflight"):
+            retried_simple = state == "Inflight" and a["next_ready_ms"] is not None
+            if state == "Ready" or (state == "Inflight" and not retried_simple):
                 assert d == len(rows), "only the last delivery may be unfinished"
-            if state == "WaitingRetry" and d < len(rows):
+            if state in ("WaitingRetry", "Inflight") and d < len(rows):
                 assert a["next_ready_ms"] == rows[d]["ready_ms"]
-            prev_end = state
+            prev_end, prev_next = state, a["next_ready_ms"]
             if d < len(rows):
-                assert state in ("WaitingRetry", "DLQ")
+                assert state in ("WaitingRetry", "DLQ") or (state == "Inflight" and prev_next)
                 if state == "DLQ":
                     assert rows[d]["ready_ms"] > a["settled_ms"]
 

@@ -36,6 +36,7 @@ from retrysim.checks.invariants import (
     is_before,
     off_dlq_topic,
     run_horizons,
+    still_inflight,
     sum_of,
     transition_hash,
 )
@@ -170,7 +171,7 @@ def _attempt_links() -> dict[str, Column]:
         F.when(~replayed, c("t_route")).otherwise(no_route),
     )
     offers = (
-        (c("t_last_state") == code[WAITING_RETRY])
+        c("t_last_state").isin(code[WAITING_RETRY], code[INFLIGHT])
         & c("a_next_ready_ms").isNotNull()
         & (c("a_next_ready_ms") < c("horizon_ms"))
     )
@@ -194,7 +195,7 @@ def _attempt_links() -> dict[str, Column]:
         "c_last_commit": (c("t_last_state") == code[COMMIT]).cast("int"),
         "c_last_dlq": dead.cast("int"),
         "c_last_discard": (c("t_last_state") == code[DISCARD]).cast("int"),
-        "c_end_inflight": (c("a_state") == code[INFLIGHT]).cast("int"),
+        "c_end_inflight": still_inflight().cast("int"),
         "c_end_ready_backlog": (c("a_state") == code[READY]).cast("int"),
         "c_end_waiting_retry": F.coalesce(open_retry, F.lit(False)).cast("int"),
         "c_rows_bad": (c("l_bad") != 0).cast("int"),

@@ -164,3 +164,9 @@ def off_dlq_topic() -> Column:
     """Whether a dead letter is not on its group's DLQ topic (``%DLQ%<group>``)."""
     expected = F.concat(F.lit(limits.DLQ_TOPIC_PREFIX), F.col("group"))
     return differs(F.col("dlq_topic"), expected)
+
+
+def still_inflight() -> Column:
+    """An attempt row Inflight at the horizon (a 5.x simple delivery Inflight until it was
+    visible again has its next delivery's time instead)."""
+    return (F.col("a_state") == STATE_CODE[INFLIGHT]) & F.col("a_next_ready_ms").isNull()

@@ -52,6 +52,7 @@ from retrysim.checks.invariants import (
     run_horizons,
     state_code,
     state_name,
+    still_inflight,
     sum_of,
     transition_hash,
     why_text,
@@ -222,7 +223,8 @@ def _local_rules() -> dict[str, Column]:
         (c("t_n") != expected_n)
         | differs(c("t_ready_ms"), c("a_ready_ms"))
         | differs(c("t_start_ms"), c("a_start_ms"))
-        | differs(c("t_end_ms"), c("a_end_ms"))
+        # a 5.x simple delivery Inflight until visible again has an end_ms, no end step
+        | differs(c("t_end_ms"), F.when(result != code[INFLIGHT], c("a_end_ms")))
         | differs(c("t_last_state"), result)
         | (settled & differs(c("t_last_ms"), c("a_settled_ms")))
     )
@@ -391,7 +393,8 @@ def _delivery_flags() -> dict[str, Column]:
     entered = (
         F.when(prev.isNull(), c("t_ready_reason") == why[READY_PUBLISHED])
         .when(
-            prev == code[WAITING_RETRY], c("t_ready_reason").isin(*[why[r] for r in RETRY_REASONS])
+            prev.isin(code[WAITING_RETRY], code[INFLIGHT]),
+            c("t_ready_reason").isin(*[why[r] for r in RETRY_REASONS]),
         )
         .when(prev == code[DLQ], c("t_ready_reason") == why[READY_REPLAYED])
         .otherwise(F.lit(False))
@@ -577,7 +580,7 @@ def checked_counts(checked: DataFrame) -> DataFrame:
         F.count_if((c("d_n") >= 1) & c("d_replayed_at_ms").isNotNull()).alias(
             "dead_letters_replayed"
         ),
-        F.count_if(c("a_state") == STATE_CODE[INFLIGHT]).alias("end_inflight"),
+        F.count_if(still_inflight()).alias("end_inflight"),
         F.count_if(c("a_state") == STATE_CODE[READY]).alias("end_ready_backlog"),
         F.count_if(c("open_waiting_retry")).alias("end_waiting_retry"),
         F.count_if(c("m_n") >= 1).alias("message_rows"),

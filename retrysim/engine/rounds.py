@@ -215,13 +215,9 @@ class Round:
 
 
 def retries_due(horizon_ms: int) -> Column:
-    """Whether an attempt row leads to another delivery: WaitingRetry, due before the
-    horizon."""
-    return (
-        (F.col("result_state") == F.lit(WAITING_RETRY))
-        & F.col("next_topic").isNotNull()
-        & (F.col("next_ready_ms") < F.lit(horizon_ms))
-    )
+    """Whether an attempt row leads to another delivery: WaitingRetry (or, 5.x simple,
+    Inflight until visible again), due before the horizon."""
+    return F.col("next_topic").isNotNull() & (F.col("next_ready_ms") < F.lit(horizon_ms))
 
 
 def next_frontier(attempts: DataFrame, horizon_ms: int) -> DataFrame:

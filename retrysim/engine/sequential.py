@@ -392,7 +392,7 @@ class _Simulation:
             self._push(end, _FREE, self._lane(entry.topic, entry.queue_id))
         elif policy.blocking and step.result_state != WAITING_RETRY:
             self._push(step.settled_ms, _FREE, self._lane(entry.topic, entry.queue_id))
-        if step.result_state == WAITING_RETRY:
+        if step.result_state in (WAITING_RETRY, INFLIGHT):  # retried, or leaving later
             due = step.next_ready_ms
             if due is not None and due < self.horizon:
                 rt, broker_rt = next_reconsume_times(entry.rt, entry.broker_rt, step.end_reason)

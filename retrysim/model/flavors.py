@@ -119,6 +119,7 @@ def policy_fields(**overrides: object) -> dict[str, object]:
         "timeout_level": None,
         "timeout_interval_ms": None,
         "dlq_now": False,
+        "invisible_until_retry": False,
         "resend_levels": None,
         "resend_intervals_ms": None,
     }
@@ -235,11 +236,16 @@ def _push_ordered(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
 
 
 def _simple(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    """A message not acknowledged stays invisible (Inflight, the 5.x seed's states: no
+    WaitingRetry in simple mode) until its invisible duration ends, then the broker revives
+    it as Ready, or moves it to the DLQ."""
     return policy_fields(
         retry_path=REVIVE,
         max_retries=retries_of(group, limits.DEFAULT_MAX_RETRIES_5X),
         intervals_ms=(group.invisible_duration,),
         from_start=True,
+        leave_after_backoff=False,
+        invisible_until_retry=True,
         timeout_ms=group.invisible_duration,
     )
 

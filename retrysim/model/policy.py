@@ -25,6 +25,7 @@ from retrysim.model.states import (
     COMMIT,
     DISCARD,
     DLQ,
+    INFLIGHT,
     LOCAL,
     NO_RETRY,
     READY_LOCAL,
@@ -88,6 +89,8 @@ class Policy:
     timeout_level: int | None
     timeout_interval_ms: int | None
     dlq_now: bool
+    # a failed delivery stays Inflight (invisible) until it is Ready again (5.x simple)
+    invisible_until_retry: bool
     dlq_enabled: bool
     # the levels and intervals of a 4.x client's plain send to %RETRY%<group> (DELAY =
     # 3 + reconsume_times): the concurrent producer fallback (when it can happen) and the
@@ -165,6 +168,8 @@ class Policy:
                 leave = start_ms + timeout
             if start_ms + processing_ms > leave:
                 return TIMEOUT, leave
+            if self.invisible_until_retry and listener != CONSUME_SUCCESS:
+                return listener, leave  # not acknowledged: invisible until then
         return listener, start_ms + processing_ms
 
     def next_step(
@@ -248,6 +253,9 @@ class Policy:
             wait_at, back_at = here, (self.retry_topic, limits.RETRY_QUEUE_ID)
         else:
             wait_at, back_at = here, here
+        if self.invisible_until_retry:  # Inflight until Ready again: no end state
+            return Step(INFLIGHT, None, due, None, None, None, None, None,
+                        None, None, None, None, *back_at, READY_RETRY_DUE)  # fmt: skip
         return Step(WAITING_RETRY, level, due, None, WAITING_RETRY, *wait_at, reason_now,
                     None, None, None, None, *back_at,
                     _READY_REASON.get(self.retry_path, READY_LOCAL))  # fmt: skip
@@ -269,9 +277,12 @@ class Policy:
         else:
             leave = start + timeout
         timed_out = start + processing > leave
+        end = F.when(timed_out, leave)
+        if self.invisible_until_retry:
+            end = end.when(F.col("listener_outcome") != F.lit(CONSUME_SUCCESS), leave)
         return {
             "outcome": F.when(timed_out, F.lit(TIMEOUT)).otherwise(F.col("listener_outcome")),
-            "end_ms": F.when(timed_out, leave).otherwise(start + processing),
+            "end_ms": end.otherwise(start + processing),
         }
 
     def with_next_step(self, df: DataFrame) -> DataFrame:
@@ -398,17 +409,22 @@ class Policy:
                 F.lit(REASON_BROADCAST),
             )
         later_state, later_leave_topic, later_leave_queue, later_leave_reason = later
+        # a retried delivery waits in WaitingRetry, or (5.x simple) stays Inflight
+        retried = (wr, wr, wait_topic, wait_queue, why_wait)
+        if self.invisible_until_retry:
+            retried = (F.lit(INFLIGHT), null_str, null_str, null_int, null_str)
+        retried_state, retried_end, retried_topic, retried_queue, retried_why = retried
         return {
-            "result_state": pick(commit, discard, wr, state, later_state, wr),
+            "result_state": pick(commit, discard, wr, state, later_state, retried_state),
             "delay_level": pick(null_int, null_int, null_int, null_int, later_level, level),
             "next_ready_ms": pick(null_long, null_long, resubmit_due, null_long, null_long, due),
             "settled_ms": pick(end, end, null_long, end, due, null_long),
-            "end_state": pick(commit, discard, wr, state, wr, wr),
+            "end_state": pick(commit, discard, wr, state, wr, retried_end),
             "end_topic": pick(
-                here_topic, here_topic, here_topic, leave_topic, later_topic, wait_topic
+                here_topic, here_topic, here_topic, leave_topic, later_topic, retried_topic
             ),
             "end_queue_id": pick(
-                here_queue, here_queue, here_queue, leave_queue, later_queue, wait_queue
+                here_queue, here_queue, here_queue, leave_queue, later_queue, retried_queue
             ),
             "end_reason": pick(
                 F.lit(CONSUME_SUCCESS),
@@ -416,7 +432,7 @@ class Policy:
                 F.lit(REASON_SEND_BACK_FAILED),
                 leave_reason,
                 why_wait,
-                why_wait,
+                retried_why,
             ),
             "leave_state": pick(null_str, null_str, null_str, null_str, later_state, null_str),
             "leave_topic": pick(

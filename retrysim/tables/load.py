@@ -85,7 +85,8 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
         "replayed": reason == F.lit(READY_REPLAYED),
         "written": reason.isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE),
         "state": state,
-        "ended": F.col("end_state").isNotNull(),
+        # Inflight ends at end_ms (for 5.x simple, when the message is visible again)
+        "ended": F.col("end_ms").isNotNull(),
         "waits_retry": waits_retry,
         "lands_unread": lands_unread(state, F.col("leave_topic")),
         "level": F.when(scheduled, F.col("delay_level")),

@@ -97,7 +97,7 @@ def _moments() -> list[Column]:
         ),
         _moment(started & waited, c("start_ms") - one, ready_wait=c("start_ms") - c("ready_ms")),
         _moment(
-            c("end_state").isNotNull(),
+            c("end_ms").isNotNull(),
             c("end_ms"),
             inflight=-one,
             waiting_retry=flag(waits_retry),

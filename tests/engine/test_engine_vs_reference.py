@@ -228,7 +228,7 @@ def test_scenario_exercises_every_path(run):
         ("audit", "RECONSUME_LATER", "Discard"),
         ("fifo", "RECONSUME_LATER", "DLQ"),
         ("push", "RECONSUME_LATER", "DLQ"),
-        ("simple", "TIMEOUT", "WaitingRetry"),
+        ("simple", "TIMEOUT", "Inflight"),  # invisible until visible again: no WaitingRetry
         ("batch", "CONSUME_SUCCESS", "WaitingRetry"),  # members after ack_index
         ("pool", "CONSUME_SUCCESS", "Commit"),
     ]:

@@ -161,9 +161,21 @@ def test_after_backoff_leave_waits_one_more_interval():
     )
     assert step.end_state == "WaitingRetry" and step.leave_state == "DLQ"
     assert step.settled_ms == 2_000 + 120_000
-    simple = _policy("simple")  # the interval runs from the delivery's start
-    step = simple.next_step(16, 16, TIMEOUT, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 1)
-    assert (step.leave_state, step.settled_ms) == ("Discard", 31_000)
+
+
+def test_simple_stays_inflight_until_visible_again():
+    """The 5.x seed names no WaitingRetry for simple consumers: a message not acknowledged
+    is invisible (Inflight) until start + invisible_duration, then Ready or gone."""
+    simple = _policy("simple")  # invisible 30 s, no DLQ
+    assert simple.consume_result(1_000, 200, EXCEPTION) == (EXCEPTION, 31_000)
+    assert simple.consume_result(1_000, 200, CONSUME_SUCCESS) == (CONSUME_SUCCESS, 1_200)
+    assert simple.consume_result(1_000, 40_000, CONSUME_SUCCESS) == (TIMEOUT, 31_000)
+    step = simple.next_step(3, 3, EXCEPTION, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 4)
+    assert (step.result_state, step.end_state, step.next_ready_ms, step.next_reason) == (
+        "Inflight", None, 31_000, "retry_due",
+    )  # fmt: skip
+    step = simple.next_step(16, 16, TIMEOUT, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 17)
+    assert (step.result_state, step.end_state, step.settled_ms) == ("Discard", "Discard", 31_000)
 
 
 def test_exponential_intervals_round_half_up_and_cap():

@@ -220,7 +220,7 @@ class _Group:
     seed: int
     horizon: int
     # flavor
-    kind: str  # concurrently | orderly | broadcasting | after_backoff | local
+    kind: str  # concurrently | broadcasting | after_backoff | local | invisible
     blocking: bool
     max_retries: float  # M; INF for never
     timeout: int | None  # T
@@ -362,6 +362,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         inv = parse_duration_ms(g.get("invisible_duration") or "30s")
         max_retries, timeout, from_start = _max_retries(mrt, 16), inv, True
         interval_of = lambda n, inv=inv: inv  # noqa: E731
+        kind = "invisible"
     elif flavor == "sqs":
         vt = parse_duration_ms(policy.get("visibility_timeout", "30s"))
         path, from_start, timeout = "visible", True, vt
@@ -703,6 +704,15 @@ class _GroupSim:
             self.leave(t, dv, "broadcast_no_retry", k=3, discard=True)
         elif cfg.kind == "concurrently":
             self.send_back(t, dv, outcome, why)
+        elif cfg.kind == "invisible":
+            # 5.x simple (the seed's states: no WaitingRetry): Inflight until visible again,
+            # then Ready on the retry topic, or the DLQ
+            if rt >= cfg.max_retries:
+                self.leave(t, dv, "max_reconsume_times", k=3)
+            else:
+                dv.result_state, dv.next_ready_ms = "Inflight", t
+                spec = (dv.msg, dv.d + 1, rt + 1, cfg.retry_topic_5x, 0, "retry_due", rt + 1)
+                self.schedule_ready(t, spec)
         elif cfg.kind == "local" and cfg.interval_of is None:
             self.orderly(t, dv, why)
         elif cfg.kind == "local":
@@ -914,6 +924,8 @@ class _GroupSim:
                 check = cfg.timeout * ((t + cfg.timeout) // cfg.timeout + 1)
                 if t + total > check:
                     outcome, end = TIMEOUT, check
+        if cfg.kind == "invisible" and outcome != SUCCESS:
+            end = t + cfg.timeout  # not acknowledged: invisible until its duration ends
         for dv in members:
             dv.start_ms, dv.processing_ms, dv.batch_size = t, total, len(members)
             dv.result_state = "Inflight"
