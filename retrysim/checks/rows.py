@@ -136,7 +136,7 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
         *[F.when(steps[n][0], steps[n][1]["at_ms"]).alias(f"t_{n}_ms") for n in names],
         reason_code_of(steps["ready"][1]["reason"]).alias("t_ready_reason"),
         (steps["end"][1]["topic"] == F.lit(limits.SCHEDULE_TOPIC)).alias("t_end_scheduled"),
-        (steps["leave"][0] & lands_unread(steps["leave"][1]["state"], steps["leave"][1]["topic"]))
+        (steps["leave"][0] & lands_unread(steps["leave"][1]["state"], steps["leave"][1]["reason"]))
         .cast("int")
         .alias("t_leave_unread"),
         c("born_ms").alias("a_born_ms"),
@@ -359,6 +359,7 @@ def delivery_rows(
             "prev_last_state": F.lag("t_last_state").over(order),
             "prev_last_ms": F.lag("t_last_ms").over(order),
             "prev_next_rt": F.lag("a_next_rt").over(order),
+            "prev_next_ready_ms": F.lag("a_next_ready_ms").over(order),
             "prev_next_broker_rt": F.lag("a_next_broker_rt").over(order),
             "next_ready_ms": F.lead("t_ready_ms").over(order),
             "next_replayed": F.lead(replayed).over(order),
@@ -393,7 +394,8 @@ def _delivery_flags() -> dict[str, Column]:
     entered = (
         F.when(prev.isNull(), c("t_ready_reason") == why[READY_PUBLISHED])
         .when(
-            prev.isin(code[WAITING_RETRY], code[INFLIGHT]),
+            (prev == code[WAITING_RETRY])
+            | ((prev == code[INFLIGHT]) & c("prev_next_ready_ms").isNotNull()),
             c("t_ready_reason").isin(*[why[r] for r in RETRY_REASONS]),
         )
         .when(prev == code[DLQ], c("t_ready_reason") == why[READY_REPLAYED])

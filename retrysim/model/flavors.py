@@ -65,7 +65,7 @@ class Flavor:
     blocking: bool = False
     # how deliveries are spread over the instances (retrysim.model.topology)
     balancing: str = BY_MESSAGE
-    # the broker's delay-level table decides its retry intervals
+    # the broker's delay-level table times what it puts in SCHEDULE_TOPIC_XXXX
     uses_delay_table: bool = False
     # whether a dead-letter queue exists (DLQ replay needs one)
     has_dlq: bool = True
@@ -308,6 +308,7 @@ CATALOGUE: tuple[Flavor, ...] = (
         reads=frozenset({"suspend_current_queue_time"}),
         timeout_key="none: the orderly service never expires a message",
         blocking=True,
+        uses_delay_table=True,  # an exhausted message's dead letter waits in it (4.9.7)
         balancing=BY_QUEUE,
     ),
     Flavor(
@@ -315,6 +316,7 @@ CATALOGUE: tuple[Flavor, ...] = (
         _broadcasting,
         reads=frozenset({"consume_timeout_check", "consume_timeout"}),
         fixed_max_retries="broadcasting consumption never retries",
+        uses_delay_table=True,  # an expired message waits in it (level 3)
         has_dlq=False,
         balancing=BROADCAST,
     ),

@@ -211,8 +211,8 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
         ),
         (
             plots.schedule_backlog_figure(backlog, delays),
-            "Messages waiting in SCHEDULE_TOPIC_XXXX per delay level (4.x concurrent consumers "
-            "only; other flavors wait elsewhere).",
+            "Messages waiting in SCHEDULE_TOPIC_XXXX per delay level (4.x consumers only; "
+            "other flavors wait elsewhere).",
         ),
         (
             plots.dlq_figure(analysis.dlq_flow(load)),

@@ -88,7 +88,7 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
         # Inflight ends at end_ms (for 5.x simple, when the message is visible again)
         "ended": F.col("end_ms").isNotNull(),
         "waits_retry": waits_retry,
-        "lands_unread": lands_unread(state, F.col("leave_topic")),
+        "lands_unread": lands_unread(state, F.col("leave_reason")),
         "level": F.when(scheduled, F.col("delay_level")),
         "b_ready": _bucket_of("ready_ms", bucket_ms),
         "b_start": _bucket_of("start_ms", bucket_ms),
@@ -124,7 +124,8 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
 def _retry_columns() -> dict[str, Column]:
     """The retry a WaitingRetry attempt schedules: its delay level and its retry number
     (capped at RETRY_NUMBER_CAP); null for any other attempt."""
-    waiting = F.col("result_state") == F.lit(WAITING_RETRY)
+    # a retry: WaitingRetry with a next delivery, or (5.x simple) Inflight until visible
+    waiting = F.col("next_ready_ms").isNotNull()
     retry = F.least(F.col("reconsume_times") + F.lit(1), F.lit(RETRY_NUMBER_CAP))
     return {
         "retry_level": F.when(waiting, F.col("delay_level")),

@@ -74,7 +74,7 @@ def _moments() -> list[Column]:
     waits_retry = c("end_state") == F.lit(WAITING_RETRY)
     scheduled = waits_retry & (c("end_topic") == F.lit(limits.SCHEDULE_TOPIC))
     # a dead letter is written to %DLQ%; an expired broadcast message to a retry topic
-    dlq = (c("result_state") == F.lit(DLQ)) | lands_unread(c("result_state"), c("leave_topic"))
+    dlq = (c("result_state") == F.lit(DLQ)) | lands_unread(c("result_state"), c("leave_reason"))
     busy = started & (c("processing_ms") > 0)
     share = F.floor(F.lit(THREAD_UNITS) / c("batch_size"))
     freed = c("start_ms") + c("processing_ms")

@@ -11,8 +11,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from retrysim.model.states import DISCARD, INFLIGHT, READY, WAITING_RETRY
-from retrysim.scenario import limits
+from retrysim.model.states import DISCARD, INFLIGHT, READY, REASON_BROADCAST, WAITING_RETRY
 from retrysim.tables.schemas import PARTITION_COLUMN, TRANSITIONS, data_schema, select_schema
 
 SEQ_PER_DELIVERY = 4
@@ -40,11 +39,12 @@ def _transition(
     }
 
 
-def lands_unread(state: Column, topic: Column) -> Column:
+def lands_unread(state: Column, reason: Column) -> Column:
     """A leave that is a commit-log write though nobody reads it: a 4.x broadcasting
-    consumer's expired message, sent back into ``%RETRY%<group>`` (docs/flavors.md). Every
-    other Discard writes nothing."""
-    return (state == F.lit(DISCARD)) & topic.startswith(limits.RETRY_TOPIC_PREFIX)
+    consumer's expired message, sent back into ``%RETRY%<group>`` (docs/flavors.md), the one
+    Discard after WaitingRetry with reason ``broadcast_no_retry``. Every other Discard writes
+    nothing."""
+    return (state == F.lit(DISCARD)) & (reason == F.lit(REASON_BROADCAST))
 
 
 def step_columns() -> list[tuple[Column, dict[str, Column]]]:

@@ -32,7 +32,7 @@ from retrysim.tables.load import load_from_attempts
 from retrysim.tables.peaks import THREAD_UNITS, bucket_changes, run_maxima
 from retrysim.tables.schemas import DEAD_LETTERS, MESSAGES, STAGE, TRANSITIONS, data_schema
 from retrysim.tables.summary import exact_percentiles
-from retrysim.tables.transitions import transitions_from_attempts
+from retrysim.tables.transitions import lands_unread, transitions_from_attempts
 
 SCHED = "SCHEDULE_TOPIC_XXXX"
 RETRY = "%RETRY%g"
@@ -476,3 +476,13 @@ def test_the_open_cost_is_read_in_bytes_however_it_was_written(spark):
     assert open_cost_bytes(spark) == 4 << 20  # Spark's default
     with conf_set(spark, {OPEN_COST_BYTES: "8m"}):
         assert open_cost_bytes(spark) == 8 << 20
+
+
+def test_only_an_expired_broadcast_message_is_written_when_discarded(spark):
+    """An expired 4.x broadcast message is sent back into %RETRY%<group>: a write nobody reads.
+    A 5.x message discarded (dlq_enabled: false) on its retry topic writes nothing."""
+    rows = [("Discard", "broadcast_no_retry"), ("Discard", "max_reconsume_times"),
+            ("DLQ", "max_reconsume_times"), ("Discard", None)]  # fmt: skip
+    frame = spark.createDataFrame(rows, "state string, reason string")
+    written = frame.select(lands_unread(F.col("state"), F.col("reason")).alias("w")).collect()
+    assert [row["w"] for row in written] == [True, False, False, None]
