@@ -56,6 +56,27 @@ def _kind_thresholds(behavior: Behavior) -> tuple[float, float]:
     return mix.reconsume_later / total, (mix.reconsume_later + mix.exception) / total
 
 
+# How a failure fails and how a send-back goes are each one uniform cut at two thresholds.
+_KINDS = (RECONSUME_LATER, EXCEPTION, NULL_RETURN)
+_SEND_BACKS = (SEND_BACK_FAILED, SEND_BACK_FALLBACK, SEND_BACK_DONE)
+
+
+def _band(u: float, thresholds: tuple[float, float], values: tuple) -> object:
+    """``values[0]`` below the first threshold, ``values[1]`` below the second, else the
+    last (the plain-Python twin of :func:`_band_col`)."""
+    first, second = thresholds
+    return values[0] if u < first else values[1] if u < second else values[2]
+
+
+def _band_col(u: Column, thresholds: tuple[float, float], values: tuple) -> Column:
+    first, second = thresholds
+    return (
+        F.when(u < F.lit(first), F.lit(values[0]))
+        .when(u < F.lit(second), F.lit(values[1]))
+        .otherwise(F.lit(values[2]))
+    )
+
+
 # --------------------------------------------------------------------------- Spark columns
 
 
@@ -112,22 +133,11 @@ def listener_draw_columns(behavior: Behavior, seed: int, group: str) -> dict[str
         "poison_fixed"
     )
     fails = poisoned | (delivery <= F.lit(behavior.fail_first)) | (u(FAIL) < probability)
-    first, second = _kind_thresholds(behavior)
-    kind = u(KIND)
-    failure = (
-        F.when(kind < F.lit(first), F.lit(RECONSUME_LATER))
-        .when(kind < F.lit(second), F.lit(EXCEPTION))
-        .otherwise(F.lit(NULL_RETURN))
-    )
-    failed, fallen_back = send_back_thresholds(behavior)
+    failure = _band_col(u(KIND), _kind_thresholds(behavior), _KINDS)
+    thresholds = send_back_thresholds(behavior)
     send_back: Column = F.lit(SEND_BACK_DONE)
-    if fallen_back > 0:
-        draw = u(SEND_BACK)
-        send_back = (
-            F.when(draw < F.lit(failed), F.lit(SEND_BACK_FAILED))
-            .when(draw < F.lit(fallen_back), F.lit(SEND_BACK_FALLBACK))
-            .otherwise(send_back)
-        )
+    if thresholds[1] > 0:
+        send_back = _band_col(u(SEND_BACK), thresholds, _SEND_BACKS)
     return {
         "processing_ms": time_ms,
         "listener_outcome": F.when(fails, failure).otherwise(F.lit(CONSUME_SUCCESS)),
@@ -177,8 +187,8 @@ class ListenerModel:
             for o in behavior.outages
         )  # fmt: skip
         self.base_dist = _Dist.of(behavior.processing_time)
-        self.kind_first, self.kind_second = _kind_thresholds(behavior)
-        self.send_back_failed, self.send_back_fallen_back = send_back_thresholds(behavior)
+        self.kind_thresholds = _kind_thresholds(behavior)
+        self.send_back_thresholds = send_back_thresholds(behavior)
 
     def result(
         self, draws: tuple[float, ...], delivery: int, start_ms: int, poisoned: bool
@@ -198,20 +208,8 @@ class ListenerModel:
         if probability is None:
             probability = self.base_probability
         fails = poisoned or delivery <= self.fail_first or u_fail < probability
-        if not fails:
-            outcome = CONSUME_SUCCESS
-        elif u_kind < self.kind_first:
-            outcome = RECONSUME_LATER
-        elif u_kind < self.kind_second:
-            outcome = EXCEPTION
-        else:
-            outcome = NULL_RETURN
-        if u_send_back < self.send_back_failed:
-            send_back = SEND_BACK_FAILED
-        elif u_send_back < self.send_back_fallen_back:
-            send_back = SEND_BACK_FALLBACK
-        else:
-            send_back = SEND_BACK_DONE
+        outcome = _band(u_kind, self.kind_thresholds, _KINDS) if fails else CONSUME_SUCCESS
+        send_back = _band(u_send_back, self.send_back_thresholds, _SEND_BACKS)
         return outcome, dist.sample(u_a, u_b), send_back
 
 

@@ -215,21 +215,19 @@ class Policy:
         if fallback:
             # a plain send with RECONSUME_TIME = rt + 1 and DELAY = 3 + rt; a 4.9.7 broker
             # dead-letters it when rt + 1 >= max, through the schedule topic
-            level, interval = self._resend(rt)
             exhausted = rt + 1 >= self.max_retries
             reason_now = REASON_SEND_BACK_FALLBACK
         else:
-            retry = broker_rt + 1
-            if timed_out and self.timeout_interval_ms is not None:
-                interval, level = self.timeout_interval_ms, self.timeout_level
-            else:
-                interval, level = self.interval(retry), self.level(retry)
             exhausted = broker_rt >= self.max_retries
             reason_now = outcome
         # re-sent to the retry topic with DELAY = 3 + rt: into the schedule topic
         resent = fallback or (exhausted and self.dead_letters_late)
-        if resent and not fallback:
+        if resent:
             level, interval = self._resend(rt)
+        elif timed_out and self.timeout_interval_ms is not None:
+            interval, level = self.timeout_interval_ms, self.timeout_level
+        else:
+            interval, level = self.interval(broker_rt + 1), self.level(broker_rt + 1)
         due = (start_ms if self.from_start else end_ms) + interval
         negative = self.dlq_now and not timed_out and not fallback
         if exhausted or negative:
