@@ -41,6 +41,7 @@ from retrysim.checks.invariants import (
     transition_hash,
 )
 from retrysim.checks.rows import ATTEMPT_COUNTED, attempt_steps, step_hash
+from retrysim.model.behavior import TIMEOUT
 from retrysim.model.states import (
     COMMIT,
     DISCARD,
@@ -51,8 +52,11 @@ from retrysim.model.states import (
     READY_REPLAYED,
     WAITING_RETRY,
 )
+from retrysim.scenario.errors import ScenarioError
+from retrysim.scenario.loading import scenario_from_json
 from retrysim.tables.schemas import PARTITION_COLUMN, TRANSITIONS, select_schema
 from retrysim.tables.transitions import step_columns, transitions_from_attempts
+from retrysim.tables.writes import before, pop_settings, pop_write_times
 
 # --------------------------------------------------------------------------- transitions
 
@@ -87,11 +91,12 @@ def transition_digest(transitions: DataFrame) -> DataFrame:
     return _digest(transitions, [transition_hash([F.col(name) for name in HASHED])], "t")
 
 
-def derived_digest(attempts: DataFrame) -> DataFrame:
+def derived_digest(attempts: DataFrame, pops: DataFrame | None = None) -> DataFrame:
     """The same over the transitions the attempts give (``derived_*``), hashed from each
     attempt's step columns without exploding them into rows. The transitions table is
     exactly what the attempts give when rows and digest agree. The same scan sums what the
-    attempts count toward summary and load (:data:`ATTEMPT_COUNTED`)."""
+    attempts count toward summary and load (:data:`ATTEMPT_COUNTED`), with the 5.x pop
+    writes of the groups in ``pops`` (:func:`pop_groups`)."""
     hashed = [f"_hash_{k}" for k in STEPS]
     hashes = attempts.withColumns(
         {
@@ -99,12 +104,68 @@ def derived_digest(attempts: DataFrame) -> DataFrame:
             for name, (present, fields) in zip(hashed, step_columns(), strict=True)
         }
     )
+    keep = tuple(hashed)
+    if pops is not None:
+        hashes = hashes.join(F.broadcast(pops), GROUP, "left")
+        keep += (*POP_COLUMNS, "horizon_ms", "outcome")
+    steps = attempt_steps(hashes, keep=keep)
+    if pops is not None:
+        steps = steps.withColumn(
+            "t_commitlog_writes", F.col("t_commitlog_writes") + F.size(_pop_writes())
+        )
     return _digest(
-        attempt_steps(hashes, keep=tuple(hashed)),
+        steps,
         [F.col(name) for name in hashed],
         "derived",
         *[F.sum(name).alias(name) for name in ATTEMPT_COUNTED],
     )
+
+
+POP_COLUMNS = ("pop_invisible_ms", "pop_nacks")
+
+
+def pop_groups(runs: DataFrame) -> DataFrame | None:
+    """Per run and group whose deliveries are 5.x pops: its pop settings
+    (:func:`retrysim.tables.writes.pop_settings`) and the run's horizon, from each run's
+    stored scenario (one small row per run reaches the driver); None if no group pops."""
+    rows = []
+    for run in runs.select(PARTITION_COLUMN, "config_json").distinct().collect():
+        try:
+            scenario = scenario_from_json(run["config_json"])
+        except ScenarioError:
+            continue  # no scenario, no pops: what the tables count is checked as it is
+        for group, settings in pop_settings(scenario).items():
+            rows.append((run[PARTITION_COLUMN], group, *settings, scenario.horizon))
+    if not rows:
+        return None
+    names = (*GROUP, *POP_COLUMNS, "horizon_ms")
+    return runs.sparkSession.createDataFrame(
+        rows,
+        ", ".join(
+            f"{name} {kind}"
+            for name, kind in zip(
+                names, ("string", "string", "long", "boolean", "long"), strict=True
+            )
+        ),
+    )
+
+
+def _pop_writes() -> Column:
+    """An attempt's 5.x pop writes before its run's horizon, from its steps (the rule:
+    :func:`retrysim.tables.writes.pop_write_times`)."""
+    c, code = F.col, STATE_CODE
+    end, leave = c("t_end_state"), c("t_leave_state")
+    gone = (code[DLQ], code[DISCARD])
+    times = pop_write_times(
+        c("pop_invisible_ms"),
+        c("t_start_ms"),
+        c("t_end_ms"),
+        committed=end == code[COMMIT],
+        nacked=c("pop_nacks") & (end == code[WAITING_RETRY]) & (c("outcome") != TIMEOUT),
+        retry_due=F.coalesce(c("a_next_ready_ms"), c("t_leave_ms")),
+        left_at=F.when(leave.isin(*gone), c("t_leave_ms")).when(end.isin(*gone), c("t_end_ms")),
+    )
+    return before(times, c("horizon_ms"))
 
 
 def attempt_chain_digest(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:

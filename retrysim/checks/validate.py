@@ -281,7 +281,7 @@ def _fast_counts(
     parts = {
         "load": load,
         "summary": counts.summary_counts(tables["summary"]),
-        "derived": digests.derived_digest(tables["attempts"]),
+        "derived": digests.derived_digest(tables["attempts"], digests.pop_groups(tables["runs"])),
         "chains": digests.attempt_chain_digest(tables, ends),
         "messages": digests.message_chain_digest(tables["messages"], tables["runs"]),
         "dead": digests.dead_letter_chain_digest(tables["dead_letters"]),

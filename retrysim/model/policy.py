@@ -143,6 +143,14 @@ class Policy:
         return self.resend_levels is not None and self.retry_path == LOCAL
 
     @property
+    def pop_invisible_ms(self) -> int | None:
+        """A 5.x pop's invisible time, when every delivery writes a checkpoint and an ack to
+        the commit log (unordered revive-path groups; a FIFO pop keeps its state out of the
+        commit log): the push consumer's consume timeout, or ``invisible_duration``
+        (docs/flavors.md, 5.x pop writes)."""
+        return self.timeout_ms if self.retry_path == REVIVE and not self.blocking else None
+
+    @property
     def timeout_sent_back_unread(self) -> bool:
         """Whether a timeout is sent back to a retry topic nobody reads (4.x broadcasting)."""
         return self.retry_path == NO_RETRY and self.timeout_level is not None

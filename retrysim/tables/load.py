@@ -28,7 +28,6 @@ from retrysim.model.states import (
     DLQ,
     READY_PUBLISHED,
     READY_REPLAYED,
-    READY_RETRY_DUE,
     WAITING_RETRY,
 )
 from retrysim.scenario import limits
@@ -40,7 +39,7 @@ from retrysim.tables.schemas import (
     data_schema,
     select_schema,
 )
-from retrysim.tables.transitions import lands_unread
+from retrysim.tables.writes import write_times
 
 # Retries by retry number are counted up to this number; later ones share the last bar
 # (an orderly poison message can retry thousands of times).
@@ -62,7 +61,7 @@ def _bucket_of(column: str, bucket_ms: int) -> Column:
     return F.floor(F.col(column) / F.lit(bucket_ms)).cast("long")
 
 
-def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
+def _compact(attempts: DataFrame, scenario: Scenario) -> DataFrame:
     """Attempts grouped by everything the load table reads from them: which events a delivery
     has and the bucket of each; and by the retry a WaitingRetry attempt schedules, which the
     run's report counts (:func:`retries_by_level`). Deliveries that look alike in those
@@ -72,6 +71,7 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
     Busy time is kept exact as integer sums of start and end per row, so splitting a request
     across the buckets it spans needs no per-delivery row either.
     """
+    bucket_ms = scenario.load_bucket
     state, reason = F.col("result_state"), F.col("ready_reason")
     started = F.col("start_ms").isNotNull()
     waits_retry = F.col("end_state") == F.lit(WAITING_RETRY)
@@ -83,12 +83,12 @@ def _compact(attempts: DataFrame, bucket_ms: int) -> DataFrame:
         "first": started & (F.col("delivery") == 1),
         "retry": started & ~reason.isin(READY_PUBLISHED, READY_REPLAYED),
         "replayed": reason == F.lit(READY_REPLAYED),
-        "written": reason.isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE),
         "state": state,
         # Inflight ends at end_ms (for 5.x simple, when the message is visible again)
         "ended": F.col("end_ms").isNotNull(),
         "waits_retry": waits_retry,
-        "lands_unread": lands_unread(state, F.col("leave_reason")),
+        # the buckets of its commit-log writes (retrysim.tables.writes), one per write
+        "b_writes": F.transform(write_times(scenario), lambda t: F.floor(t / F.lit(bucket_ms))),
         "level": F.when(scheduled, F.col("delay_level")),
         "b_ready": _bucket_of("ready_ms", bucket_ms),
         "b_start": _bucket_of("start_ms", bucket_ms),
@@ -180,30 +180,38 @@ def _events(compact: DataFrame) -> DataFrame:
             ),
         )
 
+    writes = F.transform(
+        F.col("b_writes"),
+        lambda b: F.struct(
+            b.cast("long").alias("bucket"),
+            F.lit("commitlog_writes").alias("kind"),
+            n.alias("amount"),
+            F.lit(None).cast("int").alias("level"),
+        ),
+    )
     return (
         compact.select(
             "group",
             F.explode(
-                F.array(
-                    event(started, "b_start", "deliveries"),
-                    event(F.col("first"), "b_start", "first_deliveries"),
-                    event(F.col("retry"), "b_start", "retries"),
-                    event(F.col("replayed"), "b_ready", "replays"),
-                    event(state == F.lit(COMMIT), "b_settled", "commits"),
-                    event(state == F.lit(DLQ), "b_settled", "dlq"),
-                    event(state == F.lit(DISCARD), "b_settled", "discards"),
-                    event(F.col("written"), "b_ready", "commitlog_writes"),
-                    event(scheduled, "b_end", "commitlog_writes"),
-                    event(state == F.lit(DLQ), "b_settled", "commitlog_writes"),
-                    event(F.col("lands_unread"), "b_settled", "commitlog_writes"),
-                    event(started, "b_start", "inflight"),
-                    event(F.col("ended"), "b_end", "inflight", -1),
-                    event(waits_retry, "b_end", "waiting_retry"),
-                    event(waits_retry, "b_wr_until", "waiting_retry", -1),
-                    event(F.lit(True), "b_ready", "ready_backlog"),
-                    event(started, "b_start", "ready_backlog", -1),
-                    event(scheduled, "b_end", "schedule", 1, level=True),
-                    event(scheduled, "b_wr_until", "schedule", -1, level=True),
+                F.concat(
+                    F.array(
+                        event(started, "b_start", "deliveries"),
+                        event(F.col("first"), "b_start", "first_deliveries"),
+                        event(F.col("retry"), "b_start", "retries"),
+                        event(F.col("replayed"), "b_ready", "replays"),
+                        event(state == F.lit(COMMIT), "b_settled", "commits"),
+                        event(state == F.lit(DLQ), "b_settled", "dlq"),
+                        event(state == F.lit(DISCARD), "b_settled", "discards"),
+                        event(started, "b_start", "inflight"),
+                        event(F.col("ended"), "b_end", "inflight", -1),
+                        event(waits_retry, "b_end", "waiting_retry"),
+                        event(waits_retry, "b_wr_until", "waiting_retry", -1),
+                        event(F.lit(True), "b_ready", "ready_backlog"),
+                        event(started, "b_start", "ready_backlog", -1),
+                        event(scheduled, "b_end", "schedule", 1, level=True),
+                        event(scheduled, "b_wr_until", "schedule", -1, level=True),
+                    ),
+                    writes,
                 )
             ).alias("e"),
         )
@@ -253,7 +261,7 @@ def _oldest_ready(compact: DataFrame, buckets: int) -> DataFrame:
 def compact_attempts(attempts: DataFrame, scenario: Scenario) -> DataFrame:
     """:func:`_compact` at the scenario's load bucket, held in executor memory: the load and
     the summary both read it instead of the attempts."""
-    return _compact(attempts, scenario.load_bucket).localCheckpoint()
+    return _compact(attempts, scenario).localCheckpoint()
 
 
 def load_from_attempts(

@@ -22,15 +22,13 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from retrysim.model.states import (
-    DLQ,
     READY_PUBLISHED,
     READY_REPLAYED,
-    READY_RETRY_DUE,
     WAITING_RETRY,
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
-from retrysim.tables.transitions import lands_unread
+from retrysim.tables.writes import write_times
 
 # Threads busy are counted in units of 1/THREAD_UNITS of a thread, so that a batch member's
 # share (1/batch_size of its request's thread) adds up exactly as an integer.
@@ -44,24 +42,27 @@ EXACT = "decimal(38,0)"
 _FIELDS = (*GAUGES, *RATES)
 
 
-def _moment(when: Column, at: Column, level: Column | None = None, **changes: Column) -> Column:
-    """One moment of an attempt: its time, level and change to each field (0 unless given)."""
+def _change(at: Column, level: Column | None = None, **changes: Column) -> Column:
+    """A moment's time, level and change to each field (0 unless given)."""
     zero = F.lit(0).cast("long")
-    return F.when(
-        when & at.isNotNull(),
-        F.struct(
-            at.cast("long").alias("t"),
-            (level if level is not None else F.lit(ALL_LEVELS)).cast("int").alias("level"),
-            *[changes.get(name, zero).cast("long").alias(name) for name in _FIELDS],
-            changes.get("ready_wait", F.lit(None)).cast("long").alias("ready_wait"),
-        ),
+    return F.struct(
+        at.cast("long").alias("t"),
+        (level if level is not None else F.lit(ALL_LEVELS)).cast("int").alias("level"),
+        *[changes.get(name, zero).cast("long").alias(name) for name in _FIELDS],
+        changes.get("ready_wait", F.lit(None)).cast("long").alias("ready_wait"),
     )
 
 
-def _moments() -> list[Column]:
-    """The moments of an attempt. A delivery started when it became Ready changes the Ready
+def _moment(when: Column, at: Column, level: Column | None = None, **changes: Column) -> Column:
+    """One moment of an attempt, if it has it."""
+    return F.when(when & at.isNotNull(), _change(at, level, **changes))
+
+
+def _moments(scenario: Scenario, writes: bool) -> Column:
+    """The moments of an attempt, and with ``writes`` one per commit-log write
+    (retrysim.tables.writes). A delivery started when it became Ready changes the Ready
     backlog by nothing, so its Ready moment is left out; a moment that coincides with
-    another (the thread freed at the end, a DLQ move at the failure) joins it."""
+    another (the thread freed at the end) joins it."""
     c = F.col
     one = F.lit(1)
 
@@ -70,11 +71,8 @@ def _moments() -> list[Column]:
 
     started = c("start_ms").isNotNull()
     waited = ~started | (c("start_ms") > c("ready_ms"))
-    written = flag(c("ready_reason").isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE))
     waits_retry = c("end_state") == F.lit(WAITING_RETRY)
     scheduled = waits_retry & (c("end_topic") == F.lit(limits.SCHEDULE_TOPIC))
-    # a dead letter is written to %DLQ%; an expired broadcast message to a retry topic
-    dlq = (c("result_state") == F.lit(DLQ)) | lands_unread(c("result_state"), c("leave_reason"))
     busy = started & (c("processing_ms") > 0)
     share = F.floor(F.lit(THREAD_UNITS) / c("batch_size"))
     freed = c("start_ms") + c("processing_ms")
@@ -83,8 +81,8 @@ def _moments() -> list[Column]:
     # a retry leaves the schedule topic when it is due; a 4.9.7 fallback's dead letter when
     # it reaches the DLQ
     waited_until = F.coalesce(c("next_ready_ms"), c("settled_ms"))
-    return [
-        _moment(waited, c("ready_ms"), ready_backlog=one, commitlog_writes=written),
+    moments = F.array(
+        _moment(waited, c("ready_ms"), ready_backlog=one),
         _moment(
             started,
             c("start_ms"),
@@ -93,7 +91,6 @@ def _moments() -> list[Column]:
             threads_busy=F.when(busy, share).otherwise(F.lit(0)),
             deliveries=one,
             retries=flag(~c("ready_reason").isin(READY_PUBLISHED, READY_REPLAYED)),
-            commitlog_writes=F.when(waited, F.lit(0)).otherwise(written),
         ),
         _moment(started & waited, c("start_ms") - one, ready_wait=c("start_ms") - c("ready_ms")),
         _moment(
@@ -103,14 +100,17 @@ def _moments() -> list[Column]:
             waiting_retry=flag(waits_retry),
             schedule=flag(scheduled),
             threads_busy=F.when(frees_at_end, -share).otherwise(F.lit(0)),
-            commitlog_writes=flag(scheduled) + flag(dlq & (c("settled_ms") == c("end_ms"))),
         ),
         _moment(busy & ~frees_at_end, freed, threads_busy=-share),
         _moment(waits_retry, waited_until, waiting_retry=-one, schedule=-flag(scheduled)),
-        _moment(dlq & (c("settled_ms") != c("end_ms")), c("settled_ms"), commitlog_writes=one),
         _moment(scheduled, c("end_ms"), c("delay_level"), schedule=one),
         _moment(scheduled, waited_until, c("delay_level"), schedule=-one),
-    ]
+    )
+    if not writes:
+        return moments
+    return F.concat(
+        moments, F.transform(write_times(scenario), lambda t: _change(t, commitlog_writes=one))
+    )
 
 
 def _rise(highest: str, first_t: str, bucket_ms: int) -> Column:
@@ -136,7 +136,7 @@ def _exploded(
     for change in changes[1:]:
         any_change = any_change | change
     return (
-        attempts.select(*by, F.explode(F.array(*_moments())).alias("m"))
+        attempts.select(*by, F.explode(_moments(scenario, "commitlog_writes" in fields)).alias("m"))
         .where(
             F.col("m").isNotNull()
             & (F.col("m.t") < F.lit(until if until is not None else scenario.horizon))

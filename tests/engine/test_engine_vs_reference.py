@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 from reference.simulator import simulate_scenario
 from reference.strategies import scenarios
+from reference.writes import busiest_second, writes_per_bucket
 
 from retrysim import simulate
 from retrysim.engine.rounds import group_plans, key_specs
@@ -188,6 +189,28 @@ def compare(spark, result, reference: dict[str, list[dict]]) -> None:
         assert_same_rows(actual, _frame(spark, reference[name], schema))
 
 
+def compare_writes(spark, result, scenario: dict, reference: dict[str, list[dict]]) -> None:
+    """The load's commit-log writes per bucket, and the summary's busiest second of them,
+    against the writes the broker's source makes of the reference's deliveries
+    (tests/reference/writes.py)."""
+    bucket_ms = build_scenario(scenario).load_bucket
+    expected = writes_per_bucket(scenario, reference, bucket_ms)
+    actual = result.table("load").where(F.col("commitlog_writes") > 0)
+    assert_same_rows(
+        actual.select("group", "bucket_start_ms", "commitlog_writes"),
+        spark.createDataFrame(
+            [(g, b, n) for (g, b), n in expected.items()],
+            "group string, bucket_start_ms long, commitlog_writes long",
+        ),
+    )
+    peaks = {
+        r["group"]: r["peak_commitlog_writes_per_s"]
+        for r in result.table("summary").select("group", "peak_commitlog_writes_per_s").collect()
+    }
+    busiest = busiest_second(scenario, reference)
+    assert peaks == {group: busiest.get(group, 0) for group in peaks}
+
+
 @pytest.fixture(scope="module")
 def run(spark, tmp_path_factory):
     """Every round as its own Spark stage (tail_rows=0), so the column rules are exercised for
@@ -249,6 +272,17 @@ def test_messages_attempts_transitions_equal_the_reference(spark, run, reference
     compare(spark, run, reference)
 
 
+def test_commit_log_writes_equal_the_sources_puts(spark, run, reference):
+    """Every flavor's writes, 5.x pop checkpoints and acks among them, bucket by bucket."""
+    compare_writes(spark, run, SCENARIO, reference)
+    by_group = {r["group"]: r for r in run.summary.collect()}
+    # a 5.x pop writes a checkpoint and an ack through the timer wheel: 5 writes for a
+    # message committed at once, against 1 for a 4.x one
+    assert (
+        by_group["simple"]["write_amplification"] > 4 > by_group["payments"]["write_amplification"]
+    )
+
+
 @settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(scenario=scenarios(groups=10, max_messages=15))
 def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario):
@@ -259,7 +293,9 @@ def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario)
         run_id="random",
         validate=False,  # the row-by-row checks are stronger; test_validate covers it
     )
-    compare(spark, result, simulate_scenario(scenario))
+    reference = simulate_scenario(scenario)
+    compare(spark, result, reference)
+    compare_writes(spark, result, scenario, reference)
 
 
 # Found by the random scenarios: an ordered lane idle when a replay arrives had already

@@ -1,0 +1,136 @@
+"""Commit-log writes: the moments each attempt writes to the broker's commit log.
+
+The load table and the exact peaks (and so the summary) read an attempt's writes from
+:func:`write_times`, one derivation: a write is counted once, at its moment, and only before
+the horizon. docs/flavors.md cites the source of each kind:
+
+* the copy of the message on the topic it is Ready on: published, replayed, or a retry due
+  (the schedule topic's delivery to ``%RETRY%``, or the 5.x reviver's copy);
+* a 4.x send-back into ``SCHEDULE_TOPIC_XXXX`` (WaitingRetry there);
+* a dead letter, and an expired broadcast message's copy that nobody reads;
+* a 5.x pop's bookkeeping (:func:`pop_write_times`).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from retrysim.model.behavior import TIMEOUT
+from retrysim.model.policy import policy_for
+from retrysim.model.states import (
+    COMMIT,
+    DISCARD,
+    DLQ,
+    READY_PUBLISHED,
+    READY_REPLAYED,
+    READY_RETRY_DUE,
+    WAITING_RETRY,
+)
+from retrysim.scenario import limits
+from retrysim.scenario.spec import Scenario
+from retrysim.tables.transitions import lands_unread
+
+
+def pop_settings(scenario: Scenario) -> dict[str, tuple[int, bool]]:
+    """The groups whose deliveries are 5.x pops (:attr:`Policy.pop_invisible_ms`): name ->
+    (invisible time, whether a failed delivery is nacked by ``changeInvisibleDuration``, as
+    the push consumer does, rather than left to become visible, as the simple consumer's)."""
+    table = scenario.broker.message_delay_level
+    settings = {}
+    for group in scenario.groups:
+        policy = policy_for(group, table)
+        if policy.pop_invisible_ms is not None:
+            settings[group.name] = (policy.pop_invisible_ms, not policy.invisible_until_retry)
+    return settings
+
+
+def pop_write_times(
+    invisible: Column,
+    start: Column,
+    end: Column,
+    committed: Column,
+    nacked: Column,
+    retry_due: Column,
+    left_at: Column,
+) -> Column:
+    """The commit-log writes of one 5.x pop delivery (``array<long>``, null where a write
+    does not happen), with the broker's defaults (``enablePopBufferMerge=false``, the timer
+    wheel on). A checkpoint or an ack carries a delivery time, so the timer wheel writes it
+    twice: to its own topic now, and to the revive topic when it is due.
+
+    * the pop's checkpoint, due when the message would be visible again (``start +
+      invisible``);
+    * ``committed``: the ack, due at the same moment;
+    * ``nacked`` (the push consumer's failure): ``changeInvisibleDuration`` writes a new
+      checkpoint, due when the retry is (``retry_due``), and acks the original;
+    * ``left_at`` (the message dead-lettered or discarded then): the reviver's copy, and the
+      pop that finds it over the limit, with its checkpoint and its ack.
+
+    Every argument is a column of one attempt; ``invisible`` is null for a group that does
+    not pop."""
+    pops = invisible.isNotNull()
+    started = pops & start.isNotNull()
+    visible_again = start + invisible
+    committed, nacked = pops & committed, pops & nacked
+    leaves = pops & left_at.isNotNull()
+    writes = [
+        (started, start),
+        (started, visible_again),
+        (committed, end),
+        (committed, visible_again),
+        (nacked, end),
+        (nacked, retry_due),
+        (nacked, end),
+        (nacked, visible_again),
+        *[(leaves, left_at)] * 3,
+        *[(leaves, left_at + invisible)] * 2,
+    ]
+    return F.array(*[F.when(when, at).cast("long") for when, at in writes])
+
+
+def _per_group(settings: dict[str, tuple[int, bool]], index: int, dtype: str) -> Column:
+    """One of the groups' pop settings as a column (null for a group that does not pop)."""
+    column = F.lit(None).cast(dtype)
+    for name, values in settings.items():
+        column = F.when(F.col("group") == F.lit(name), F.lit(values[index])).otherwise(column)
+    return column
+
+
+def before(times: Column, horizon: int | Column) -> Column:
+    """The moments of ``times`` that happen before the horizon."""
+    return F.filter(times, lambda t: t.isNotNull() & (t < horizon))
+
+
+def write_times(scenario: Scenario) -> Column:
+    """Every commit-log write of an attempt row before the horizon, as ``array<long>``."""
+    c = F.col
+    state = c("result_state")
+    ready_copy = c("ready_reason").isin(READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE)
+    scheduled = (c("end_state") == F.lit(WAITING_RETRY)) & (
+        c("end_topic") == F.lit(limits.SCHEDULE_TOPIC)
+    )
+    dead = (state == F.lit(DLQ)) | lands_unread(state, c("leave_reason"))
+    times = F.array(
+        F.when(ready_copy, c("ready_ms")),
+        F.when(scheduled, c("end_ms")),
+        F.when(dead, c("settled_ms")),
+    )
+    settings = pop_settings(scenario)
+    if settings:
+        nacks = _per_group(settings, 1, "boolean")
+        times = F.concat(
+            times,
+            pop_write_times(
+                _per_group(settings, 0, "long"),
+                c("start_ms"),
+                c("end_ms"),
+                committed=c("end_state") == F.lit(COMMIT),
+                nacked=nacks
+                & (c("end_state") == F.lit(WAITING_RETRY))
+                & (c("outcome") != F.lit(TIMEOUT)),
+                retry_due=F.coalesce(c("next_ready_ms"), c("settled_ms")),
+                left_at=F.when(state.isin(DLQ, DISCARD), c("settled_ms")),
+            ),
+        )
+    return before(times, scenario.horizon)
