@@ -151,8 +151,10 @@ def pop_groups(runs: DataFrame) -> DataFrame | None:
 
 
 def _pop_writes() -> Column:
-    """An attempt's 5.x pop writes before its run's horizon, from its steps (the rule:
-    :func:`retrysim.tables.writes.pop_write_times`)."""
+    """An attempt's 5.x pop writes before its run's horizon, from its steps: the rule is
+    :func:`retrysim.tables.writes.pop_write_times`, shared (tests/reference/writes.py checks
+    it against the source); what this checks is that the tables counted it over the right
+    moments."""
     c, code = F.col, STATE_CODE
     end, leave = c("t_end_state"), c("t_leave_state")
     gone = (code[DLQ], code[DISCARD])

@@ -31,6 +31,9 @@ from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.transitions import lands_unread
 
+# PopAckConstants.ackTimeInterval: a checkpoint is due this long before its revive time
+ACK_TIME_INTERVAL_MS = 1_000
+
 
 def pop_settings(scenario: Scenario) -> dict[str, tuple[int, bool]]:
     """The groups whose deliveries are 5.x pops (:attr:`Policy.pop_invisible_ms`): name ->
@@ -56,8 +59,10 @@ def pop_write_times(
 ) -> Column:
     """The commit-log writes of one 5.x pop delivery (``array<long>``, null where a write
     does not happen), with the broker's defaults (``enablePopBufferMerge=false``, the timer
-    wheel on). A checkpoint or an ack carries a delivery time, so the timer wheel writes it
-    twice: to its own topic now, and to the revive topic when it is due.
+    wheel on). A checkpoint or an ack carries a delivery time; while that is ahead, the timer
+    wheel writes it twice: to its own topic now, and to the revive topic when it is due (a
+    checkpoint is due ``ACK_TIME_INTERVAL_MS`` before its revive time; the second write is
+    placed at the revive time).
 
     * the pop's checkpoint, due when the message would be visible again (``start +
       invisible``);
@@ -74,19 +79,25 @@ def pop_write_times(
     visible_again = start + invisible
     committed, nacked = pops & committed, pops & nacked
     leaves = pops & left_at.isNotNull()
+    early = F.lit(ACK_TIME_INTERVAL_MS)
     writes = [
-        (started, start),
-        (started, visible_again),
-        (committed, end),
-        (committed, visible_again),
-        (nacked, end),
-        (nacked, retry_due),
-        (nacked, end),
-        (nacked, visible_again),
-        *[(leaves, left_at)] * 3,
-        *[(leaves, left_at + invisible)] * 2,
+        *_timer_put(started, start, visible_again, visible_again - early),  # the checkpoint
+        *_timer_put(committed, end, visible_again, visible_again),  # the ack
+        *_timer_put(nacked, end, retry_due, retry_due - early),  # the new checkpoint
+        *_timer_put(nacked, end, visible_again, visible_again),  # the original's ack
+        (leaves, left_at),  # the revived copy
+        *_timer_put(leaves, left_at, left_at + invisible, left_at + invisible - early),
+        *_timer_put(leaves, left_at, left_at + invisible, left_at + invisible),
     ]
     return F.array(*[F.when(when, at).cast("long") for when, at in writes])
+
+
+def _timer_put(
+    when: Column, now: Column, at: Column, due: Column
+) -> tuple[tuple[Column, Column], tuple[Column, Column]]:
+    """``HookUtils.transformTimerMessage``: a message due after ``now`` is written now to the
+    timer's topic and again (at ``at``) to its own; one due already is written once."""
+    return (when, now), (when & (due > now), at)
 
 
 def _per_group(settings: dict[str, tuple[int, bool]], index: int, dtype: str) -> Column:

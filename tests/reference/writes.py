@@ -17,12 +17,23 @@ from reference.simulator import _group_config
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
 
-def timer_put(now: int, deliver_ms: int) -> list[int]:
-    """``HookUtils.handleScheduleMessage``/``transformTimerMessage``: a message whose
-    ``TIMER_DELIVER_MS`` is still ahead goes to ``rmq_sys_wheel_timer`` now, and the timer
-    wheel puts it on its real topic when it is due (``TimerMessageStore``); the wheel's 1 s
-    slots are not modelled (the put is taken at its nominal time)."""
-    return [now, deliver_ms] if deliver_ms > now else [now]
+ACK_TIME_INTERVAL = 1000  # PopAckConstants.ackTimeInterval
+
+
+def timer_put(now: int, deliver_ms: int, put_at: int | None = None) -> list[int]:
+    """``HookUtils.handleScheduleMessage``/``transformTimerMessage`` (line 195): a message
+    whose ``TIMER_DELIVER_MS`` is still ahead goes to ``rmq_sys_wheel_timer`` now, and the
+    timer wheel puts it on its real topic when it is due (``TimerMessageStore``); else it is
+    put once, now. The wheel's 1 s slots are not modelled: the second put is taken at
+    ``put_at`` (default: when it is due)."""
+    return [now, deliver_ms if put_at is None else put_at] if deliver_ms > now else [now]
+
+
+def checkpoint_put(now: int, revive_ms: int) -> list[int]:
+    """``buildCkMsg`` (line 945) and ``ChangeInvisibleTimeProcessor`` (line 327): a checkpoint
+    is due ``ackTimeInterval`` before its revive time; retrysim places its second put at the
+    revive time."""
+    return timer_put(now, revive_ms - ACK_TIME_INTERVAL, put_at=revive_ms)
 
 
 def _pop_writes(cfg: Any, a: dict, steps: dict[str, tuple]) -> list[int]:
@@ -33,8 +44,8 @@ def _pop_writes(cfg: Any, a: dict, steps: dict[str, tuple]) -> list[int]:
     if start is None:
         return []
     end_state = steps["end"][0] if "end" in steps else None
-    # PopMessageProcessor.appendCheckPoint -> buildCkMsg: setDeliverTimeMs(reviveTime - 1 s)
-    writes = timer_put(start, start + invisible)
+    # PopMessageProcessor.appendCheckPoint -> buildCkMsg: revive when visible again
+    writes = checkpoint_put(start, start + invisible)
     if end_state == "Commit":
         # AckMessageProcessor.appendAck: setDeliverTimeMs(popTime + invisibleTime)
         writes += timer_put(end, start + invisible)
@@ -42,7 +53,7 @@ def _pop_writes(cfg: Any, a: dict, steps: dict[str, tuple]) -> list[int]:
         # the push client's nackMessage: changeInvisibleDuration(retryPolicy delay); the
         # broker's appendCheckPointThenAckOrigin: a checkpoint due after that delay, then
         # ackOrigin (due when the original would have been visible again)
-        writes += timer_put(end, end + cfg.interval_of(a["reconsume_times"] + 1))
+        writes += checkpoint_put(end, end + cfg.interval_of(a["reconsume_times"] + 1))
         writes += timer_put(end, start + invisible)
     gone = [at for state, at, *_ in steps.values() if state in ("DLQ", "Discard")]
     if gone:
@@ -51,11 +62,8 @@ def _pop_writes(cfg: Any, a: dict, steps: dict[str, tuple]) -> list[int]:
         # forwardMessageToDeadLetterQueue re-sends it (the DLQ put, counted by the caller)
         # and acks the popped copy
         moved = gone[0]
-        writes += [
-            moved,
-            *timer_put(moved, moved + invisible),
-            *timer_put(moved, moved + invisible),
-        ]
+        writes += [moved, *checkpoint_put(moved, moved + invisible)]
+        writes += timer_put(moved, moved + invisible)
     return writes
 
 
