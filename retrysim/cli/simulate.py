@@ -10,10 +10,10 @@ import argparse
 from retrysim.cli.common import EXIT_OK, add_scenario_options, check_output, say
 from retrysim.engine.rounds import TAIL_ROWS
 from retrysim.engine.sizing import check_size
-from retrysim.planning.targets import human_ms
 from retrysim.reporting.report import write_run_report
 from retrysim.runner import check_run_id, simulate
 from retrysim.scenario.loading import load_scenario
+from retrysim.scenario.units import human_ms
 from retrysim.session import build_session
 from retrysim.tables.schemas import ALL_SCHEMAS, TABLE_SETS
 

@@ -13,6 +13,11 @@ event by event (:mod:`retrysim.engine.sequential`), which models the waiting exa
 is no approximation error either way; the check only decides which engine is exact for the
 group.
 
+Where the scenario alone says a pool fills up (:func:`offered_load`: the first deliveries
+alone would keep the busiest instance's threads busy :data:`CERTAINLY_FULL` times over), the
+group skips the round run. Choosing the sequential engine is never wrong, only slower when
+the pool would not have filled: both engines are exact there and give the same rows.
+
 The check is cheap first: per time bucket, the threads busy at the bucket's start plus the
 requests starting in it bound the bucket's peak. Only buckets whose bound exceeds the pool
 are examined event by event (a window per bucket, parallel across buckets).
@@ -23,7 +28,13 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from retrysim.model.topology import BY_MESSAGE, BY_QUEUE, Topology
+from retrysim.scenario.spec import Group
+
 CHECK_BUCKET_MS = 1_000
+# Offered this many times its threads while messages arrive, an instance's pool fills up:
+# the group is simulated event by event at once, without a round run to throw away.
+CERTAINLY_FULL = 1.5
 # Order of events at one millisecond (model §5): threads freed first, then starts, then the
 # end of a zero-length request, which held its thread for that instant.
 _END, _START, _ZERO_END = 0, 1, 2
@@ -101,3 +112,22 @@ def peak_concurrency(attempts: DataFrame, pools: dict[str, int]) -> dict[str, in
         .where(F.col("peak") > pool[F.col("group")])
     )
     return {row["group"]: row["peak"] for row in exact.collect()}
+
+
+def offered_load(group: Group, topology: Topology) -> float | None:
+    """The thread time the busiest instance is offered by first deliveries alone while the
+    messages arrive, over its threads: a lower bound of its mean concurrency then, in
+    threads (retries only add to it; the shortest processing mean counts, outages' too).
+    None for an unlimited pool or messages published all at once."""
+    workload, behavior = group.workload, group.behavior
+    if topology.threads is None or workload.over <= 0:
+        return None
+    if topology.balancing == BY_QUEUE:
+        share = topology.most_lanes_per_instance / topology.queues
+    elif topology.balancing == BY_MESSAGE:
+        share = 1 / topology.instances
+    else:
+        share = 1.0  # broadcasting: every instance consumes every message
+    means = [behavior.processing_time.mean]
+    means += [o.processing_time.mean for o in behavior.outages if o.processing_time is not None]
+    return share * workload.messages * min(means) / workload.over / topology.threads

@@ -2,19 +2,23 @@
 
 The round engine (one Spark stage per delivery round) is exact while no consumer pool fills
 up and dispatch order does not matter. Ordered queues and batches need the sequential engine
-from the start; a pool that the rounds show would have filled is dropped from the round
-files and simulated again event by event.
+from the start, and so does a pool the scenario alone shows full
+(:func:`retrysim.engine.capacity.offered_load`); a pool that the rounds show would have filled
+is dropped from the round files and simulated again event by event.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from retrysim.engine.capacity import peak_concurrency
+from retrysim.engine.capacity import CERTAINLY_FULL, offered_load, peak_concurrency
 from retrysim.engine.rounds import (
     GroupPlan,
     Progress,
@@ -23,8 +27,9 @@ from retrysim.engine.rounds import (
     key_specs,
     run_rounds,
 )
-from retrysim.engine.sequential import sequential_attempts
+from retrysim.engine.sequential import read_heartbeats, sequential_attempts
 from retrysim.scenario.spec import Scenario
+from retrysim.scenario.units import human_ms
 from retrysim.store.sinks import remove_tree
 from retrysim.tables.schemas import STAGE
 
@@ -38,6 +43,8 @@ def simulate_attempts(
     that is exact, else event by event; returns the round count and each group's engine."""
     plans = group_plans(scenario)
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
+    full_from_start = _certainly_full(by_rounds, say)
+    by_rounds = [plan for plan in by_rounds if plan.name not in full_from_start]
     rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
     rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
     threads = {p.name: p.policy.topology.threads for p in by_rounds}
@@ -50,11 +57,31 @@ def simulate_attempts(
         )
     if full:
         _drop_groups(spark, rounds_dir, set(full))
-    sequential = [plan for plan in plans if plan.policy.sequential or plan.name in full]
+    sequential = [
+        plan
+        for plan in plans
+        if plan.policy.sequential or plan.name in full or plan.name in full_from_start
+    ]
     if sequential:
         _run_sequential(spark, scenario, sequential, staging, say)
     engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}
     return rounds, engines
+
+
+def _certainly_full(plans: list[GroupPlan], say: Progress) -> set[str]:
+    """The groups whose pools the scenario alone shows full (:func:`offered_load`)."""
+    full = set()
+    for plan in plans:
+        topology = plan.policy.topology
+        load = offered_load(plan.group, topology)
+        if load is not None and load >= CERTAINLY_FULL:
+            full.add(plan.name)
+            say(
+                f"group {plan.name}: its busiest instance is offered {load:.1f} x its "
+                f"{topology.threads:,} threads by first deliveries alone; simulating it event "
+                "by event from the start"
+            )
+    return full
 
 
 def _drop_groups(spark: SparkSession, folder: str, groups: set[str]) -> None:
@@ -84,10 +111,56 @@ def _run_sequential(
     path = os.path.join(staging, "attempts", f"engine={ENGINE_SEQUENTIAL}", "round=00000")
     # up to 200 partitions balance the keys; their files are the attempts table's, so they
     # are written as one file per core (each task runs its partitions' keys in turn)
-    attempts = sequential_attempts(messages, specs, per_lane, partitions)
-    attempts.coalesce(spark.sparkContext.defaultParallelism).write.parquet(path)
+    heartbeats = os.path.join(staging, "heartbeats")
+    attempts = sequential_attempts(messages, specs, per_lane, partitions, heartbeats)
+    with _watching(heartbeats, keys, say):
+        attempts.coalesce(spark.sparkContext.defaultParallelism).write.parquet(path)
+    remove_tree(heartbeats)
     count = spark.read.parquet(path).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
+
+
+HEARTBEAT_EVERY_S = 15.0
+
+
+@contextmanager
+def _watching(folder: str, keys: int, say: Progress) -> Iterator[None]:
+    """While the event-by-event stage runs, say every :data:`HEARTBEAT_EVERY_S` seconds how
+    far its keys got (:func:`heartbeat_line`)."""
+    began, stop = time.monotonic(), threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(HEARTBEAT_EVERY_S):
+            line = heartbeat_line(read_heartbeats(folder), keys, time.monotonic() - began)
+            if line:
+                say(line)
+
+    watcher = threading.Thread(target=watch, name="retrysim-heartbeat", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def heartbeat_line(beats: list[dict], keys: int, elapsed_s: float) -> str | None:
+    """The progress of the event-by-event stage from its keys' heartbeats: the simulated
+    time reached (the least among keys still running), deliveries so far, and the time left
+    at the pace so far of first deliveries, most of the work (a key not heard from yet
+    counts as not started); None before any key has sent one."""
+    if not beats:
+        return None
+    done = sum(b["first"] / b["messages"] if b["messages"] else 1.0 for b in beats) / keys
+    running = [b for b in beats if b["sim_ms"] < b["horizon_ms"]] or beats
+    reached = min(running, key=lambda b: b["sim_ms"] / b["horizon_ms"])
+    deliveries = sum(b["deliveries"] for b in beats)
+    left = f", about {human_ms(1000 * elapsed_s * (1 - done) / done)} left" if done > 0 else ""
+    return (
+        f"event by event: simulated {human_ms(reached['sim_ms'])} of "
+        f"{human_ms(reached['horizon_ms'])}, {deliveries:,} deliveries, {done:.0%} of the "
+        f"messages delivered once, {elapsed_s:.0f}s elapsed{left}"
+    )
 
 
 def lanes_are_independent(plan: GroupPlan) -> bool:

@@ -11,6 +11,9 @@ by the deliveries in flight. Keys run as tasks of one ``mapInPandas`` stage.
 from __future__ import annotations
 
 import heapq
+import json
+import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -40,6 +43,55 @@ _FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (mode
 # A _FREE event's payload: the id of a released lane (>= 0), or a thread of instance i (-1 - i).
 _COLUMNS = STAGE.fieldNames()
 _NO_STEP = (None,) * 11
+HEARTBEAT_S = 5.0  # how often a key's task tells the driver how far it got
+_CLOCK_EVERY = 4096  # loop turns between looks at the clock
+
+
+class Heartbeat:
+    """A key's progress for the driver (:func:`read_heartbeats`): simulated time reached,
+    deliveries so far, and how many of its messages had their first delivery (most of the
+    work: retries are fewer and sparser), rewritten as a small JSON file every
+    :data:`HEARTBEAT_S` seconds in a folder the driver reads (the run's staging folder, which
+    executors write anyway). Where an executor cannot write there, the heartbeat goes quiet;
+    the simulation is unaffected."""
+
+    def __init__(self, folder: str | None, key: int, horizon_ms: int) -> None:
+        self.path = None if folder is None else os.path.join(folder, f"{key}.json")
+        self.horizon_ms = horizon_ms
+        self.last = time.monotonic()
+
+    def beat(
+        self, sim_ms: int, deliveries: int, first: int, messages: int, done: bool = False
+    ) -> None:
+        if self.path is None or (not done and time.monotonic() - self.last < HEARTBEAT_S):
+            return
+        self.last = time.monotonic()
+        beat = {"sim_ms": self.horizon_ms if done else sim_ms, "horizon_ms": self.horizon_ms,
+                "deliveries": deliveries, "first": messages if done else first,
+                "messages": messages}  # fmt: skip
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(f"{self.path}.tmp", "w") as out:
+                json.dump(beat, out)
+            os.replace(f"{self.path}.tmp", self.path)
+        except OSError:
+            self.path = None
+
+
+def read_heartbeats(folder: str) -> list[dict]:
+    """The latest heartbeat of every key that has sent one."""
+    beats = []
+    try:
+        names = [name for name in os.listdir(folder) if name.endswith(".json")]
+    except OSError:
+        return beats
+    for name in names:
+        try:
+            with open(os.path.join(folder, name)) as beat:
+                beats.append(json.load(beat))
+        except (OSError, ValueError):
+            continue  # being replaced just now: the next look sees it
+    return beats
 
 
 @dataclass(frozen=True)
@@ -82,7 +134,7 @@ class _Simulation:
     in publish order, ``(born_ms, msg_id)``."""
 
     def __init__(self, spec: KeySpec, msg_ids: np.ndarray, queue_ids: np.ndarray, born,
-                 publish: bool = True):  # fmt: skip
+                 publish: bool = True, heartbeat: Heartbeat | None = None):  # fmt: skip
         order = np.lexsort((msg_ids, born))
         self.msg_ids, self.queue_ids, self.born = msg_ids[order], queue_ids[order], born[order]
         # messages published in time (none when continuing a frontier of retries)
@@ -118,6 +170,8 @@ class _Simulation:
         # were eligible (by id: their events are skipped)
         self.lane_released: dict[int, _Delivery] = {}
         self.withdrawn: set[int] = set()
+        self.heartbeat = heartbeat or Heartbeat(None, 0, self.horizon)
+        self.deliveries = self.first_deliveries = 0
         if self.policy.blocking:
             self._build_lanes()
 
@@ -253,6 +307,7 @@ class _Simulation:
         replay = self.policy.replay
         if replay is not None and replay.at < self.horizon and self.count:
             self._push(replay.at, _REPLAY, None)
+        turns = 0
         while True:
             arrival = self._next_arrival_ms()
             event = self.events[0][0] if self.events else None
@@ -282,10 +337,16 @@ class _Simulation:
                     continue  # replayed deliveries eligible now: take them first
                 # else what already waits is dispatched now, not at the next event
             self._dispatch(now)
+            turns += 1
+            if turns % _CLOCK_EVERY == 0:
+                self.heartbeat.beat(now, self.deliveries, self.first_deliveries, self.count)
             if len(self.rows) >= OUTPUT_CHUNK_ROWS:
                 yield self.rows
                 self.rows = []
         self._flush_pending()
+        self.heartbeat.beat(
+            self.horizon, self.deliveries, self.first_deliveries, self.count, done=True
+        )
         yield self.rows
 
     def _wait(self, entry: _Delivery) -> None:
@@ -335,6 +396,8 @@ class _Simulation:
         processing = sum(result[1] for result in results)
         failing = next((result[0] for result in results if result[0] != CONSUME_SUCCESS), None)
         outcome, end = policy.consume_result(now, processing, failing or CONSUME_SUCCESS)
+        self.deliveries += len(batch)
+        self.first_deliveries += sum(entry.delivery == 1 for entry in batch)
         if self.free is not None:
             self.free[instance] -= 1
             self._push(now + processing, _FREE, -1 - instance)
@@ -541,13 +604,16 @@ _PANDAS_TYPES = {
 }
 
 
-def simulate_key(spec: KeySpec, msg_ids, queue_ids, born) -> Iterator[pd.DataFrame]:
+def simulate_key(
+    spec: KeySpec, msg_ids, queue_ids, born, heartbeat: Heartbeat | None = None
+) -> Iterator[pd.DataFrame]:
     """Staged attempt rows of one key's messages, as pandas frames in STAGE's shape."""
     simulation = _Simulation(
         spec,
         np.asarray(msg_ids, dtype=np.int64),
         np.asarray(queue_ids, dtype=np.int64),
         np.asarray(born, dtype=np.int64),
+        heartbeat=heartbeat,
     )
     for rows in simulation.run():
         if rows:
@@ -556,10 +622,15 @@ def simulate_key(spec: KeySpec, msg_ids, queue_ids, born) -> Iterator[pd.DataFra
 
 
 def sequential_attempts(
-    messages: DataFrame, specs: list[KeySpec], per_lane: set[str], partitions: int
+    messages: DataFrame,
+    specs: list[KeySpec],
+    per_lane: set[str],
+    partitions: int,
+    heartbeats: str | None = None,
 ) -> DataFrame:
     """Staged attempts of ``specs``' groups, one task per key: a queue of the groups in
-    ``per_lane`` (ordered queues that never fill the pool), else the whole group."""
+    ``per_lane`` (ordered queues that never fill the pool), else the whole group. Each key
+    sends its :class:`Heartbeat` to the folder ``heartbeats``, if given."""
     names = [spec.group for spec in specs]
     by_index = dict(enumerate(specs))
     group_index = F.create_map(*[x for i, n in enumerate(names) for x in (F.lit(n), F.lit(i))])
@@ -581,12 +652,12 @@ def sequential_attempts(
             for key in pd.unique(keys).tolist():
                 part = batch[keys == key]
                 if key != current and parts:
-                    yield from _simulate_parts(by_index[current >> 20], parts)
+                    yield from _simulate_parts(by_index[current >> 20], parts, current, heartbeats)
                     parts = []
                 current = key
                 parts.append(part)
         if parts:
-            yield from _simulate_parts(by_index[current >> 20], parts)
+            yield from _simulate_parts(by_index[current >> 20], parts, current, heartbeats)
 
     return (
         keyed.repartition(partitions, KEY_COLUMN)
@@ -595,9 +666,12 @@ def sequential_attempts(
     )
 
 
-def _simulate_parts(spec: KeySpec, parts: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+def _simulate_parts(
+    spec: KeySpec, parts: list[pd.DataFrame], key: int, heartbeats: str | None
+) -> Iterator[pd.DataFrame]:
     data = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    yield from simulate_key(spec, data["msg_id"], data["queue_id"], data["born_ms"])
+    heartbeat = Heartbeat(heartbeats, key, spec.horizon_ms)
+    yield from simulate_key(spec, data["msg_id"], data["queue_id"], data["born_ms"], heartbeat)
 
 
 def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:

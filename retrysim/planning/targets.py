@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from retrysim.model.topology import BY_QUEUE, Topology
 from retrysim.scenario.errors import ScenarioError
-from retrysim.scenario.units import parse_duration
+from retrysim.scenario.units import human_ms, parse_duration
 
 DURATION, COUNT, FRACTION, RATIO = "duration", "count", "fraction", "ratio"
 
@@ -93,18 +93,6 @@ def show(kind: str, value: float | None) -> str:
     if kind == FRACTION:
         return f"{value * 100:.0f}%"
     return f"x{value:.2f}"
-
-
-def human_ms(value: float) -> str:
-    """46ms, 12.3s, 15m41s, 4h45m41s."""
-    if value < 1_000:
-        return f"{value:.0f}ms"
-    if value < 60_000:
-        return f"{value / 1000:.1f}s"
-    seconds = round(value / 1000)
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
 
 
 def _limit(metric: str, kind: str, raw: str) -> float:

@@ -75,6 +75,18 @@ def format_duration(ms: int) -> str:
     return f"{ms}ms"
 
 
+def human_ms(value: float) -> str:
+    """46ms, 12.3s, 15m41s, 4h45m41s."""
+    if value < 1_000:
+        return f"{value:.0f}ms"
+    if value < 60_000:
+        return f"{value / 1000:.1f}s"
+    seconds = round(value / 1000)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
+
+
 def in_range(low: float | None, high: float | None, duration: bool = False):
     def show(bound: float) -> str:
         if duration:

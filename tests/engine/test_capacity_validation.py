@@ -55,6 +55,8 @@ import pytest
 from reference.simulator import simulate_scenario
 
 from retrysim import simulate
+from retrysim.engine.capacity import CERTAINLY_FULL, offered_load
+from retrysim.model.policy import policy_for
 from retrysim.scenario.loading import build_scenario
 
 BUCKET_MS = 10_000
@@ -389,3 +391,18 @@ def test_the_scenarios_show_what_they_are_about(engine, reference):
     assert load["orderly"][-1]["ready_backlog"] > 0
     assert summary["orderly"]["max_ready_backlog"] > 10 and reference["orderly"]["waited"] > 0
     assert load["orderly"][-1]["oldest_ready_age_ms"] > 60_000
+
+
+def test_a_pool_the_scenario_shows_full_skips_the_round_run():
+    """Decided from the scenario alone: the burst offers its 2 threads about twice their
+    time in first deliveries (400 x 100 ms in 10 s); the storm's pool fills only in its
+    outage, which the check after the round run finds; an unlimited pool never fills."""
+    scenario = build_scenario(SCENARIO)
+    table = scenario.broker.message_delay_level
+    load = {g.name: offered_load(g, policy_for(g, table).topology) for g in scenario.groups}
+    assert load["burst"] == pytest.approx(400 * 100 / 10_000 / 2)
+    assert load["burst"] >= CERTAINLY_FULL > load["storm"]
+    assert load["steady"] == pytest.approx(0.5 * 400 * 50 / 1_200_000 / 4)  # 2 of 4 queues
+    unlimited = build_scenario({**SCENARIO, "groups": [{**GROUPS[1], "consumers": "unlimited"}]})
+    group = unlimited.groups[0]
+    assert offered_load(group, policy_for(group, table).topology) is None

@@ -1,0 +1,50 @@
+"""Progress of the event-by-event stage: each key's heartbeat file and the driver's line."""
+
+from __future__ import annotations
+
+from retrysim.engine.choice import heartbeat_line
+from retrysim.engine.sequential import Heartbeat, read_heartbeats
+
+
+def test_a_heartbeat_is_read_back_and_a_finished_key_reports_its_horizon(tmp_path):
+    folder = str(tmp_path / "beats")
+    beat = Heartbeat(folder, 7, horizon_ms=600_000)
+    beat.last = -1e9  # as if the last beat were long ago
+    beat.beat(150_000, 1_234, first=1_000, messages=1_500)
+    assert read_heartbeats(folder) == [
+        {"sim_ms": 150_000, "horizon_ms": 600_000, "deliveries": 1_234, "first": 1_000,
+         "messages": 1_500}
+    ]  # fmt: skip
+    beat.beat(160_000, 1_300, 1_050, 1_500)  # within HEARTBEAT_S of the last: not written
+    assert read_heartbeats(folder)[0]["sim_ms"] == 150_000
+    beat.beat(170_000, 2_000, 1_400, 1_500, done=True)
+    assert read_heartbeats(folder) == [
+        {"sim_ms": 600_000, "horizon_ms": 600_000, "deliveries": 2_000, "first": 1_500,
+         "messages": 1_500}
+    ]  # fmt: skip
+
+
+def test_a_folder_that_cannot_be_written_silences_the_heartbeat(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    beat = Heartbeat(str(blocker / "beats"), 1, horizon_ms=1_000)
+    beat.beat(500, 3, 3, 3, done=True)  # no error: the simulation must not fail for progress
+    assert beat.path is None
+    assert read_heartbeats(str(tmp_path / "missing")) == []
+
+
+def test_the_line_gives_simulated_time_deliveries_and_time_left():
+    one = [{"sim_ms": 900_000, "horizon_ms": 3_600_000, "deliveries": 150_000, "first": 100_000,
+            "messages": 400_000}]  # fmt: skip
+    assert heartbeat_line(one, keys=1, elapsed_s=30) == (
+        "event by event: simulated 15m00s of 1h00m00s, 150,000 deliveries, 25% of the "
+        "messages delivered once, 30s elapsed, about 1m30s left"
+    )
+    # four keys, one heard from and done: a quarter of the work, the rest not started
+    done = [{"sim_ms": 60_000, "horizon_ms": 60_000, "deliveries": 10, "first": 8,
+             "messages": 8}]  # fmt: skip
+    assert heartbeat_line(done, keys=4, elapsed_s=10) == (
+        "event by event: simulated 1m00s of 1m00s, 10 deliveries, 25% of the messages "
+        "delivered once, 10s elapsed, about 30.0s left"
+    )
+    assert heartbeat_line([], keys=2, elapsed_s=5) is None
