@@ -56,7 +56,7 @@ from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.tables.schemas import PARTITION_COLUMN, TRANSITIONS, select_schema
 from retrysim.tables.transitions import step_columns, transitions_from_attempts
-from retrysim.tables.writes import before, pop_settings, pop_write_times
+from retrysim.tables.writes import before, count_of, pop_settings, pop_write_times
 
 # --------------------------------------------------------------------------- transitions
 
@@ -111,7 +111,7 @@ def derived_digest(attempts: DataFrame, pops: DataFrame | None = None) -> DataFr
     steps = attempt_steps(hashes, keep=keep)
     if pops is not None:
         steps = steps.withColumn(
-            "t_commitlog_writes", F.col("t_commitlog_writes") + F.size(_pop_writes())
+            "t_commitlog_writes", F.col("t_commitlog_writes") + count_of(_pop_writes())
         )
     return _digest(
         steps,
@@ -150,7 +150,7 @@ def pop_groups(runs: DataFrame) -> DataFrame | None:
     )
 
 
-def _pop_writes() -> Column:
+def _pop_writes() -> list[Column]:
     """An attempt's 5.x pop writes before its run's horizon, from its steps: the rule is
     :func:`retrysim.tables.writes.pop_write_times`, shared (tests/reference/writes.py checks
     it against the source); what this checks is that the tables counted it over the right

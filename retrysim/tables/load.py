@@ -88,7 +88,7 @@ def _compact(attempts: DataFrame, scenario: Scenario) -> DataFrame:
         "ended": F.col("end_ms").isNotNull(),
         "waits_retry": waits_retry,
         # the buckets of its commit-log writes (retrysim.tables.writes), one per write
-        "b_writes": F.transform(write_times(scenario), lambda t: F.floor(t / F.lit(bucket_ms))),
+        "b_writes": F.array(*[F.floor(t / F.lit(bucket_ms)) for t in write_times(scenario)]),
         "level": F.when(scheduled, F.col("delay_level")),
         "b_ready": _bucket_of("ready_ms", bucket_ms),
         "b_start": _bucket_of("start_ms", bucket_ms),
@@ -180,6 +180,7 @@ def _events(compact: DataFrame) -> DataFrame:
             ),
         )
 
+    # a small array over the few compact rows: the lambda's interpreted evaluation is cheap here
     writes = F.transform(
         F.col("b_writes"),
         lambda b: F.struct(
@@ -215,7 +216,7 @@ def _events(compact: DataFrame) -> DataFrame:
                 )
             ).alias("e"),
         )
-        .where(F.col("e").isNotNull())
+        .where(F.col("e.bucket").isNotNull())  # a write the attempt does not make: no bucket
         .select("group", "e.*")
     )
 

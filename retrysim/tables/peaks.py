@@ -81,7 +81,7 @@ def _moments(scenario: Scenario, writes: bool) -> Column:
     # a retry leaves the schedule topic when it is due; a 4.9.7 fallback's dead letter when
     # it reaches the DLQ
     waited_until = F.coalesce(c("next_ready_ms"), c("settled_ms"))
-    moments = F.array(
+    moments = [
         _moment(waited, c("ready_ms"), ready_backlog=one),
         _moment(
             started,
@@ -105,11 +105,11 @@ def _moments(scenario: Scenario, writes: bool) -> Column:
         _moment(waits_retry, waited_until, waiting_retry=-one, schedule=-flag(scheduled)),
         _moment(scheduled, c("end_ms"), c("delay_level"), schedule=one),
         _moment(scheduled, waited_until, c("delay_level"), schedule=-one),
-    )
+    ]
     if not writes:
-        return moments
-    return F.concat(
-        moments, F.transform(write_times(scenario), lambda t: _change(t, commitlog_writes=one))
+        return F.array(*moments)
+    return F.array(
+        *moments, *[_moment(F.lit(True), t, commitlog_writes=one) for t in write_times(scenario)]
     )
 
 
