@@ -56,7 +56,7 @@ from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.tables.schemas import PARTITION_COLUMN, TRANSITIONS, select_schema
 from retrysim.tables.transitions import step_columns, transitions_from_attempts
-from retrysim.tables.writes import before, count_of, pop_settings, pop_write_times
+from retrysim.tables.writes import before, pop_settings, pop_write_times
 
 # --------------------------------------------------------------------------- transitions
 
@@ -111,7 +111,9 @@ def derived_digest(attempts: DataFrame, pops: DataFrame | None = None) -> DataFr
     steps = attempt_steps(hashes, keep=keep)
     if pops is not None:
         steps = steps.withColumn(
-            "t_commitlog_writes", F.col("t_commitlog_writes") + count_of(_pop_writes())
+            "t_commitlog_writes",
+            F.col("t_commitlog_writes")
+            + sum_of([t.isNotNull().cast("int") for t in _pop_writes()]),
         )
     return _digest(
         steps,
@@ -122,6 +124,9 @@ def derived_digest(attempts: DataFrame, pops: DataFrame | None = None) -> DataFr
 
 
 POP_COLUMNS = ("pop_invisible_ms", "pop_nacks")
+_POP_GROUPS = (
+    "run_id string, group string, pop_invisible_ms long, pop_nacks boolean, horizon_ms long"
+)
 
 
 def pop_groups(runs: DataFrame) -> DataFrame | None:
@@ -138,16 +143,7 @@ def pop_groups(runs: DataFrame) -> DataFrame | None:
             rows.append((run[PARTITION_COLUMN], group, *settings, scenario.horizon))
     if not rows:
         return None
-    names = (*GROUP, *POP_COLUMNS, "horizon_ms")
-    return runs.sparkSession.createDataFrame(
-        rows,
-        ", ".join(
-            f"{name} {kind}"
-            for name, kind in zip(
-                names, ("string", "string", "long", "boolean", "long"), strict=True
-            )
-        ),
-    )
+    return runs.sparkSession.createDataFrame(rows, _POP_GROUPS)
 
 
 def _pop_writes() -> list[Column]:

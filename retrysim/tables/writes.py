@@ -13,8 +13,6 @@ the horizon. docs/flavors.md cites the source of each kind:
 
 from __future__ import annotations
 
-from functools import reduce
-
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
@@ -115,11 +113,6 @@ def before(times: list[Column], horizon: int | Column) -> list[Column]:
     filtered by a lambda: Spark evaluates higher-order functions without generated code, and
     one in a projection slows the whole scan (the 10M bench's staging by half)."""
     return [F.when(t < horizon, t) for t in times]
-
-
-def count_of(times: list[Column]) -> Column:
-    """How many of ``times`` are not null."""
-    return reduce(lambda a, b: a + b, [t.isNotNull().cast("int") for t in times])
 
 
 def write_times(scenario: Scenario) -> list[Column]:
