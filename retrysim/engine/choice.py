@@ -155,7 +155,7 @@ def heartbeat_line(beats: list[dict], keys: int, elapsed_s: float) -> str | None
     running = [b for b in beats if b["sim_ms"] < b["horizon_ms"]] or beats
     reached = min(running, key=lambda b: b["sim_ms"] / b["horizon_ms"])
     deliveries = sum(b["deliveries"] for b in beats)
-    left = f", about {human_ms(1000 * elapsed_s * (1 - done) / done)} left" if done > 0 else ""
+    left = f", about {human_ms(1000 * elapsed_s * (1 - done) / done)} left" if 0 < done < 1 else ""
     return (
         f"event by event: simulated {human_ms(reached['sim_ms'])} of "
         f"{human_ms(reached['horizon_ms'])}, {deliveries:,} deliveries, {done:.0%} of the "
