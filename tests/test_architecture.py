@@ -10,8 +10,9 @@ import pytest
 from support import PROJECT
 
 PACKAGE = PROJECT / "retrysim"
-# Deferred imports allowed inside functions: heavy optional dependencies only.
-DEFERRED = {"retrysim.reporting.plots"}
+# Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
+# which only executors that run the compiled loop need).
+DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.compiled"}
 FLAVOR_NAMES = (
     "rocketmq4.concurrently",
     "rocketmq4.orderly",

@@ -604,10 +604,34 @@ _PANDAS_TYPES = {
 }
 
 
+def compiled_covers(policy: Policy) -> bool:
+    """Whether the compiled loop (:mod:`retrysim.engine.compiled`) simulates this group:
+    unordered, one message per consume request, no replay."""
+    return not policy.blocking and policy.batch_size == 1 and policy.replay is None
+
+
 def simulate_key(
-    spec: KeySpec, msg_ids, queue_ids, born, heartbeat: Heartbeat | None = None
+    spec: KeySpec,
+    msg_ids,
+    queue_ids,
+    born,
+    heartbeat: Heartbeat | None = None,
+    compiled: bool = True,
 ) -> Iterator[pd.DataFrame]:
-    """Staged attempt rows of one key's messages, as pandas frames in STAGE's shape."""
+    """Staged attempt rows of one key's messages, as pandas frames in STAGE's shape: from
+    the compiled loop where it covers the group (:mod:`retrysim.engine.compiled`), else
+    from :class:`_Simulation`, its plain-Python twin."""
+    if compiled and compiled_covers(spec.policy):
+        from retrysim.engine.compiled import simulate_compiled  # numba: on executors only
+
+        yield from simulate_compiled(
+            spec,
+            np.asarray(msg_ids, dtype=np.int64),
+            np.asarray(queue_ids, dtype=np.int64),
+            np.asarray(born, dtype=np.int64),
+            heartbeat,
+        )
+        return
     simulation = _Simulation(
         spec,
         np.asarray(msg_ids, dtype=np.int64),

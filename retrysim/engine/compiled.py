@@ -1,0 +1,790 @@
+"""The event engine compiled: docs/model.md §5-§7 for an unordered group, in numba.
+
+A full consumer pool is the regime capacity planning exists for, and simulating it is a
+loop over single deliveries that Python runs at about 15k a second. This module runs the
+same loop as compiled code inside the Spark task: the same events, the same hashed draws
+(Spark's XXH64 over ``(seed, group, stream, msg_id, delivery)``), the same rules
+(:meth:`Policy.next_step`, :class:`ListenerModel` and the topology, with their strings as
+small integer codes), so it gives the rows of the plain-Python loop
+(:class:`~retrysim.engine.sequential._Simulation`), which the tests hold it to with zero
+tolerance, and both are compared with the reference written from the RocketMQ source.
+
+It covers unordered groups that deliver one message per consume request and replay
+nothing (``sequential.compiled_covers``): every flavor's rules, every topology, outages and
+poison. Ordered queues, batches, replays and a round run's frontier stay with the Python
+loop. The loop is a generator: a key's rows leave in chunks, and between chunks it reports
+how far it got for the heartbeat. numba caches the compiled code on disk, so only the first
+run on a machine pays the compilation (about 20 s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+from numba import njit
+from numba.typed import List
+
+from retrysim.model import behavior as listener
+from retrysim.model import rng, states
+from retrysim.model.behavior import ListenerModel, _Dist
+from retrysim.model.policy import Policy
+from retrysim.model.topology import AVERAGELY_BY_CIRCLE, BY_MESSAGE, BY_QUEUE
+from retrysim.scenario import limits
+from retrysim.tables.schemas import STAGE
+
+# --------------------------------------------------------------------------- string codes
+
+# Every string a staged row can hold, as a code; a key's topics follow (TOPICS).
+NAMES = (
+    states.COMMIT, states.WAITING_RETRY, states.DLQ, states.DISCARD, states.INFLIGHT,
+    states.READY, listener.CONSUME_SUCCESS, listener.RECONSUME_LATER, listener.EXCEPTION,
+    listener.NULL_RETURN, listener.TIMEOUT, states.REASON_MAX_RECONSUME,
+    states.REASON_NEGATIVE_LEVEL, states.REASON_BROADCAST, states.REASON_SEND_BACK_FAILED,
+    states.REASON_SEND_BACK_FALLBACK, states.REASON_BEYOND_ACK, states.READY_PUBLISHED,
+    states.READY_RETRY_DUE, states.READY_LOCAL, states.READY_VISIBLE,
+)  # fmt: skip
+(COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY, SUCCESS, LATER, EXCEPTION, NULL_RETURN,
+ TIMEOUT, MAX_RECONSUME, NEGATIVE_LEVEL, BROADCAST, SEND_BACK_FAILED_REASON, FALLBACK_REASON,
+ BEYOND_ACK, PUBLISHED, RETRY_DUE, LOCAL_RETRY, VISIBLE_AGAIN) = range(len(NAMES))  # fmt: skip
+# a key's topics: its source topic, the policy's retry topic, the schedule topic, its DLQ
+# topic and the topology's retry topic (whose queues 4.x allocates to instances)
+T_SOURCE, T_RETRY, T_SCHEDULE, T_DLQ, T_TOPOLOGY_RETRY = range(len(NAMES), len(NAMES) + 5)
+NULL = np.iinfo(np.int64).min
+
+_PATHS = (states.SCHEDULE, states.REVIVE, states.VISIBLE, states.LOCAL, states.NO_RETRY)
+P_SCHEDULE, P_REVIVE, P_VISIBLE, P_LOCAL, P_NONE = range(len(_PATHS))
+_BALANCING = {BY_QUEUE: 0, BY_MESSAGE: 1}  # anything else: broadcast, instance 0
+_DISTS = {"constant": 0, "exponential": 1, "lognormal": 2}
+_SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
+    listener.SEND_BACK_DONE,
+    listener.SEND_BACK_FALLBACK,
+    listener.SEND_BACK_FAILED,
+)
+
+# The policy's scalars, as one int64 array (index names below).
+(K_PATH, K_MAX_RETRIES, K_FROM_START, K_AFTER_BACKOFF, K_TIMEOUT, K_PERIODIC, K_TIMEOUT_LEVEL,
+ K_TIMEOUT_INTERVAL, K_DLQ_NOW, K_INVISIBLE, K_DLQ_ENABLED, K_HAS_LEVELS, K_HAS_RESEND,
+ K_ACK_INDEX, K_PULL, K_READY_WAIT, K_BALANCING, K_INSTANCES, K_THREADS, K_QUEUES, K_BROKERS,
+ K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
+ K_HORIZON, K_SIZE) = range(28)  # fmt: skip
+# The listener's doubles: base probability, kind and send-back thresholds, base distribution.
+(D_PROBABILITY, D_KIND_1, D_KIND_2, D_SEND_BACK_1, D_SEND_BACK_2, D_DIST, D_MEAN, D_MU,
+ D_SIGMA, D_SIZE) = range(10)  # fmt: skip
+# Output columns: STAGE's, without group and poison_fixed (constant here).
+_OUT = STAGE.fieldNames()[1:-1]
+_WIDTH = len(_OUT)
+_STRING_COLUMNS = {name for name in _OUT if STAGE[name].dataType.simpleString() == "string"}
+CHUNK_ROWS = 100_000
+_TURNS_PER_LOOK = 1 << 15  # loop turns between reports to the heartbeat
+
+# --------------------------------------------------------------------------- hashed draws
+
+_P1, _P2, _P3 = np.uint64(rng._P1), np.uint64(rng._P2), np.uint64(rng._P3)
+_P4, _P5 = np.uint64(rng._P4), np.uint64(rng._P5)
+_LONG_SEED_ADD = np.uint64((rng._P5 + 8) & rng._MASK64)
+_INT_SEED_ADD = np.uint64((rng._P5 + 4) & rng._MASK64)
+
+
+@njit(cache=True)
+def _rotl(value, bits):
+    return (value << np.uint64(bits)) | (value >> np.uint64(64 - bits))
+
+
+@njit(cache=True)
+def _fmix(value):
+    value ^= value >> np.uint64(33)
+    value *= _P2
+    value ^= value >> np.uint64(29)
+    value *= _P3
+    return value ^ (value >> np.uint64(32))
+
+
+@njit(cache=True)
+def _uniform(prefix, msg_id, delivery):
+    """rng.uniform_np for one key: the same double, bit for bit."""
+    acc = prefix + _LONG_SEED_ADD
+    acc ^= _rotl(np.uint64(msg_id) * _P2, 31) * _P1
+    acc = _fmix(_rotl(acc, 27) * _P1 + _P4)
+    acc += _INT_SEED_ADD
+    acc ^= np.uint64(np.uint32(delivery)) * _P1
+    acc = _fmix(_rotl(acc, 23) * _P2 + _P3)
+    return (float(acc >> np.uint64(11)) + 0.5) / 9007199254740992.0
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+@njit(cache=True)
+def _eligible(k, ready):
+    due = ready + k[K_READY_WAIT]
+    pull = k[K_PULL]
+    return due if pull <= 0 else -(-due // pull) * pull
+
+
+@njit(cache=True)
+def _owner(position, queues, instances, by_circle):
+    if by_circle or queues <= instances:
+        return position % instances
+    size = queues // instances
+    bigger = queues % instances
+    if position < bigger * (size + 1):
+        return position // (size + 1)
+    return bigger + (position - bigger * (size + 1)) // size
+
+
+@njit(cache=True)
+def _on_topology_retry(k, topic):
+    """Whether ``topic`` is the topology's retry topic (4.x: %RETRY%<group>)."""
+    if k[K_HAS_TOPOLOGY_RETRY] == 0:
+        return False
+    return topic == T_TOPOLOGY_RETRY or (topic == T_RETRY and k[K_RETRY_IS_TOPOLOGY] == 1)
+
+
+@njit(cache=True)
+def _instance(k, topic, queue_id, msg_id, delivery):
+    """Topology.instance."""
+    if k[K_BALANCING] == 0:
+        on_retry = _on_topology_retry(k, topic)
+        queues = k[K_BROKERS] * k[K_RETRY_QUEUE_NUMS] if on_retry else k[K_QUEUES]
+        return _owner(queue_id, queues, k[K_INSTANCES], k[K_BY_CIRCLE] == 1)
+    if k[K_BALANCING] == 1:
+        return (msg_id + delivery - 1) % k[K_INSTANCES]
+    return 0
+
+
+@njit(cache=True)
+def _retry_queue(k, topic, queue_id, msg_id, delivery):
+    """Topology.retry_queue."""
+    if k[K_HAS_TOPOLOGY_RETRY] == 0:
+        return 0
+    per_broker = k[K_RETRY_QUEUE_NUMS]
+    if _on_topology_retry(k, topic):
+        broker = queue_id // per_broker
+    else:
+        broker = queue_id // (k[K_QUEUES] // k[K_BROKERS])
+    return broker * per_broker + (msg_id + delivery) % per_broker
+
+
+@njit(cache=True)
+def _sample(kind, mean, mu, sigma, u_a, u_b):
+    if kind == 0:
+        value = mean
+    elif kind == 1:
+        value = -mean * math.log(u_a)
+    else:
+        normal = math.sqrt(-2.0 * math.log(u_a)) * math.cos(2.0 * math.pi * u_b)
+        value = math.exp(mu + sigma * normal)
+    return np.int64(math.floor(value + 0.5))
+
+
+@njit(cache=True)
+def _listen(k, d, windows, prefixes, msg_id, delivery, start, poisoned):
+    """ListenerModel.result: (outcome, processing_ms, send_back)."""
+    found = False
+    probability = 0.0
+    kind, mean, mu, sigma = d[D_DIST], d[D_MEAN], d[D_MU], d[D_SIGMA]
+    for w in range(windows.shape[0]):
+        if windows[w, 0] <= start < windows[w, 1]:
+            if not found or windows[w, 2] > probability:
+                probability = windows[w, 2]
+                found = True
+            if windows[w, 3] >= 0:
+                kind, mean, mu, sigma = windows[w, 3], windows[w, 4], windows[w, 5], windows[w, 6]
+    if not found:
+        probability = d[D_PROBABILITY]
+    u_fail = _uniform(prefixes[0], msg_id, delivery)
+    fails = poisoned or delivery <= k[K_FAIL_FIRST] or u_fail < probability
+    outcome = SUCCESS
+    if fails:
+        u_kind = _uniform(prefixes[1], msg_id, delivery)
+        outcome = (
+            LATER if u_kind < d[D_KIND_1] else EXCEPTION if u_kind < d[D_KIND_2] else NULL_RETURN
+        )
+    u_a = _uniform(prefixes[2], msg_id, delivery)
+    u_b = _uniform(prefixes[3], msg_id, delivery)
+    processing = _sample(int(kind), mean, mu, sigma, u_a, u_b)
+    send_back = _SEND_BACK_DONE
+    if d[D_SEND_BACK_2] > 0:
+        u_send_back = _uniform(prefixes[4], msg_id, delivery)
+        if u_send_back < d[D_SEND_BACK_1]:
+            send_back = _SEND_BACK_FAILED
+        elif u_send_back < d[D_SEND_BACK_2]:
+            send_back = _SEND_BACK_FALLBACK
+    return outcome, processing, send_back
+
+
+@njit(cache=True)
+def _consume_result(k, start, processing, outcome):
+    """Policy.consume_result: (outcome, end_ms)."""
+    timeout = k[K_TIMEOUT]
+    if timeout != NULL:
+        if k[K_PERIODIC] == 1:
+            leave = timeout * ((start + timeout) // timeout + 1) if timeout else start
+        else:
+            leave = start + timeout
+        if start + processing > leave:
+            return TIMEOUT, leave
+        if k[K_INVISIBLE] == 1 and outcome != SUCCESS:
+            return outcome, leave
+    return outcome, start + processing
+
+
+@njit(cache=True)
+def _next_step(k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt, outcome,
+               start, end, send_back, topic, queue_id, msg_id, delivery):  # fmt: skip
+    """Policy.next_step, as a tuple of Step's 15 fields (NULL for None)."""
+    n = NULL
+    if outcome == SUCCESS:
+        return (COMMIT, n, n, end, COMMIT, topic, queue_id, SUCCESS, n, n, n, n, n, n, n)
+    timed_out = outcome == TIMEOUT
+    path = k[K_PATH]
+    unread = path == P_NONE and k[K_TIMEOUT_LEVEL] != NULL
+    if path == P_NONE and timed_out and unread:
+        level = k[K_TIMEOUT_LEVEL]
+        due = end + k[K_TIMEOUT_INTERVAL]
+        landed = _retry_queue(k, topic, queue_id, msg_id, delivery)
+        return (DISCARD, level, n, due, WAITING_RETRY, T_SCHEDULE, level - 1, outcome, DISCARD,
+                T_TOPOLOGY_RETRY, landed, BROADCAST, n, n, n)  # fmt: skip
+    if path == P_NONE:
+        return (DISCARD, n, n, end, DISCARD, topic, queue_id, BROADCAST, n, n, n, n, n, n, n)
+    if send_back == _SEND_BACK_FAILED and not timed_out:
+        due = end + limits.SEND_BACK_RESUBMIT_MS
+        return (WAITING_RETRY, n, due, n, WAITING_RETRY, topic, queue_id,
+                SEND_BACK_FAILED_REASON, n, n, n, n, topic, queue_id, LOCAL_RETRY)  # fmt: skip
+    has_resend = k[K_HAS_RESEND] == 1
+    fallback = send_back == _SEND_BACK_FALLBACK and not timed_out and has_resend and (
+        path == P_SCHEDULE)  # fmt: skip
+    if fallback:
+        exhausted = rt + 1 >= k[K_MAX_RETRIES]
+        reason_now = FALLBACK_REASON
+    else:
+        exhausted = broker_rt >= k[K_MAX_RETRIES]
+        reason_now = outcome
+    resent = fallback or (exhausted and has_resend and path == P_LOCAL)
+    if resent:
+        index = min(rt + 1, len(resend_levels)) - 1
+        level, interval = resend_levels[index], resend_intervals[index]
+    elif timed_out and k[K_TIMEOUT_INTERVAL] != NULL:
+        interval, level = k[K_TIMEOUT_INTERVAL], k[K_TIMEOUT_LEVEL]
+    else:
+        interval = intervals[min(broker_rt + 1, len(intervals)) - 1]
+        level = levels[min(broker_rt + 1, len(levels)) - 1] if k[K_HAS_LEVELS] == 1 else n
+    due = (start if k[K_FROM_START] == 1 else end) + interval
+    negative = k[K_DLQ_NOW] == 1 and not timed_out and not fallback
+    if exhausted or negative:
+        reason = MAX_RECONSUME if exhausted else NEGATIVE_LEVEL
+        if k[K_DLQ_ENABLED] == 1:
+            state, where_topic, where_queue = DLQ, T_DLQ, limits.DLQ_QUEUE_ID
+        else:
+            state, where_topic, where_queue = DISCARD, topic, queue_id
+        if resent:
+            return (state, level, n, due, WAITING_RETRY, T_SCHEDULE, level - 1, reason_now, state,
+                    where_topic, where_queue, reason, n, n, n)  # fmt: skip
+        if k[K_AFTER_BACKOFF] == 1 and not negative:
+            return (state, n, n, due, WAITING_RETRY, topic, queue_id, outcome, state, where_topic,
+                    where_queue, reason, n, n, n)  # fmt: skip
+        return (state, n, n, end, state, where_topic, where_queue, reason, n, n, n, n, n, n, n)
+    if path == P_SCHEDULE:
+        wait_topic, wait_queue = T_SCHEDULE, level - 1 if level != n else n
+        back_topic = T_RETRY
+        back_queue = _retry_queue(k, topic, queue_id, msg_id, delivery)
+    elif path == P_REVIVE:
+        wait_topic, wait_queue = topic, queue_id
+        back_topic, back_queue = T_RETRY, limits.RETRY_QUEUE_ID
+    else:
+        wait_topic, wait_queue, back_topic, back_queue = topic, queue_id, topic, queue_id
+    if k[K_INVISIBLE] == 1:
+        return (INFLIGHT, n, due, n, n, n, n, n, n, n, n, n, back_topic, back_queue, RETRY_DUE)
+    back_reason = (
+        RETRY_DUE if path in (P_SCHEDULE, P_REVIVE)
+        else VISIBLE_AGAIN if path == P_VISIBLE else LOCAL_RETRY
+    )  # fmt: skip
+    return (WAITING_RETRY, level, due, n, WAITING_RETRY, wait_topic, wait_queue, reason_now,
+            n, n, n, n, back_topic, back_queue, back_reason)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- heaps
+
+
+@njit(cache=True)
+def _before(a, b, eligible, order_id, delivery):
+    """Whether waiting slot a starts before slot b: (eligible_ms, msg_id, delivery)."""
+    if eligible[a] != eligible[b]:
+        return eligible[a] < eligible[b]
+    if order_id[a] != order_id[b]:
+        return order_id[a] < order_id[b]
+    return delivery[a] < delivery[b]
+
+
+@njit(cache=True)
+def _wait_push(heap, size, slot, eligible, order_id, delivery):
+    if size == len(heap):
+        bigger = np.empty(2 * len(heap), np.int64)
+        bigger[:size] = heap[:size]
+        heap = bigger
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _before(slot, heap[parent], eligible, order_id, delivery):
+            break
+        heap[i] = heap[parent]
+        i = parent
+    heap[i] = slot
+    return heap
+
+
+@njit(cache=True)
+def _wait_pop(heap, size, eligible, order_id, delivery):
+    top = heap[0]
+    size -= 1
+    last = heap[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _before(heap[child + 1], heap[child], eligible, order_id, delivery):
+            child += 1
+        if not _before(heap[child], last, eligible, order_id, delivery):
+            break
+        heap[i] = heap[child]
+        i = child
+    if size > 0:
+        heap[i] = last
+    return top
+
+
+@njit(cache=True)
+def _event_push(keys, values, size, key, value):
+    if size == len(keys):
+        keys = np.concatenate((keys, np.empty(len(keys), np.int64)))
+        values = np.concatenate((values, np.empty(len(values), np.int64)))
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        if keys[parent] <= key:
+            break
+        keys[i], values[i] = keys[parent], values[parent]
+        i = parent
+    keys[i], values[i] = key, value
+    return keys, values
+
+
+@njit(cache=True)
+def _event_pop(keys, values, size):
+    value = values[0]
+    size -= 1
+    last_key, last_value = keys[size], values[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and keys[child + 1] < keys[child]:
+            child += 1
+        if keys[child] >= last_key:
+            break
+        keys[i], values[i] = keys[child], values[child]
+        i = child
+    if size > 0:
+        keys[i], values[i] = last_key, last_value
+    return value
+
+
+@njit(cache=True)
+def _grow(array):
+    bigger = np.empty((2 * array.shape[0], *array.shape[1:]), array.dtype)
+    bigger[: array.shape[0]] = array
+    return bigger
+
+
+# --------------------------------------------------------------------------- the loop
+
+# A delivery's fields, one column of the slots array per retry in flight (field-major, so
+# that the waiting heaps compare contiguous values).
+(S_INDEX, S_DELIVERY, S_RT, S_BROKER_RT, S_TOPIC, S_QUEUE, S_READY, S_REASON, S_ELIGIBLE,
+ S_MSG_ID, S_FIELDS) = range(11)  # fmt: skip
+_FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
+
+
+@njit(cache=True)
+def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, batch):
+    """Append a staged row (STAGE's order, without group and poison_fixed)."""
+    if n == out.shape[0]:
+        out = _grow(out)
+    msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
+    topic, queue_id = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
+    row = out[n]
+    row[0], row[1], row[2], row[3] = msg_id, delivery, slots[S_RT, slot], slots[S_BROKER_RT, slot]
+    row[4], row[5] = topic, queue_id
+    row[6] = _instance(k, topic, queue_id, msg_id, delivery)
+    row[7], row[8], row[9] = born[slots[S_INDEX, slot]], slots[S_READY, slot], slots[S_REASON, slot]
+    row[10], row[11], row[12], row[13] = start, processing, end, outcome
+    row[14], row[15], row[16], row[17] = step[0], step[1], step[2], step[3]
+    row[18] = batch
+    for field in range(4, 15):
+        row[15 + field] = step[field]
+    return out
+
+
+@njit(cache=True)
+def _first_delivery(slots, slot, position, msg_ids, queue_ids, born, eligible):
+    """Fill ``slot`` with the first delivery of the message at ``position``."""
+    slots[S_INDEX, slot], slots[S_DELIVERY, slot] = position, 1
+    slots[S_RT, slot], slots[S_BROKER_RT, slot] = 0, 0
+    slots[S_TOPIC, slot], slots[S_QUEUE, slot] = T_SOURCE, queue_ids[position]
+    slots[S_READY, slot], slots[S_REASON, slot] = born[position], PUBLISHED
+    slots[S_ELIGIBLE, slot], slots[S_MSG_ID, slot] = eligible, msg_ids[position]
+
+
+@njit(cache=True)
+def _arrivals(k, msg_ids, queue_ids, born, count):
+    """First deliveries per instance in the order they start: (eligible_ms, instance) of
+    each position, positions grouped by instance (each group in (eligible_ms, msg_id)
+    order) and where each instance's group begins. First deliveries are most of the work
+    and arrive in that order, so they wait in a queue, not in the heap."""
+    instance = np.empty(count, np.int64)
+    eligible = np.empty(count, np.int64)
+    for p in range(count):
+        instance[p] = _instance(k, T_SOURCE, queue_ids[p], msg_ids[p], 1)
+        eligible[p] = _eligible(k, born[p])
+    order = np.arange(count)
+    p = 0
+    while p < count:  # one pull tick makes messages born apart eligible together
+        q = p + 1
+        while q < count and eligible[q] == eligible[p]:
+            q += 1
+        if q - p > 1:
+            run = order[p:q].copy()
+            order[p:q] = run[np.argsort(msg_ids[run], kind="mergesort")]
+        p = q
+    order = order[np.argsort(instance[order], kind="mergesort")]
+    starts = np.zeros(k[K_INSTANCES] + 1, np.int64)
+    for p in range(count):
+        starts[instance[p] + 1] += 1
+    return eligible, instance, order, np.cumsum(starts)
+
+
+_PENDING = (READY,) + (NULL,) * 14
+
+
+@njit(cache=True)
+def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals, msg_ids,
+         queue_ids, born, poisoned, count):  # fmt: skip
+    """One key's event loop; yields (rows, row count, simulated ms, deliveries, first
+    deliveries) when a chunk is full and every so many turns (for the heartbeat)."""
+    n = NULL
+    horizon = k[K_HORIZON]
+    instances = k[K_INSTANCES]
+    threads = k[K_THREADS]
+    eligible, first_instance, order, starts = _arrivals(k, msg_ids, queue_ids, born, count)
+    taken = starts[:-1].copy()  # per instance: its next first delivery to start
+    arrived = starts[:-1].copy()  # and the end of those eligible so far
+    free = np.full(instances, threads if threads != n else np.iinfo(np.int64).max, np.int64)
+    touched = np.zeros(instances, np.bool_)
+    touched_list = np.empty(instances, np.int64)
+    touched_count = 0
+    heaps = List()  # per instance: retries waiting for a thread
+    sizes = np.zeros(instances, np.int64)
+    for _ in range(instances):
+        heaps.append(np.empty(16, np.int64))
+    slots = np.empty((S_FIELDS, 1024), np.int64)
+    spare = np.empty(1024, np.int64)
+    spare_count = 0
+    used = 0
+    event_keys = np.empty(1024, np.int64)
+    event_values = np.empty(1024, np.int64)
+    events = 0
+    out = np.empty((CHUNK_ROWS + 1024, _WIDTH), np.int64)
+    rows = 0
+    next_arrival = 0
+    deliveries = 0
+    first = 0
+    turns = 0
+    ack_index = k[K_ACK_INDEX]
+    while True:
+        arrival = eligible[next_arrival] if next_arrival < count else n
+        event = event_keys[0] >> 1 if events > 0 else n
+        if arrival == n and event == n:
+            break
+        now = event if arrival == n else arrival if event == n else min(arrival, event)
+        if now >= horizon:
+            break
+        while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
+            instance = _event_pop(event_keys, event_values, events)
+            events -= 1
+            free[instance] += 1
+            if not touched[instance]:
+                touched[instance] = True
+                touched_list[touched_count] = instance
+                touched_count += 1
+        while next_arrival < count and eligible[next_arrival] == now:
+            instance = first_instance[next_arrival]
+            arrived[instance] += 1
+            next_arrival += 1
+            if not touched[instance]:
+                touched[instance] = True
+                touched_list[touched_count] = instance
+                touched_count += 1
+        while events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE:
+            slot = _event_pop(event_keys, event_values, events)
+            events -= 1
+            instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
+                                 slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
+            heaps[instance] = _wait_push(
+                heaps[instance], sizes[instance], slot, slots[S_ELIGIBLE], slots[S_MSG_ID],
+                slots[S_DELIVERY],
+            )  # fmt: skip
+            sizes[instance] += 1
+            if not touched[instance]:
+                touched[instance] = True
+                touched_list[touched_count] = instance
+                touched_count += 1
+        # dispatch: each touched instance starts what waits while it has a free thread, in
+        # (eligible_ms, msg_id, delivery) order over its queue of first deliveries and its
+        # heap of retries
+        for t in range(touched_count):
+            instance = touched_list[t]
+            touched[instance] = False
+            heap = heaps[instance]
+            while free[instance] > 0:
+                queued = taken[instance] < arrived[instance]
+                if not queued and sizes[instance] == 0:
+                    break
+                if queued and sizes[instance] > 0:
+                    position, top = order[taken[instance]], heap[0]
+                    queued = eligible[position] < slots[S_ELIGIBLE, top] or (
+                        eligible[position] == slots[S_ELIGIBLE, top]
+                        and msg_ids[position] < slots[S_MSG_ID, top]
+                    )  # fmt: skip
+                if queued:
+                    position = order[taken[instance]]
+                    taken[instance] += 1
+                    if spare_count > 0:
+                        spare_count -= 1
+                        slot = spare[spare_count]
+                    else:
+                        if used == slots.shape[1]:
+                            bigger = np.empty((S_FIELDS, 2 * used), np.int64)
+                            bigger[:, :used] = slots
+                            slots, spare = bigger, _grow(spare)
+                        slot = used
+                        used += 1
+                    _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
+                                    eligible[position])  # fmt: skip
+                else:
+                    slot = _wait_pop(heap, sizes[instance], slots[S_ELIGIBLE], slots[S_MSG_ID],
+                                     slots[S_DELIVERY])  # fmt: skip
+                    sizes[instance] -= 1
+                index = slots[S_INDEX, slot]
+                msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
+                outcome, processing, send_back = _listen(
+                    k, d, windows, prefixes, msg_id, delivery, now, poisoned[index]
+                )
+                outcome, end = _consume_result(k, now, processing, outcome)
+                deliveries += 1
+                if delivery == 1:
+                    first += 1
+                if threads != n:
+                    free[instance] -= 1
+                    event_keys, event_values = _event_push(
+                        event_keys,
+                        event_values,
+                        events,
+                        2 * (now + processing) + _FREE_PHASE,
+                        instance,
+                    )
+                    events += 1
+                if end >= horizon:
+                    step = (INFLIGHT, n, n, n, n, n, n, n, n, n, n, n, n, n, n)
+                    out = _row(out, rows, k, born, slots, slot, now, processing, n, n, step, 1)
+                    rows += 1
+                    spare[spare_count] = slot
+                    spare_count += 1
+                    continue
+                beyond_ack = outcome == SUCCESS and ack_index != n and ack_index < 0
+                rt, broker_rt = slots[S_RT, slot], slots[S_BROKER_RT, slot]
+                step = _next_step(
+                    k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt,
+                    LATER if beyond_ack else outcome, now, end, send_back, slots[S_TOPIC, slot],
+                    slots[S_QUEUE, slot], msg_id, delivery,
+                )  # fmt: skip
+                if beyond_ack and step[7] == LATER:
+                    step = step[:7] + (BEYOND_ACK,) + step[8:]  # noqa: RUF005 (numba: no * here)
+                if step[8] != n and step[3] >= horizon:  # leaves after the horizon
+                    kept = (WAITING_RETRY, step[1], step[2], n)
+                    step = kept + step[4:8] + (n, n, n, n) + step[12:]
+                out = _row(out, rows, k, born, slots, slot, now, processing, end, outcome, step, 1)
+                rows += 1
+                due = step[2]
+                if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and due < horizon:
+                    reason = step[7]
+                    if reason == SEND_BACK_FAILED_REASON:
+                        rt, broker_rt = rt + 1, broker_rt
+                    elif reason == FALLBACK_REASON:
+                        rt, broker_rt = rt + 1, rt + 1
+                    else:
+                        rt, broker_rt = broker_rt + 1, broker_rt + 1
+                    # the slot carries the next delivery of the same message
+                    slots[S_DELIVERY, slot] = delivery + 1
+                    slots[S_RT, slot], slots[S_BROKER_RT, slot] = rt, broker_rt
+                    slots[S_TOPIC, slot], slots[S_QUEUE, slot] = step[12], step[13]
+                    slots[S_READY, slot], slots[S_REASON, slot] = due, step[14]
+                    slots[S_ELIGIBLE, slot] = _eligible(k, due)
+                    event_keys, event_values = _event_push(
+                        event_keys, event_values, events,
+                        2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot,
+                    )  # fmt: skip
+                    events += 1
+                else:
+                    spare[spare_count] = slot
+                    spare_count += 1
+        touched_count = 0
+        turns += 1
+        if rows >= CHUNK_ROWS or turns % _TURNS_PER_LOOK == 0:
+            yield out, rows, now, deliveries, first
+            rows = 0
+    # what is Ready before the horizon and never started (docs/model.md §7)
+    for e in range(events):
+        slot = event_values[e]
+        if event_keys[e] & 1 == _ELIGIBLE_PHASE and slots[S_READY, slot] < horizon:
+            out = _row(out, rows, k, born, slots, slot, n, n, n, n, _PENDING, n)
+            rows += 1
+    for instance in range(instances):
+        heap = heaps[instance]
+        for h in range(sizes[instance]):
+            out = _row(out, rows, k, born, slots, heap[h], n, n, n, n, _PENDING, n)
+            rows += 1
+    scratch = np.empty((S_FIELDS, 1), np.int64)
+    for instance in range(instances):
+        for j in range(taken[instance], starts[instance + 1]):
+            position = order[j]
+            _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible[position])
+            out = _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
+            rows += 1
+            if rows >= CHUNK_ROWS:
+                yield out, rows, horizon, deliveries, first
+                rows = 0
+    yield out, rows, horizon, deliveries, first
+
+
+# --------------------------------------------------------------------------- the Python side
+
+
+def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:
+    topology = policy.topology
+    k = np.full(K_SIZE, NULL, np.int64)
+
+    def given(value):
+        return NULL if value is None else int(value)
+
+    k[K_PATH] = _PATHS.index(policy.retry_path)
+    k[K_MAX_RETRIES] = policy.max_retries
+    k[K_FROM_START] = policy.from_start
+    k[K_AFTER_BACKOFF] = policy.leave_after_backoff
+    k[K_TIMEOUT] = given(policy.timeout_ms)
+    k[K_PERIODIC] = policy.periodic_timeout
+    k[K_TIMEOUT_LEVEL] = given(policy.timeout_level)
+    k[K_TIMEOUT_INTERVAL] = given(policy.timeout_interval_ms)
+    k[K_DLQ_NOW] = policy.dlq_now
+    k[K_INVISIBLE] = policy.invisible_until_retry
+    k[K_DLQ_ENABLED] = policy.dlq_enabled
+    k[K_HAS_LEVELS] = policy.levels is not None
+    k[K_HAS_RESEND] = policy.resend_levels is not None
+    k[K_ACK_INDEX] = given(policy.ack_index)
+    k[K_PULL] = policy.pull_interval_ms
+    k[K_READY_WAIT] = policy.ready_wait_ms
+    k[K_BALANCING] = _BALANCING.get(topology.balancing, 2)
+    k[K_INSTANCES] = topology.instances
+    k[K_THREADS] = given(topology.threads)
+    k[K_QUEUES] = topology.queues
+    k[K_BROKERS] = topology.brokers
+    k[K_RETRY_QUEUE_NUMS] = topology.retry_queue_nums
+    k[K_BY_CIRCLE] = topology.allocate == AVERAGELY_BY_CIRCLE
+    k[K_HAS_TOPOLOGY_RETRY] = topology.retry_topic is not None
+    k[K_RETRY_IS_TOPOLOGY] = policy.retry_topic == topology.retry_topic
+    k[K_FAIL_FIRST] = behavior.fail_first
+    k[K_HORIZON] = horizon_ms
+    return k
+
+
+def _dist_row(dist: _Dist) -> tuple[float, float, float, float]:
+    return float(_DISTS[dist.kind]), dist.mean, dist.mu, dist.sigma
+
+
+def _doubles(model: ListenerModel) -> tuple[np.ndarray, np.ndarray]:
+    d = np.zeros(D_SIZE)
+    d[D_PROBABILITY] = model.base_probability
+    d[D_KIND_1], d[D_KIND_2] = model.kind_thresholds
+    d[D_SEND_BACK_1], d[D_SEND_BACK_2] = model.send_back_thresholds
+    d[D_DIST:D_SIZE] = _dist_row(model.base_dist)
+    windows = np.full((len(model.windows), 7), -1.0)
+    for row, (start, end, probability, dist) in enumerate(model.windows):
+        windows[row, :3] = start, end, probability
+        if dist is not None:
+            windows[row, 3:] = _dist_row(dist)
+    return d, windows
+
+
+def _table(values) -> np.ndarray:
+    return np.asarray(values if values is not None else (0,), dtype=np.int64)
+
+
+def _frame(out: np.ndarray, rows: int, group: str, names: np.ndarray) -> pd.DataFrame:
+    """A chunk of rows as STAGE's pandas frame: codes to strings, NULL to missing."""
+    block = out[:rows]
+    columns: dict[str, object] = {"group": pd.Series(np.full(rows, group), dtype=object)}
+    for position, name in enumerate(_OUT):
+        values = block[:, position]
+        missing = values == NULL
+        if name in _STRING_COLUMNS:
+            strings = names[np.where(missing, 0, values)]
+            strings[missing] = None
+            columns[name] = pd.Series(strings, dtype=object)
+        else:
+            kind = "Int32" if STAGE[name].dataType.simpleString() == "int" else "Int64"
+            columns[name] = pd.arrays.IntegerArray(
+                values.astype(np.int32 if kind == "Int32" else np.int64), missing
+            )
+    columns["poison_fixed"] = np.zeros(rows, dtype=bool)
+    return pd.DataFrame(columns)
+
+
+def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterator[pd.DataFrame]:
+    """The rows :func:`~retrysim.engine.sequential.simulate_key` gives, from the compiled
+    loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers)."""
+    policy, behavior = spec.policy, spec.behavior
+    order = np.lexsort((msg_ids, born))
+    msg_ids, queue_ids, born = msg_ids[order], queue_ids[order], born[order]
+    count = int(np.searchsorted(born, spec.horizon_ms))
+    model = ListenerModel(behavior)
+    d, windows = _doubles(model)
+    prefixes = np.array(
+        [rng.key_prefix(spec.seed, spec.group, s) for s in listener.DELIVERY_STREAMS],
+        dtype=np.uint64,
+    )
+    poisoned = (
+        rng.uniform_np(spec.seed, spec.group, listener.POISON, msg_ids) < behavior.poison_fraction
+        if behavior.poison_fraction > 0
+        else np.zeros(len(msg_ids), dtype=bool)
+    )
+    topology = policy.topology
+    names = np.array(
+        [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
+         topology.retry_topic], dtype=object,
+    )  # fmt: skip
+    loop = _run(
+        _scalars(policy, behavior, spec.horizon_ms), d, windows, prefixes,
+        _table(policy.intervals_ms), _table(policy.levels), _table(policy.resend_levels),
+        _table(policy.resend_intervals_ms), msg_ids, queue_ids, born, poisoned, count,
+    )  # fmt: skip
+    for out, rows, now, deliveries, first in loop:
+        if heartbeat is not None:
+            heartbeat.beat(int(now), int(deliveries), int(first), count)
+        if rows:
+            yield _frame(out, rows, spec.group, names)
+    if heartbeat is not None:
+        heartbeat.beat(spec.horizon_ms, int(deliveries), count, count, done=True)
