@@ -27,12 +27,14 @@ import pandas as pd
 from numba import njit
 from numba.typed import List
 
+from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.model import behavior as listener
 from retrysim.model import rng, states
 from retrysim.model.behavior import ListenerModel, _Dist
 from retrysim.model.policy import Policy
 from retrysim.model.topology import AVERAGELY_BY_CIRCLE, BY_MESSAGE, BY_QUEUE
 from retrysim.scenario import limits
+from retrysim.scenario.loading import build_scenario
 from retrysim.tables.schemas import STAGE
 
 # --------------------------------------------------------------------------- string codes
@@ -788,3 +790,17 @@ def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterato
             yield _frame(out, rows, spec.group, names)
     if heartbeat is not None:
         heartbeat.beat(spec.horizon_ms, int(deliveries), count, count, done=True)
+
+
+def warm_up() -> None:
+    """Compile the loop (or load it from numba's cache on disk) with a tiny key: setup runs
+    it once, so that no Spark task pays the compilation."""
+    config = build_scenario(
+        {"name": "warm-up", "groups": [{"name": "g", "flavor": "rocketmq4.concurrently",
+                                        "consumers": {"instances": 1, "threads": 1},
+                                        "workload": {"messages": 2, "over": "1s"}}]}
+    )  # fmt: skip
+    spec = key_specs(config, group_plans(config))[0]
+    ids = np.arange(2, dtype=np.int64)
+    for _ in simulate_compiled(spec, ids, ids, ids):
+        pass
