@@ -414,21 +414,24 @@ _FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
 
 @njit(cache=True)
 def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, batch):
-    """Append a staged row (STAGE's order, without group and poison_fixed)."""
-    if n == out.shape[0]:
-        out = _grow(out)
+    """Write staged row ``n`` (STAGE's columns but group and poison_fixed, one row of
+    ``out`` per column, so that each becomes a frame's column without a copy)."""
+    if n == out.shape[1]:
+        bigger = np.empty((out.shape[0], 2 * n), np.int64)
+        bigger[:, :n] = out
+        out = bigger
     msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
     topic, queue_id = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
-    row = out[n]
-    row[0], row[1], row[2], row[3] = msg_id, delivery, slots[S_RT, slot], slots[S_BROKER_RT, slot]
-    row[4], row[5] = topic, queue_id
-    row[6] = _instance(k, topic, queue_id, msg_id, delivery)
-    row[7], row[8], row[9] = born[slots[S_INDEX, slot]], slots[S_READY, slot], slots[S_REASON, slot]
-    row[10], row[11], row[12], row[13] = start, processing, end, outcome
-    row[14], row[15], row[16], row[17] = step[0], step[1], step[2], step[3]
-    row[18] = batch
+    out[0, n], out[1, n], out[2, n] = msg_id, delivery, slots[S_RT, slot]
+    out[3, n], out[4, n], out[5, n] = slots[S_BROKER_RT, slot], topic, queue_id
+    out[6, n] = _instance(k, topic, queue_id, msg_id, delivery)
+    out[7, n], out[8, n] = born[slots[S_INDEX, slot]], slots[S_READY, slot]
+    out[9, n], out[10, n], out[11, n] = slots[S_REASON, slot], start, processing
+    out[12, n], out[13, n], out[18, n] = end, outcome, batch
+    for field in range(4):
+        out[14 + field, n] = step[field]
     for field in range(4, 15):
-        row[15 + field] = step[field]
+        out[15 + field, n] = step[field]
     return out
 
 
@@ -500,7 +503,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     event_keys = np.empty(1024, np.int64)
     event_values = np.empty(1024, np.int64)
     events = 0
-    out = np.empty((CHUNK_ROWS + 1024, _WIDTH), np.int64)
+    out = np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64)
     rows = 0
     next_arrival = 0
     deliveries = 0
@@ -737,10 +740,9 @@ def _table(values) -> np.ndarray:
 
 def _frame(out: np.ndarray, rows: int, group: str, names: np.ndarray) -> pd.DataFrame:
     """A chunk of rows as STAGE's pandas frame: codes to strings, NULL to missing."""
-    block = out[:rows]
     columns: dict[str, object] = {"group": pd.Series(np.full(rows, group), dtype=object)}
     for position, name in enumerate(_OUT):
-        values = block[:, position]
+        values = out[position, :rows]
         missing = values == NULL
         if name in _STRING_COLUMNS:
             strings = names[np.where(missing, 0, values)]
