@@ -269,6 +269,8 @@ def run_size(args: argparse.Namespace, size: int) -> dict:
     for item in args.conf:
         spark_opts += ["--conf", item]
     overrides = [f"groups.0.workload.messages={size}", *args.set]
+    if getattr(args, "pool_over", None):
+        overrides.append(args.pool_over)
     command = [
         str(ROOT / "spark-submit.sh"),
         *spark_opts,
@@ -284,6 +286,7 @@ def run_size(args: argparse.Namespace, size: int) -> dict:
         "--tables",
         args.tables,
         *([] if args.validate else ["--no-validate"]),
+        *(["--no-report"] if getattr(args, "pool", False) else []),
     ]
     for item in overrides:
         command += ["--set", item]
@@ -556,6 +559,11 @@ def _tables_report(output: Path, run_id: str) -> dict:
         "deliveries": total("deliveries"),
         "dlq": total("dlq"),
         "pending": total("pending"),
+        "p99_time_to_commit_s": (
+            round(pc.max(summary["p99_time_to_commit_ms"]).as_py() / 1000, 3)
+            if summary.num_rows and pc.max(summary["p99_time_to_commit_ms"]).as_py() is not None
+            else None
+        ),
         "files_per_table": files,
         "mib_per_table": sizes,
     }
@@ -657,6 +665,49 @@ def run_simpy(args: argparse.Namespace, size: int) -> dict:
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
     return report
+
+
+def _over_s(args: argparse.Namespace, size: int) -> int:
+    """--pool: the arrival span that keeps the scenario's rate (``--rate`` a second)."""
+    return max(1, round(size / args.rate))
+
+
+def run_pool(args: argparse.Namespace, size: int) -> dict:
+    """--pool: the SimPy finite-pool model (bench/baseline_simpy_pool.py) at the full size,
+    and the compiled engine alone outside Spark (bench/engine_alone.py), same rate."""
+    over = f"{_over_s(args, size)}s"
+    sizes = ["--messages", str(size), "--over", over, "--json"]
+    pool = _run_child(
+        [sys.executable, str(BENCH / "baseline_simpy_pool.py"), *sizes],
+        f"SimPy finite-pool model, {size:,} messages",
+    )
+    engine = _run_child(
+        [sys.executable, str(BENCH / "engine_alone.py"), *sizes],
+        f"compiled engine alone, {size:,} messages",
+    )
+    return {"simpy_pool": pool, "engine_alone": engine}
+
+
+def compare_pool(entry: dict) -> None:
+    """--pool ratios, each retrysim's rate over the SimPy model's (above 1: retrysim is
+    faster): ``engine`` the compiled engine alone, ``wall`` retrysim end to end (launch to
+    exit), and both p99 times to commit (they agree statistically, not row by row)."""
+    pool = entry.get("simpy_pool") or {}
+    engine = entry.get("engine_alone") or {}
+    rate = pool.get("deliveries_per_s")
+    if not rate:
+        return
+    ratios = {"engine": round(engine["deliveries_per_s"] / rate, 2)} if engine.get(
+        "deliveries_per_s") else {}  # fmt: skip
+    if entry.get("deliveries_per_wall_s"):
+        ratios["wall"] = round(entry["deliveries_per_wall_s"] / rate, 3)
+        ratios["wall_s"] = {"retrysim": entry.get("wall_s"), "simpy_pool": pool.get("simulate_s")}
+    ratios["p99_time_to_commit_s"] = {
+        "retrysim": entry.get("p99_time_to_commit_s"),
+        "engine_alone": engine.get("p99_time_to_commit_s"),
+        "simpy_pool": pool.get("p99_time_to_commit_s"),
+    }
+    entry["ratios"] = {"simpy_pool": ratios}
 
 
 def compare(entry: dict, simpy: dict | None) -> None:
@@ -957,6 +1008,15 @@ def main(argv: list[str] | None = None) -> int:
         help="message counts, comma-separated: 1M,10M,50M (default), 100M, 100k, 1000000",
     )
     parser.add_argument("--quick", action="store_true", help="1M messages only")
+    parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="a saturated pool (use with --scenario bench/saturated.yaml): each size against "
+        "the SimPy finite-pool model and the compiled engine alone, at --rate messages a second",
+    )
+    parser.add_argument(
+        "--rate", type=float, default=500.0, help="--pool: arrivals a second (default 500)"
+    )
     parser.add_argument("--driver-memory", default="4g", help="spark.driver.memory (default 4g)")
     parser.add_argument("--master", default="local[2]", help="job's --master (default local[2])")
     parser.add_argument("--scenario", default=str(BENCH / "scenario.yaml"), help="scenario YAML")
@@ -1004,22 +1064,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     sizes = [1_000_000] if args.quick else args.sizes
+    name = results_name(args.tables, args.validate, sizes, args.skip)
     results_path = (
         Path(args.results)
         if args.results
-        else RESULTS / results_name(args.tables, args.validate, sizes, args.skip)
+        else RESULTS / (f"saturated-{name}" if args.pool else name)
     )
 
+    if args.pool:
+        args.skip |= {"numpy", "simpy"}  # the unsaturated baselines do not model a pool
     simpy = None
     if "simpy" not in args.skip:
         # one subsample of the largest size; its rate is extrapolated to every size
         simpy = run_simpy(args, max(sizes))
     results: list[dict] = []
     for size in sizes:
+        if args.pool:
+            args.pool_over = f"groups.0.workload.over={_over_s(args, size)}s"
         entry = run_size(args, size) if "retrysim" not in args.skip else {"size": size}
         if "numpy" not in args.skip:
             entry["numpy"] = run_numpy(args, size)
         compare(entry, simpy)
+        if args.pool:
+            entry.update(run_pool(args, size))
+            compare_pool(entry)
         results.append(entry)
         write_json(results_path, args, results, simpy)  # after each size: partial results survive
     print_report(results, simpy)
