@@ -21,20 +21,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 from numba import njit
 from numba.typed import List
 
-from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.model import behavior as listener
 from retrysim.model import rng, states
 from retrysim.model.behavior import ListenerModel, _Dist
-from retrysim.model.policy import Policy
+from retrysim.model.policy import Policy, policy_for
 from retrysim.model.topology import AVERAGELY_BY_CIRCLE, BY_MESSAGE, BY_QUEUE
 from retrysim.scenario import limits
-from retrysim.scenario.loading import build_scenario
+from retrysim.scenario.loading import load_scenario
 from retrysim.tables.schemas import STAGE
 
 # --------------------------------------------------------------------------- string codes
@@ -795,14 +795,16 @@ def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterato
 
 
 def warm_up() -> None:
-    """Compile the loop (or load it from numba's cache on disk) with a tiny key: setup runs
-    it once, so that no Spark task pays the compilation."""
-    config = build_scenario(
-        {"name": "warm-up", "groups": [{"name": "g", "flavor": "rocketmq4.concurrently",
-                                        "consumers": {"instances": 1, "threads": 1},
-                                        "workload": {"messages": 2, "over": "1s"}}]}
+    """Compile the loop (or load it from numba's cache on disk) on two messages of the
+    embedded default scenario's first unordered group: setup runs it once, so that no Spark
+    task pays the compilation."""
+    scenario = load_scenario()
+    delay_table = scenario.broker.message_delay_level
+    group = next(g for g in scenario.groups if not policy_for(g, delay_table).blocking)
+    spec = SimpleNamespace(
+        group=group.name, policy=policy_for(group, delay_table), behavior=group.behavior,
+        seed=scenario.seed, horizon_ms=scenario.horizon,
     )  # fmt: skip
-    spec = key_specs(config, group_plans(config))[0]
     ids = np.arange(2, dtype=np.int64)
     for _ in simulate_compiled(spec, ids, ids, ids):
         pass
