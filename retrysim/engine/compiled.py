@@ -25,6 +25,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from numba import njit
 from numba.typed import List
 
@@ -35,7 +37,7 @@ from retrysim.model.policy import Policy, policy_for
 from retrysim.model.topology import AVERAGELY_BY_CIRCLE, BY_MESSAGE, BY_QUEUE
 from retrysim.scenario import limits
 from retrysim.scenario.loading import load_scenario
-from retrysim.tables.schemas import STAGE
+from retrysim.tables.schemas import STAGE, STAGE_ARROW
 
 # --------------------------------------------------------------------------- string codes
 
@@ -757,9 +759,28 @@ def _frame(out: np.ndarray, rows: int, group: str, names: np.ndarray) -> pd.Data
     return pd.DataFrame(columns)
 
 
-def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterator[pd.DataFrame]:
+def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.RecordBatch:
+    """A chunk of rows as a record batch in STAGE_ARROW's shape: the string columns taken
+    from ``names`` by code in Arrow (no Python string objects), NULL to missing."""
+    columns = [pc.take(pa.array([group]), pa.array(np.zeros(rows, np.int32)))]
+    for position, name in enumerate(_OUT):
+        values = out[position, :rows].copy()  # Arrow would share the loop's reused buffer
+        missing = values == NULL
+        if name in _STRING_COLUMNS:
+            columns.append(pc.take(names, pa.array(values, mask=missing, type=pa.int64())))
+        else:
+            kind = STAGE_ARROW.field(name).type
+            columns.append(pa.array(values, mask=missing, type=pa.int64()).cast(kind))
+    columns.append(pa.array(np.zeros(rows, dtype=bool)))
+    return pa.RecordBatch.from_arrays(columns, schema=STAGE_ARROW)
+
+
+def simulate_compiled(
+    spec, msg_ids, queue_ids, born, heartbeat=None, arrow: bool = False
+) -> Iterator[pd.DataFrame] | Iterator[pa.RecordBatch]:
     """The rows :func:`~retrysim.engine.sequential.simulate_key` gives, from the compiled
-    loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers)."""
+    loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers), as pandas
+    frames, or with ``arrow`` as record batches (what the Spark stage hands on)."""
     policy, behavior = spec.policy, spec.behavior
     order = np.lexsort((msg_ids, born))
     msg_ids, queue_ids, born = msg_ids[order], queue_ids[order], born[order]
@@ -780,6 +801,7 @@ def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterato
         [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
          topology.retry_topic], dtype=object,
     )  # fmt: skip
+    arrow_names = pa.array(names.tolist(), type=pa.string())
     loop = _run(
         _scalars(policy, behavior, spec.horizon_ms), d, windows, prefixes,
         _table(policy.intervals_ms), _table(policy.levels), _table(policy.resend_levels),
@@ -788,7 +810,9 @@ def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterato
     for out, rows, now, deliveries, first in loop:
         if heartbeat is not None:
             heartbeat.beat(int(now), int(deliveries), int(first), count)
-        if rows:
+        if rows and arrow:
+            yield _batch(out, rows, spec.group, arrow_names)
+        elif rows:
             yield _frame(out, rows, spec.group, names)
     if heartbeat is not None:
         heartbeat.beat(spec.horizon_ms, int(deliveries), count, count, done=True)

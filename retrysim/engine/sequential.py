@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -35,7 +36,7 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior
-from retrysim.tables.schemas import STAGE
+from retrysim.tables.schemas import STAGE, STAGE_ARROW
 
 KEY_COLUMN = "_key"
 OUTPUT_CHUNK_ROWS = 100_000
@@ -617,10 +618,12 @@ def simulate_key(
     born,
     heartbeat: Heartbeat | None = None,
     compiled: bool = True,
-) -> Iterator[pd.DataFrame]:
-    """Staged attempt rows of one key's messages, as pandas frames in STAGE's shape: from
-    the compiled loop where it covers the group (:mod:`retrysim.engine.compiled`), else
-    from :class:`_Simulation`, its plain-Python twin."""
+    arrow: bool = False,
+) -> Iterator[pd.DataFrame] | Iterator[pa.RecordBatch]:
+    """Staged attempt rows of one key's messages, as pandas frames in STAGE's shape (with
+    ``arrow``: record batches in STAGE_ARROW's): from the compiled loop where it covers the
+    group (:mod:`retrysim.engine.compiled`), else from :class:`_Simulation`, its
+    plain-Python twin."""
     if compiled and compiled_covers(spec.policy):
         from retrysim.engine.compiled import simulate_compiled  # numba: on executors only
 
@@ -630,6 +633,7 @@ def simulate_key(
             np.asarray(queue_ids, dtype=np.int64),
             np.asarray(born, dtype=np.int64),
             heartbeat,
+            arrow,
         )
         return
     simulation = _Simulation(
@@ -641,8 +645,15 @@ def simulate_key(
     )
     for rows in simulation.run():
         if rows:
-            frame = pd.DataFrame.from_records(rows, columns=_COLUMNS)
-            yield frame.astype(_PANDAS_TYPES)
+            frame = pd.DataFrame.from_records(rows, columns=_COLUMNS).astype(_PANDAS_TYPES)
+            yield (
+                pa.RecordBatch.from_pandas(frame, schema=STAGE_ARROW, preserve_index=False)
+                if arrow
+                else frame
+            )
+
+
+_MESSAGE_COLUMNS = ("msg_id", "queue_id", "born_ms")
 
 
 def sequential_attempts(
@@ -654,9 +665,15 @@ def sequential_attempts(
 ) -> DataFrame:
     """Staged attempts of ``specs``' groups, one task per key: a queue of the groups in
     ``per_lane`` (ordered queues that never fill the pool), else the whole group. Each key
-    sends its :class:`Heartbeat` to the folder ``heartbeats``, if given."""
+    sends its :class:`Heartbeat` to the folder ``heartbeats``, if given.
+
+    Both loops put a key's messages in publish order themselves, so Spark only brings each
+    key's messages to one task: sorted by key where a task may get many keys (so that it
+    holds one key's messages at a time), else not sorted at all. Rows go back as Arrow
+    record batches (``mapInArrow``), which the compiled loop builds without pandas."""
     names = [spec.group for spec in specs]
     by_index = dict(enumerate(specs))
+    keys = sum(spec.queues if spec.group in per_lane else 1 for spec in specs)
     group_index = F.create_map(*[x for i, n in enumerate(names) for x in (F.lit(n), F.lit(i))])
     lane_of = F.when(F.col("group").isin(*sorted(per_lane or {""})), F.col("queue_id"))
     keyed = messages.where(F.col("group").isin(*names)).select(
@@ -664,38 +681,37 @@ def sequential_attempts(
             group_index[F.col("group")].cast("long") * F.lit(1 << 20)
             + F.coalesce(lane_of, F.lit((1 << 20) - 1)).cast("long")
         ).alias(KEY_COLUMN),
-        "msg_id",
-        "queue_id",
-        "born_ms",
+        *_MESSAGE_COLUMNS,
     )
+    one_at_a_time = keys > partitions
 
-    def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        current, parts = None, []
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        parts: dict[int, list[list[np.ndarray]]] = {}
         for batch in batches:
-            keys = batch[KEY_COLUMN].to_numpy()
-            for key in pd.unique(keys).tolist():
-                part = batch[keys == key]
-                if key != current and parts:
-                    yield from _simulate_parts(by_index[current >> 20], parts, current, heartbeats)
-                    parts = []
-                current = key
-                parts.append(part)
-        if parts:
-            yield from _simulate_parts(by_index[current >> 20], parts, current, heartbeats)
+            key_of = batch.column(0).to_numpy()
+            columns = [batch.column(name).to_numpy() for name in _MESSAGE_COLUMNS]
+            for key in pd.unique(key_of).tolist():
+                if one_at_a_time and parts and key not in parts:
+                    yield from _simulate_parts(by_index, parts, heartbeats)
+                    parts = {}
+                chosen = key_of == key
+                parts.setdefault(key, []).append([column[chosen] for column in columns])
+        yield from _simulate_parts(by_index, parts, heartbeats)
 
-    return (
-        keyed.repartition(partitions, KEY_COLUMN)
-        .sortWithinPartitions(KEY_COLUMN, "born_ms", "msg_id")
-        .mapInPandas(run, STAGE)
-    )
+    partitioned = keyed.repartition(partitions, KEY_COLUMN)
+    if one_at_a_time:
+        partitioned = partitioned.sortWithinPartitions(KEY_COLUMN)
+    return partitioned.mapInArrow(run, STAGE)
 
 
 def _simulate_parts(
-    spec: KeySpec, parts: list[pd.DataFrame], key: int, heartbeats: str | None
-) -> Iterator[pd.DataFrame]:
-    data = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    heartbeat = Heartbeat(heartbeats, key, spec.horizon_ms)
-    yield from simulate_key(spec, data["msg_id"], data["queue_id"], data["born_ms"], heartbeat)
+    by_index: dict[int, KeySpec], parts: dict[int, list[list[np.ndarray]]], heartbeats: str | None
+) -> Iterator[pa.RecordBatch]:
+    for key, chunks in parts.items():
+        spec = by_index[key >> 20]
+        msg_ids, queue_ids, born = (np.concatenate(column) for column in zip(*chunks, strict=True))
+        heartbeat = Heartbeat(heartbeats, key, spec.horizon_ms)
+        yield from simulate_key(spec, msg_ids, queue_ids, born, heartbeat, arrow=True)
 
 
 def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:

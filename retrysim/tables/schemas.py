@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -233,6 +234,8 @@ _STAGE_ORDER = (
 )  # fmt: skip
 STAGE = StructType([ATTEMPTS[name] for name in _STAGE_ORDER])
 assert sorted(STAGE.fieldNames()) == sorted(ATTEMPTS.fieldNames()[1:]), "STAGE != attempts"
+# The same as Arrow: the event-by-event stage hands Spark Arrow record batches.
+STAGE_ARROW = to_arrow_schema(STAGE)
 
 # A capacity plan (retrysim plan): one row per sweep point and group. Its run_id is the plan's
 # id; each point is a run of its own, named in point_run_id.

@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import Heartbeat, compiled_covers, read_heartbeats, simulate_key
 from retrysim.model.rng import key_prefix, uniform_np
 from retrysim.scenario.loading import build_scenario
+from retrysim.tables.schemas import STAGE_ARROW
 
 KEY = ["msg_id", "delivery"]
 
@@ -132,3 +134,20 @@ def test_covered_groups():
     assert compiled_covers(policy)
     assert not compiled_covers(dataclasses.replace(policy, batch_size=2))
     assert not compiled_covers(dataclasses.replace(policy, blocking=True))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_record_batches_hold_the_frames_rows(compiled):
+    """What the Spark stage gets (Arrow, built from the loop's codes without pandas) is the
+    frames' rows, from either loop."""
+    config = build_scenario(SATURATED)
+    spec = key_specs(config, group_plans(config))[0]
+    data = messages(spec, 3000, 120_000, seed=4)
+    frames = pd.concat(simulate_key(spec, *data, compiled=compiled), ignore_index=True)
+    batches = list(simulate_key(spec, *data, compiled=compiled, arrow=True))
+    assert all(batch.schema.equals(STAGE_ARROW) for batch in batches)
+    table = pa.Table.from_batches(batches).to_pandas()
+    for name in frames.columns:
+        assert frames[name].astype(object).where(frames[name].notna(), None).tolist() == (
+            table[name].astype(object).where(table[name].notna(), None).tolist()
+        ), name
