@@ -384,7 +384,7 @@ def _timeline(lines: list[Line], sampler: MemorySampler, wall_s: float) -> dict:
     first = next((line.t for line in lines if line.text.startswith("retrysim:")), None)
     rounds = []
     staging = committed = finished = validating = validated = None
-    previous = None
+    event_start = event_end = previous = None
     for line in lines:
         match = ROUND_RE.search(line.text)
         if match:
@@ -400,6 +400,10 @@ def _timeline(lines: list[Line], sampler: MemorySampler, wall_s: float) -> dict:
                 }
             )
             previous = elapsed
+        elif "event-by-event simulation of" in line.text:
+            event_start = line.t
+        elif "event-by-event:" in line.text:
+            event_end = line.t
         elif "staging tables" in line.text:
             staging = line.t
         elif "validating the staged run" in line.text:
@@ -426,6 +430,7 @@ def _timeline(lines: list[Line], sampler: MemorySampler, wall_s: float) -> dict:
         ("spark_session", first, sim_start),
         ("round_1", sim_start, first_round),
         ("rounds_2_on", first_round, last_round),
+        ("event_by_event", event_start, event_end),
         ("stage_tables", staging, validating or publish),
         ("validate", validating, validated),
         ("publish_delta", publish, committed),
@@ -905,6 +910,7 @@ def print_details(results: list[dict]) -> None:
         "spark_session",
         "round_1",
         "rounds_2_on",
+        "event_by_event",
         "stage_tables",
         "validate",
         "publish_delta",
