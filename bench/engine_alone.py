@@ -3,8 +3,8 @@
 The issue's first target is the engine's own rate on one core against the SimPy model's
 (bench/baseline_simpy_pool.py): this runs ``retrysim.engine.compiled.simulate_compiled`` on
 the scenario's group with ``--messages`` Poisson arrivals over ``--over`` and prints its
-deliveries, its time (the loop and the rows as pandas frames, as Spark gets them) and the
-p99 time to commit.
+deliveries, its time (the loop and its rows as the Arrow record batches Spark gets) and
+the p99 time to commit.
 
     .venv/bin/python bench/engine_alone.py --messages 3000000 --over 6000s --json
 """
@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from retrysim.engine.compiled import simulate_compiled, warm_up
 from retrysim.engine.rounds import group_plans, key_specs
@@ -43,12 +44,12 @@ def main() -> int:
     queue_ids = msg_ids % spec.policy.topology.queues
     warm_up()  # loads the compiled code from numba's cache: not the engine's time
     began = time.perf_counter()
-    frames = list(simulate_compiled(spec, msg_ids, queue_ids, born))
+    batches = list(simulate_compiled(spec, msg_ids, queue_ids, born, arrow=True))
     seconds = time.perf_counter() - began
-    rows = pd.concat(frames, ignore_index=True)
-    deliveries = int(rows["start_ms"].notna().sum())
-    commits = rows[rows["result_state"] == "Commit"]
-    waits = (commits["settled_ms"] - commits["born_ms"]).to_numpy(np.int64) / 1000
+    rows = pa.Table.from_batches(batches)
+    deliveries = rows.num_rows - rows["start_ms"].null_count
+    commits = rows.filter(pc.equal(rows["result_state"], "Commit"))
+    waits = pc.subtract(commits["settled_ms"], commits["born_ms"]).to_numpy() / 1000
     result = {
         "model": "retrysim-compiled-engine",
         "messages": args.messages,
