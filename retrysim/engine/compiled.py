@@ -121,7 +121,7 @@ def _uniform(prefix, msg_id, delivery):
 # --------------------------------------------------------------------------- the rules
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _eligible(k, ready):
     due = ready + k[K_READY_WAIT]
     pull = k[K_PULL]
@@ -147,7 +147,7 @@ def _on_topology_retry(k, topic):
     return topic == T_TOPOLOGY_RETRY or (topic == T_RETRY and k[K_RETRY_IS_TOPOLOGY] == 1)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _instance(k, topic, queue_id, msg_id, delivery):
     """Topology.instance."""
     if k[K_BALANCING] == 0:
@@ -184,7 +184,7 @@ def _sample(kind, mean, mu, sigma, u_a, u_b):
     return np.int64(math.floor(value + 0.5))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _listen(k, d, windows, prefixes, msg_id, delivery, start, poisoned):
     """ListenerModel.result: (outcome, processing_ms, send_back)."""
     found = False
@@ -220,7 +220,7 @@ def _listen(k, d, windows, prefixes, msg_id, delivery, start, poisoned):
     return outcome, processing, send_back
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _consume_result(k, start, processing, outcome):
     """Policy.consume_result: (outcome, end_ms)."""
     timeout = k[K_TIMEOUT]
@@ -323,7 +323,7 @@ def _before(a, b, eligible, order_id, delivery):
     return delivery[a] < delivery[b]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _wait_push(heap, size, slot, eligible, order_id, delivery):
     if size == len(heap):
         bigger = np.empty(2 * len(heap), np.int64)
@@ -340,7 +340,7 @@ def _wait_push(heap, size, slot, eligible, order_id, delivery):
     return heap
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _wait_pop(heap, size, eligible, order_id, delivery):
     top = heap[0]
     size -= 1
@@ -361,7 +361,7 @@ def _wait_pop(heap, size, eligible, order_id, delivery):
     return top
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _event_push(keys, values, size, key, value):
     if size == len(keys):
         keys = np.concatenate((keys, np.empty(len(keys), np.int64)))
@@ -377,7 +377,7 @@ def _event_push(keys, values, size, key, value):
     return keys, values
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _event_pop(keys, values, size):
     value = values[0]
     size -= 1
@@ -414,7 +414,7 @@ def _grow(array):
 _FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, batch):
     """Write staged row ``n`` (STAGE's columns but group and poison_fixed, one row of
     ``out`` per column, so that each becomes a frame's column without a copy)."""
@@ -437,7 +437,7 @@ def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, ba
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _first_delivery(slots, slot, position, msg_ids, queue_ids, born, eligible):
     """Fill ``slot`` with the first delivery of the message at ``position``."""
     slots[S_INDEX, slot], slots[S_DELIVERY, slot] = position, 1
