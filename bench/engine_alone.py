@@ -44,7 +44,7 @@ def main() -> int:
     queue_ids = msg_ids % spec.policy.topology.queues
     warm_up()  # loads the compiled code from numba's cache: not the engine's time
     began = time.perf_counter()
-    batches = list(simulate_compiled(spec, msg_ids, queue_ids, born, arrow=True))
+    batches = list(simulate_compiled(spec, msg_ids, queue_ids, born))
     seconds = time.perf_counter() - began
     rows = pa.Table.from_batches(batches)
     deliveries = rows.num_rows - rows["start_ms"].null_count

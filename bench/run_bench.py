@@ -269,8 +269,8 @@ def run_size(args: argparse.Namespace, size: int) -> dict:
     for item in args.conf:
         spark_opts += ["--conf", item]
     overrides = [f"groups.0.workload.messages={size}", *args.set]
-    if getattr(args, "pool_over", None):
-        overrides.append(args.pool_over)
+    if getattr(args, "pool", False):  # the arrival span that keeps --rate
+        overrides.append(f"groups.0.workload.over={_over_s(args, size)}s")
     command = [
         str(ROOT / "spark-submit.sh"),
         *spark_opts,
@@ -1085,8 +1085,6 @@ def main(argv: list[str] | None = None) -> int:
         simpy = run_simpy(args, max(sizes))
     results: list[dict] = []
     for size in sizes:
-        if args.pool:
-            args.pool_over = f"groups.0.workload.over={_over_s(args, size)}s"
         entry = run_size(args, size) if "retrysim" not in args.skip else {"size": size}
         if "numpy" not in args.skip:
             entry["numpy"] = run_numpy(args, size)

@@ -27,7 +27,7 @@ from retrysim.engine.rounds import (
     key_specs,
     run_rounds,
 )
-from retrysim.engine.sequential import read_heartbeats, sequential_attempts
+from retrysim.engine.sequential import key_count, read_heartbeats, sequential_attempts
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
 from retrysim.store.sinks import remove_tree
@@ -100,7 +100,7 @@ def _run_sequential(
 ) -> None:
     specs = key_specs(scenario, plans)
     per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
-    keys = sum(p.group.workload.queues if p.name in per_lane else 1 for p in plans)
+    keys = key_count(specs, per_lane)
     say(
         f"event-by-event simulation of {', '.join(p.name for p in plans)} "
         f"({keys:,} independent {'keys' if keys > 1 else 'key'}) ..."

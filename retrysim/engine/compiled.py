@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
@@ -787,25 +786,6 @@ def _table(values) -> np.ndarray:
     return np.asarray(values if values is not None else (0,), dtype=np.int64)
 
 
-def _frame(out: np.ndarray, rows: int, group: str, names: np.ndarray) -> pd.DataFrame:
-    """A chunk of rows as STAGE's pandas frame: codes to strings, NULL to missing."""
-    columns: dict[str, object] = {"group": pd.Series(np.full(rows, group), dtype=object)}
-    for position, name in enumerate(_OUT):
-        values = out[position, :rows]
-        missing = values == NULL
-        if name in _STRING_COLUMNS:
-            strings = names[np.where(missing, 0, values)]
-            strings[missing] = None
-            columns[name] = pd.Series(strings, dtype=object)
-        else:
-            kind = "Int32" if STAGE[name].dataType.simpleString() == "int" else "Int64"
-            columns[name] = pd.arrays.IntegerArray(
-                values.astype(np.int32 if kind == "Int32" else np.int64), missing
-            )
-    columns["poison_fixed"] = np.zeros(rows, dtype=bool)
-    return pd.DataFrame(columns)
-
-
 def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.RecordBatch:
     """A chunk of rows as a record batch in STAGE_ARROW's shape: the string columns taken
     from ``names`` by code in Arrow (no Python string objects), NULL to missing."""
@@ -822,12 +802,10 @@ def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.Record
     return pa.RecordBatch.from_arrays(columns, schema=STAGE_ARROW)
 
 
-def simulate_compiled(
-    spec, msg_ids, queue_ids, born, heartbeat=None, arrow: bool = False
-) -> Iterator[pd.DataFrame] | Iterator[pa.RecordBatch]:
+def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterator[pa.RecordBatch]:
     """The rows :func:`~retrysim.engine.sequential.simulate_key` gives, from the compiled
-    loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers), as pandas
-    frames, or with ``arrow`` as record batches (what the Spark stage hands on)."""
+    loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers), as the
+    record batches the Spark stage hands on."""
     policy, behavior = spec.policy, spec.behavior
     order = np.lexsort((msg_ids, born))
     msg_ids, queue_ids, born = msg_ids[order], queue_ids[order], born[order]
@@ -838,17 +816,12 @@ def simulate_compiled(
         [rng.key_prefix(spec.seed, spec.group, s) for s in listener.DELIVERY_STREAMS],
         dtype=np.uint64,
     )
-    poisoned = (
-        rng.uniform_np(spec.seed, spec.group, listener.POISON, msg_ids) < behavior.poison_fraction
-        if behavior.poison_fraction > 0
-        else np.zeros(len(msg_ids), dtype=bool)
-    )
+    poisoned = listener.poisoned(spec.seed, spec.group, msg_ids, behavior.poison_fraction)
     topology = policy.topology
-    names = np.array(
+    names = pa.array(
         [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
-         topology.retry_topic], dtype=object,
+         topology.retry_topic], type=pa.string(),
     )  # fmt: skip
-    arrow_names = pa.array(names.tolist(), type=pa.string())
     loop = _run(
         _scalars(policy, behavior, spec.horizon_ms), d, windows, prefixes,
         _table(policy.intervals_ms), _table(policy.levels), _table(policy.resend_levels),
@@ -857,10 +830,8 @@ def simulate_compiled(
     for out, rows, now, deliveries, first in loop:
         if heartbeat is not None:
             heartbeat.beat(int(now), int(deliveries), int(first), count)
-        if rows and arrow:
-            yield _batch(out, rows, spec.group, arrow_names)
-        elif rows:
-            yield _frame(out, rows, spec.group, names)
+        if rows:
+            yield _batch(out, rows, spec.group, names)
     if heartbeat is not None:
         heartbeat.beat(spec.horizon_ms, int(deliveries), count, count, done=True)
 

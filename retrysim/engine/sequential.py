@@ -5,7 +5,8 @@ from load) and batches cannot be computed a round at a time: whether a delivery 
 depends on other messages. docs/model.md §5 is simulated with a heap of events per key (one
 ordered queue when the pool can never be full, else a whole group): messages arrive as a
 sorted stream, hashed draws come in NumPy blocks, rows leave in chunks, so memory is bounded
-by the deliveries in flight. Keys run as tasks of one ``mapInPandas`` stage.
+by the deliveries in flight. Keys run as tasks of one ``mapInArrow`` stage; unordered keys
+run compiled (:mod:`retrysim.engine.compiled`).
 """
 
 from __future__ import annotations
@@ -597,6 +598,8 @@ def _step_values(start, processing, outcome, end, step: Step, batch_size: int) -
     )
 
 
+# Arrow's nullable integers as pandas' (not floats), for frames made from record batches.
+_NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}
 _PANDAS_TYPES = {
     field.name: {"string": "object", "bigint": "Int64", "int": "Int32", "boolean": "bool"}[
         field.dataType.simpleString()
@@ -624,25 +627,20 @@ def simulate_key(
     ``arrow``: record batches in STAGE_ARROW's): from the compiled loop where it covers the
     group (:mod:`retrysim.engine.compiled`), else from :class:`_Simulation`, its
     plain-Python twin."""
+    msg_ids, queue_ids, born = (
+        np.asarray(values, dtype=np.int64) for values in (msg_ids, queue_ids, born)
+    )
     if compiled and compiled_covers(spec.policy):
         from retrysim.engine.compiled import simulate_compiled  # numba: on executors only
 
-        yield from simulate_compiled(
-            spec,
-            np.asarray(msg_ids, dtype=np.int64),
-            np.asarray(queue_ids, dtype=np.int64),
-            np.asarray(born, dtype=np.int64),
-            heartbeat,
-            arrow,
-        )
+        for batch in simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat):
+            yield (
+                batch
+                if arrow
+                else batch.to_pandas(types_mapper=_NULLABLE.get).astype(_PANDAS_TYPES)
+            )
         return
-    simulation = _Simulation(
-        spec,
-        np.asarray(msg_ids, dtype=np.int64),
-        np.asarray(queue_ids, dtype=np.int64),
-        np.asarray(born, dtype=np.int64),
-        heartbeat=heartbeat,
-    )
+    simulation = _Simulation(spec, msg_ids, queue_ids, born, heartbeat=heartbeat)
     for rows in simulation.run():
         if rows:
             frame = pd.DataFrame.from_records(rows, columns=_COLUMNS).astype(_PANDAS_TYPES)
@@ -651,6 +649,12 @@ def simulate_key(
                 if arrow
                 else frame
             )
+
+
+def key_count(specs: list[KeySpec], per_lane: set[str]) -> int:
+    """How many keys :func:`sequential_attempts` simulates: a queue of each group in
+    ``per_lane``, else the group."""
+    return sum(spec.queues if spec.group in per_lane else 1 for spec in specs)
 
 
 _MESSAGE_COLUMNS = ("msg_id", "queue_id", "born_ms")
@@ -673,7 +677,7 @@ def sequential_attempts(
     record batches (``mapInArrow``), which the compiled loop builds without pandas."""
     names = [spec.group for spec in specs]
     by_index = dict(enumerate(specs))
-    keys = sum(spec.queues if spec.group in per_lane else 1 for spec in specs)
+    keys = key_count(specs, per_lane)
     group_index = F.create_map(*[x for i, n in enumerate(names) for x in (F.lit(n), F.lit(i))])
     lane_of = F.when(F.col("group").isin(*sorted(per_lane or {""})), F.col("queue_id"))
     keyed = messages.where(F.col("group").isin(*names)).select(

@@ -213,6 +213,14 @@ class ListenerModel:
         return outcome, dist.sample(u_a, u_b), send_back
 
 
+def poisoned(seed: int, group: str, msg_ids: np.ndarray, poison_fraction: float) -> np.ndarray:
+    """Which of ``msg_ids`` are poison messages (the NumPy twin of the poison draw in
+    :func:`listener_draw_columns`)."""
+    if poison_fraction <= 0:
+        return np.zeros(len(msg_ids), dtype=bool)
+    return uniform_np(seed, group, POISON, msg_ids) < poison_fraction
+
+
 class DrawCache:
     """Hashed uniforms of one group's messages, computed in vectorised blocks.
 
@@ -231,11 +239,7 @@ class DrawCache:
         self.seed, self.group = seed, group
         self.msg_ids = np.asarray(msg_ids, dtype=np.int64)
         self.block, self.keep_blocks, self.later = block, keep_blocks, later
-        self.poisoned = (
-            uniform_np(seed, group, POISON, self.msg_ids) < poison_fraction
-            if poison_fraction > 0
-            else np.zeros(len(self.msg_ids), dtype=bool)
-        )
+        self.poisoned = poisoned(seed, group, self.msg_ids, poison_fraction)
         self._first: dict[int, list[tuple[float, ...]]] = {}
         self._later: dict[int, dict[int, tuple[float, ...]]] = {}
 

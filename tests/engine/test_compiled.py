@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference.strategies import scenarios
 
-from retrysim.engine.compiled import _uniform, simulate_compiled
+from retrysim.engine.compiled import _uniform
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import Heartbeat, compiled_covers, read_heartbeats, simulate_key
 from retrysim.model.rng import key_prefix, uniform_np
@@ -38,7 +38,7 @@ def both_loops(spec, msg_ids, queue_ids, born) -> tuple:
         return frame.astype({name: object for name in strings}).where(frame.notna(), None)
 
     python = rows(simulate_key(spec, msg_ids, queue_ids, born, compiled=False))
-    compiled = rows(simulate_compiled(spec, msg_ids, queue_ids, born))
+    compiled = rows(simulate_key(spec, msg_ids, queue_ids, born))
     return python, compiled
 
 
@@ -121,7 +121,7 @@ def test_the_compiled_loop_reports_progress_and_its_end(tmp_path):
     config = build_scenario(SATURATED)
     spec = key_specs(config, group_plans(config))[0]
     heartbeat = Heartbeat(str(tmp_path), 5, spec.horizon_ms)
-    rows = pd.concat(simulate_compiled(spec, *messages(spec, 600, 60_000, 2), heartbeat))
+    rows = pd.concat(simulate_key(spec, *messages(spec, 600, 60_000, 2), heartbeat))
     (beat,) = read_heartbeats(str(tmp_path))
     assert beat == {"sim_ms": spec.horizon_ms, "horizon_ms": spec.horizon_ms,
                     "deliveries": int(rows["start_ms"].notna().sum()), "first": 600,
