@@ -117,10 +117,10 @@ def simulate(
     began = time.monotonic()
     try:
         recover(output, say)
-        rounds, engines = simulate_attempts(spark, scenario, staging, say, tail_rows)
+        rounds, engines, sums = simulate_attempts(spark, scenario, staging, say, tail_rows)
         say("staging tables ...")
         written = TABLE_SETS[tables]
-        staged, retries = stage_tables(spark, scenario, staging, engines, written, say)
+        staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)
         rows = {
             status: write_parquet(
                 runs_row(spark, scenario, run_id, started_at, rounds, status, tables),

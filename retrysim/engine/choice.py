@@ -31,6 +31,7 @@ from retrysim.engine.sequential import key_count, read_heartbeats, sequential_at
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
 from retrysim.store.sinks import remove_tree
+from retrysim.tables.key_peaks import GroupSums, GroupSumsParam
 from retrysim.tables.schemas import STAGE
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
@@ -38,9 +39,10 @@ ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 
 def simulate_attempts(
     spark: SparkSession, scenario: Scenario, staging: str, say: Progress, tail_rows: int
-) -> tuple[int, dict[str, str]]:
+) -> tuple[int, dict[str, str], dict[str, GroupSums]]:
     """Stage every group's attempts under ``staging/attempts/engine=...``: by rounds where
-    that is exact, else event by event; returns the round count and each group's engine."""
+    that is exact, else event by event; returns the round count, each group's engine and
+    the sums of the groups simulated whole in one task (for staging)."""
     plans = group_plans(scenario)
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
     full_from_start = _certainly_full(by_rounds, say)
@@ -62,10 +64,9 @@ def simulate_attempts(
         for plan in plans
         if plan.policy.sequential or plan.name in full or plan.name in full_from_start
     ]
-    if sequential:
-        _run_sequential(spark, scenario, sequential, staging, say)
+    sums = _run_sequential(spark, scenario, sequential, staging, say) if sequential else {}
     engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}
-    return rounds, engines
+    return rounds, engines, sums
 
 
 def _certainly_full(plans: list[GroupPlan], say: Progress) -> set[str]:
@@ -97,7 +98,7 @@ def _drop_groups(spark: SparkSession, folder: str, groups: set[str]) -> None:
 
 def _run_sequential(
     spark: SparkSession, scenario: Scenario, plans: list[GroupPlan], staging: str, say: Progress
-) -> None:
+) -> dict[str, GroupSums]:
     specs = key_specs(scenario, plans)
     per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
     keys = key_count(specs, per_lane)
@@ -112,7 +113,8 @@ def _run_sequential(
     # up to 200 partitions balance the keys; their files are the attempts table's, so they
     # are written as one file per core (each task runs its partitions' keys in turn)
     heartbeats = os.path.join(staging, "heartbeats")
-    attempts = sequential_attempts(messages, specs, per_lane, partitions, heartbeats)
+    sums = spark.sparkContext.accumulator({}, GroupSumsParam())
+    attempts = sequential_attempts(messages, specs, per_lane, partitions, heartbeats, sums)
     with _watching(heartbeats, keys, say):
         attempts.coalesce(spark.sparkContext.defaultParallelism).write.parquet(path)
     beats = read_heartbeats(heartbeats)
@@ -122,6 +124,7 @@ def _run_sequential(
     else:  # a key without messages, or an executor that cannot write the folder
         count = spark.read.parquet(path).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
+    return sums.value
 
 
 HEARTBEAT_EVERY_S = 15.0

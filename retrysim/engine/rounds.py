@@ -288,6 +288,8 @@ def key_specs(scenario: Scenario, plans: list[GroupPlan]) -> list[KeySpec]:
             seed=scenario.seed,
             horizon_ms=scenario.horizon,
             queues=plan.group.workload.queues,
+            load_bucket_ms=scenario.load_bucket,
+            shared=plan.policy.topology.shared,
         )
         for plan in plans
     ]

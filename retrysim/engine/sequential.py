@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -37,9 +38,11 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior
+from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import STAGE, STAGE_ARROW
 
 KEY_COLUMN = "_key"
+_WHOLE_GROUP = (1 << 20) - 1  # a key's lane part when it holds the whole group
 OUTPUT_CHUNK_ROWS = 100_000
 _FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (model §5)
 # A _FREE event's payload: the id of a released lane (>= 0), or a thread of instance i (-1 - i).
@@ -107,6 +110,9 @@ class KeySpec:
     seed: int
     horizon_ms: int
     queues: int
+    # for summing up a whole group's rows in its task (retrysim.tables.key_peaks)
+    load_bucket_ms: int
+    shared: bool  # more than one instance can get its work: instance_load needs its own sums
 
 
 class _Delivery:
@@ -666,10 +672,13 @@ def sequential_attempts(
     per_lane: set[str],
     partitions: int,
     heartbeats: str | None = None,
+    sums: Accumulator | None = None,
 ) -> DataFrame:
     """Staged attempts of ``specs``' groups, one task per key: a queue of the groups in
     ``per_lane`` (ordered queues that never fill the pool), else the whole group. Each key
-    sends its :class:`Heartbeat` to the folder ``heartbeats``, if given.
+    sends its :class:`Heartbeat` to the folder ``heartbeats``, if given, and each whole
+    group its :class:`retrysim.tables.key_peaks.GroupSums` to the accumulator ``sums``
+    (of :class:`retrysim.tables.key_peaks.GroupSumsParam`), if given.
 
     Both loops put a key's messages in publish order themselves, so Spark only brings each
     key's messages to one task: sorted by key where a task may get many keys (so that it
@@ -683,7 +692,7 @@ def sequential_attempts(
     keyed = messages.where(F.col("group").isin(*names)).select(
         (
             group_index[F.col("group")].cast("long") * F.lit(1 << 20)
-            + F.coalesce(lane_of, F.lit((1 << 20) - 1)).cast("long")
+            + F.coalesce(lane_of, F.lit(_WHOLE_GROUP)).cast("long")
         ).alias(KEY_COLUMN),
         *_MESSAGE_COLUMNS,
     )
@@ -696,11 +705,11 @@ def sequential_attempts(
             columns = [batch.column(name).to_numpy() for name in _MESSAGE_COLUMNS]
             for key in pd.unique(key_of).tolist():
                 if one_at_a_time and parts and key not in parts:
-                    yield from _simulate_parts(by_index, parts, heartbeats)
+                    yield from _simulate_parts(by_index, parts, heartbeats, sums)
                     parts = {}
                 chosen = key_of == key
                 parts.setdefault(key, []).append([column[chosen] for column in columns])
-        yield from _simulate_parts(by_index, parts, heartbeats)
+        yield from _simulate_parts(by_index, parts, heartbeats, sums)
 
     partitioned = keyed.repartition(partitions, KEY_COLUMN)
     if one_at_a_time:
@@ -709,13 +718,22 @@ def sequential_attempts(
 
 
 def _simulate_parts(
-    by_index: dict[int, KeySpec], parts: dict[int, list[list[np.ndarray]]], heartbeats: str | None
+    by_index: dict[int, KeySpec],
+    parts: dict[int, list[list[np.ndarray]]],
+    heartbeats: str | None,
+    sums: Accumulator | None,
 ) -> Iterator[pa.RecordBatch]:
     for key, chunks in parts.items():
         spec = by_index[key >> 20]
         msg_ids, queue_ids, born = (np.concatenate(column) for column in zip(*chunks, strict=True))
         heartbeat = Heartbeat(heartbeats, key, spec.horizon_ms)
-        yield from simulate_key(spec, msg_ids, queue_ids, born, heartbeat, arrow=True)
+        batches = simulate_key(spec, msg_ids, queue_ids, born, heartbeat, arrow=True)
+        if sums is None or key & _WHOLE_GROUP != _WHOLE_GROUP:
+            yield from batches
+            continue
+        summer = GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared)
+        yield from map(summer.add, batches)
+        sums.add({spec.group: summer.finish()})
 
 
 def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:

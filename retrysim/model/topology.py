@@ -88,6 +88,12 @@ class Topology:
         return min(self.instances, max(self.queues, retry_queues))
 
     @property
+    def shared(self) -> bool:
+        """Whether more than one instance can get the group's work (its ``load`` is then
+        not one instance's, and ``instance_load`` needs each instance's own peaks)."""
+        return self.assignable_instances > 1
+
+    @property
     def most_lanes_per_instance(self) -> int:
         """The most of the topic's queues whose deliveries one instance may run at once: by
         queue, either strategy gives an instance at most ``ceil(queues / instances)``."""

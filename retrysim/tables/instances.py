@@ -11,6 +11,8 @@ most within it, and its threads' use, exact from the same moments as the group's
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -21,6 +23,9 @@ from retrysim.tables.groups import groups_df, literal_map
 from retrysim.tables.peaks import EXACT, THREAD_UNITS, bucket_maximum, instance_changes
 from retrysim.tables.schemas import INSTANCE_LOAD, data_schema, select_schema
 
+if TYPE_CHECKING:
+    from retrysim.tables.key_peaks import GroupSums
+
 _KEYS = ["group", "consumer_instance", "bucket"]
 
 
@@ -28,18 +33,19 @@ def shared_groups(scenario: Scenario) -> list[str]:
     """The groups whose work more than one instance can get: the others' one instance does
     the group's load, row for row."""
     table = scenario.broker.message_delay_level
-    return [
-        g.name for g in scenario.groups if policy_for(g, table).topology.assignable_instances > 1
-    ]
+    return [g.name for g in scenario.groups if policy_for(g, table).topology.shared]
 
 
-def changes_of_shared_groups(attempts: DataFrame, scenario: Scenario) -> DataFrame | None:
+def changes_of_shared_groups(
+    attempts: DataFrame, scenario: Scenario, known: dict[str, GroupSums] | None = None
+) -> DataFrame | None:
     """:func:`instance_changes` of the :func:`shared_groups` (None when there are none): a
-    single instance's rows are the load's, so its attempts are not exploded again."""
+    single instance's rows are the load's, so its attempts are not exploded again. The
+    groups in ``known`` bring theirs from the tasks that simulated them."""
     shared = shared_groups(scenario)
     if not shared:
         return None
-    return instance_changes(attempts.where(F.col("group").isin(*shared)), scenario)
+    return instance_changes(attempts, scenario, known, shared)
 
 
 def instance_load_from(

@@ -18,6 +18,9 @@ and the longest wait of a delivery that left Ready in each bucket.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -29,6 +32,9 @@ from retrysim.model.states import (
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.writes import write_times
+
+if TYPE_CHECKING:
+    from retrysim.tables.key_peaks import GroupSums
 
 # Threads busy are counted in units of 1/THREAD_UNITS of a thread, so that a batch member's
 # share (1/batch_size of its request's thread) adds up exactly as an integer.
@@ -172,22 +178,30 @@ def _gauge_changes(
     )
 
 
-def bucket_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
+def bucket_changes(
+    attempts: DataFrame, scenario: Scenario, known: dict[str, GroupSums] | None = None
+) -> DataFrame:
     """Per (group, level, bucket) with any change before the horizon. Level 0 rows: each
     gauge's net change (``<gauge>_total``) and rise (``<gauge>_rise``, its largest value in
     the bucket minus the value it entered with), each rate's busiest second starting in the
     bucket (``<rate>_busiest``) and the longest wait of a delivery that left Ready in it
     (``longest_wait``). Level L rows: ``schedule_total`` and ``schedule_rise`` of delay level
-    L. Held in executor memory: a few rows per bucket."""
+    L. Held in executor memory: a few rows per bucket. The gauges of the groups in ``known``
+    come from the tasks that simulated them (:mod:`retrysim.tables.key_peaks`)."""
     bucket_ms = scenario.load_bucket
     # bucket first: the sort's prefix then tells rows apart (a group name rarely does)
     keys = ["bucket", "level", "group"]
-    moments = _exploded(attempts, scenario, (*GAUGES, "ready_wait")).withColumn(
-        "bucket", _bucket(bucket_ms)
-    )
-    gauges = _gauge_changes(
-        moments, keys, GAUGES, bucket_ms, F.max("ready_wait").alias("longest_wait")
-    )
+
+    def gauges_of(rows: DataFrame) -> DataFrame:
+        moments = _exploded(rows, scenario, (*GAUGES, "ready_wait")).withColumn(
+            "bucket", _bucket(bucket_ms)
+        )
+        return _gauge_changes(
+            moments, keys, GAUGES, bucket_ms, F.max("ready_wait").alias("longest_wait")
+        )
+
+    groups = [group.name for group in scenario.groups]
+    gauges = with_known(attempts, groups, gauges_of, known, lambda sums: sums.gauges)
     second = F.floor(F.col("t") / F.lit(1000))
     rates = (
         _exploded(attempts, scenario, RATES)
@@ -207,7 +221,12 @@ def _bucket(bucket_ms: int) -> Column:
     return F.floor(F.col("t") / F.lit(bucket_ms))
 
 
-def instance_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
+def instance_changes(
+    attempts: DataFrame,
+    scenario: Scenario,
+    known: dict[str, GroupSums] | None = None,
+    groups: list[str] | None = None,
+) -> DataFrame:
     """Per (bucket, group, consumer_instance) with a change: the Ready backlog's and the
     threads busy's net change and rise (as :func:`bucket_changes`), the deliveries started,
     and ``threads_busy_area``, the sum of each threads-busy change times the time from it to
@@ -219,21 +238,49 @@ def instance_changes(attempts: DataFrame, scenario: Scenario) -> DataFrame:
     keys = ["bucket", "consumer_instance", "group"]
     fields = ("ready_backlog", "threads_busy", "deliveries")
     last_end = -(-scenario.horizon // bucket_ms) * bucket_ms
-    moments = _exploded(
-        attempts, scenario, fields, ("group", "consumer_instance"), until=last_end
-    ).withColumn("bucket", _bucket(bucket_ms))
     bucket_end = (F.col("bucket") + F.lit(1)) * F.lit(bucket_ms)
-    return _gauge_changes(
-        moments,
-        keys,
-        fields[:2],
-        bucket_ms,
-        F.sum("deliveries").alias("deliveries"),
-        # exact: up to a thousand threads x a bucket x THREAD_UNITS outgrows a long
-        F.sum(F.col("threads_busy").cast(EXACT) * (bucket_end - F.col("t")).cast(EXACT)).alias(
-            "threads_busy_area"
-        ),
+
+    def changes_of(rows: DataFrame) -> DataFrame:
+        moments = _exploded(
+            rows, scenario, fields, ("group", "consumer_instance"), until=last_end
+        ).withColumn("bucket", _bucket(bucket_ms))
+        return _gauge_changes(
+            moments,
+            keys,
+            fields[:2],
+            bucket_ms,
+            F.sum("deliveries").alias("deliveries"),
+            # exact: up to a thousand threads x a bucket x THREAD_UNITS outgrows a long
+            F.sum(F.col("threads_busy").cast(EXACT) * (bucket_end - F.col("t")).cast(EXACT)).alias(
+                "threads_busy_area"
+            ),
+        )
+
+    groups = groups if groups is not None else [group.name for group in scenario.groups]
+    return with_known(
+        attempts, groups, changes_of, known, lambda sums: sums.instances
     ).localCheckpoint()
+
+
+def with_known(
+    attempts: DataFrame,
+    groups: list[str],
+    compute: Callable[[DataFrame], DataFrame],
+    known: dict[str, GroupSums] | None,
+    rows_of: Callable[[GroupSums], list[tuple] | None],
+) -> DataFrame:
+    """``compute`` over the attempts of ``groups`` that ``known`` does not hold, with the
+    rows ``rows_of`` gives for those it holds (in ``compute``'s schema): the attempts of
+    groups summed up where they were simulated are not read again."""
+    held = {name: rows_of(sums) for name, sums in (known or {}).items() if name in groups}
+    held = {name: rows for name, rows in held.items() if rows is not None}
+    others = [name for name in groups if name not in held]
+    computed = compute(attempts.where(F.col("group").isin(*others)))
+    if not held:
+        return computed
+    rows = [row for name in sorted(held) for row in held[name]]
+    given = attempts.sparkSession.createDataFrame(rows, computed.schema)
+    return given.unionByName(computed) if others else given
 
 
 def bucket_maximum(end: Column, total: Column, rise: Column) -> Column:

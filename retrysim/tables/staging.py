@@ -23,6 +23,7 @@ from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.dead_letters import dead_letters_from_attempts
 from retrysim.tables.instances import changes_of_shared_groups, instance_load_from
+from retrysim.tables.key_peaks import GroupSums
 from retrysim.tables.load import compact_attempts, load_from_attempts, retries_by_level
 from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.schemas import ATTEMPTS, RUNS, SCHEMAS, TABLE_ORDER, data_schema, literal_rows
@@ -45,10 +46,13 @@ def stage_tables(
     engines: dict[str, str],
     written: tuple[str, ...] = TABLE_ORDER,
     say: Progress = lambda _line: None,
+    known: dict[str, GroupSums] | None = None,
 ) -> tuple[dict[str, str], pd.DataFrame]:
     """Compute the ``written`` tables but ``runs`` into Parquet under ``staging/tables``;
     later tables read earlier ones back so no plan is computed twice. Returns their folders
     and the run's retries by level (for its report, counted from the compacted attempts).
+    ``known``: the peaks and settle times of groups summed up where they were simulated
+    (:mod:`retrysim.tables.key_peaks`), whose attempts those passes do not read again.
 
     The tables and scans that do not need each other run at once, from threads: each is a
     job of a few big tasks, and a core left idle by one job's last task takes the next job's
@@ -73,9 +77,9 @@ def stage_tables(
         compact, times, changes, per_instance = run_together(
             [
                 lambda: compact_attempts(attempts, scenario),
-                lambda: times_to_settle(attempts),
-                lambda: bucket_changes(attempts, scenario),
-                lambda: changes_of_shared_groups(attempts, scenario),
+                lambda: times_to_settle(attempts, scenario, known),
+                lambda: bucket_changes(attempts, scenario, known),
+                lambda: changes_of_shared_groups(attempts, scenario, known),
             ]
         )
         say(f"  compacted the attempts for load and summary ({time.monotonic() - began:.1f}s)")

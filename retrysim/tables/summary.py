@@ -7,6 +7,8 @@ must give the same tables on any cluster.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -19,14 +21,17 @@ from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import groups_df, literal_map
 from retrysim.tables.instances import instance_extremes, instance_load_from
 from retrysim.tables.load import compact_attempts
-from retrysim.tables.peaks import RATES, bucket_changes, run_maxima
+from retrysim.tables.peaks import RATES, bucket_changes, run_maxima, with_known
 from retrysim.tables.schemas import (
     SUMMARY,
     data_schema,
     select_schema,
 )
 
-_PERCENTILES = (0.5, 0.95, 0.99)
+if TYPE_CHECKING:
+    from retrysim.tables.key_peaks import GroupSums
+
+PERCENTILES = (0.5, 0.95, 0.99)
 
 
 def exact_percentiles(values: DataFrame, shares: tuple[float, ...]) -> DataFrame:
@@ -93,7 +98,7 @@ def summary_from(
     if instance_load is None:
         instance_load = instance_load_from(spark, attempts, scenario, load)
     compact = compact if compact is not None else compact_attempts(attempts, scenario)
-    times = times if times is not None else times_to_settle(attempts)
+    times = times if times is not None else times_to_settle(attempts, scenario)
     changes = changes if changes is not None else bucket_changes(attempts, scenario)
 
     def total(kind: Column) -> Column:
@@ -145,30 +150,40 @@ def summary_from(
         "write_amplification": F.col("commitlog_writes") / F.col("messages"),
         "engine": literal_map(engines)[F.col("group")],
     }
-    for index, share in enumerate(_PERCENTILES):
+    for index, share in enumerate(PERCENTILES):
         label = f"p{round(share * 100)}"
         columns[f"{label}_time_to_commit_ms"] = F.col("ttc")[index]
         columns[f"{label}_time_to_dlq_ms"] = F.col("ttd")[index]
     return select_schema(joined.withColumns(columns), data_schema(SUMMARY))
 
 
-def times_to_settle(attempts: DataFrame) -> DataFrame:
-    """Per group, the exact percentiles (_PERCENTILES) of the time from publishing to commit
+def times_to_settle(
+    attempts: DataFrame, scenario: Scenario, known: dict[str, GroupSums] | None = None
+) -> DataFrame:
+    """Per group, the exact percentiles (PERCENTILES) of the time from publishing to commit
     (``ttc``) and to the DLQ (``ttd``), as arrays. Held in executor memory: a few rows, from
-    a scan of every attempt that needs nothing else, so it can run beside the other scans."""
+    a scan of every attempt that needs nothing else, so it can run beside the other scans;
+    the groups in ``known`` bring theirs from the tasks that simulated them."""
     state = F.col("result_state")
-    return (
-        exact_percentiles(
-            attempts.where(state.isin(COMMIT, DLQ)).select(
-                "group",
-                state.alias("kind"),
-                (F.col("settled_ms") - F.col("born_ms")).alias("value"),
-            ),
-            _PERCENTILES,
+
+    def times_of(rows: DataFrame) -> DataFrame:
+        return (
+            exact_percentiles(
+                rows.where(state.isin(COMMIT, DLQ)).select(
+                    "group",
+                    state.alias("kind"),
+                    (F.col("settled_ms") - F.col("born_ms")).alias("value"),
+                ),
+                PERCENTILES,
+            )
+            .groupBy("group")
+            .pivot("kind", [COMMIT, DLQ])
+            .agg(F.first("percentiles"))
+            .withColumnsRenamed({COMMIT: "ttc", DLQ: "ttd"})
         )
-        .groupBy("group")
-        .pivot("kind", [COMMIT, DLQ])
-        .agg(F.first("percentiles"))
-        .withColumnsRenamed({COMMIT: "ttc", DLQ: "ttd"})
-        .localCheckpoint()
-    )
+
+    def rows_of(sums: GroupSums) -> list[tuple]:
+        return [] if sums.ttc is None and sums.ttd is None else [(sums.group, sums.ttc, sums.ttd)]
+
+    groups = [group.name for group in scenario.groups]
+    return with_known(attempts, groups, times_of, known, rows_of).localCheckpoint()

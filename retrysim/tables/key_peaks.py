@@ -1,0 +1,313 @@
+"""A whole group's exact peaks and settle times, summed up in the task that simulated it.
+
+A group simulated event by event as one key has every attempt in that task, so the task
+computes what staging would otherwise explode, shuffle and sort every attempt for: each
+gauge's net change and rise per (bucket, level) (the gauge half of
+:func:`retrysim.tables.peaks.bucket_changes`), each instance's
+(:func:`retrysim.tables.peaks.instance_changes`) and the exact times to commit and to the
+DLQ (:func:`retrysim.tables.summary.times_to_settle`). The same moments and the same
+arithmetic, in NumPy over the rows as they leave; a few rows per bucket go to the driver with
+the stage's accumulator. tests/tables/test_key_peaks.py holds them equal to the Spark passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.accumulators import AccumulatorParam
+
+from retrysim.model.states import COMMIT, DLQ, WAITING_RETRY
+from retrysim.scenario import limits
+from retrysim.tables.peaks import ALL_LEVELS, GAUGES, THREAD_UNITS
+from retrysim.tables.summary import PERCENTILES
+
+_NULL = np.iinfo(np.int64).min
+_T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
+_INSTANCE_GAUGES = ("ready_backlog", "threads_busy")
+
+
+@dataclass(frozen=True)
+class GroupSums:
+    """One group's rows for staging: ``gauges`` as the gauge half of ``bucket_changes``
+    (bucket, level, group, the GAUGES' totals, longest_wait, their rises), ``instances`` as
+    ``instance_changes`` (None unless asked for), ``ttc``/``ttd`` as ``times_to_settle``."""
+
+    group: str
+    gauges: list[tuple]
+    instances: list[tuple] | None
+    ttc: list[float] | None
+    ttd: list[float] | None
+
+
+class GroupSumsParam(AccumulatorParam):
+    """Accumulates {group: GroupSums}; a group comes from one task (a retried task's sums
+    replace its earlier attempt's, the same values)."""
+
+    def zero(self, value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, value1: dict, value2: dict) -> dict:
+        value1.update(value2)
+        return value1
+
+
+def _ints(batch: pa.RecordBatch, name: str) -> np.ndarray:
+    return pc.fill_null(batch.column(name).cast(pa.int64()), _NULL).to_numpy()
+
+
+def _equals(batch: pa.RecordBatch, name: str, value: str) -> np.ndarray:
+    return pc.fill_null(pc.equal(batch.column(name), value), False).to_numpy(zero_copy_only=False)
+
+
+class GroupSummer:
+    """Sums up one group's staged attempt rows (Arrow record batches in STAGE_ARROW's shape)
+    as they leave the loop: each batch becomes its moments, kept as a few narrow arrays, and
+    :meth:`finish` sorts them once."""
+
+    def __init__(self, group: str, horizon_ms: int, bucket_ms: int, per_instance: bool) -> None:
+        self.group, self.horizon, self.bucket_ms = group, horizon_ms, bucket_ms
+        self.buckets = -(-horizon_ms // bucket_ms)
+        self.longest_wait = np.full(self.buckets, -1, dtype=np.int64)
+        self.moments: list[tuple[np.ndarray, ...]] = []
+        self.instance_moments: list[tuple[np.ndarray, ...]] | None = [] if per_instance else None
+        self.settled: dict[str, list[np.ndarray]] = {COMMIT: [], DLQ: []}
+
+    def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Take ``batch``'s moments; returns the batch, to pass it on."""
+        ready, start, processing, end = (
+            _ints(batch, name) for name in ("ready_ms", "start_ms", "processing_ms", "end_ms")
+        )
+        waited_until = _ints(batch, "next_ready_ms")
+        waited_until = np.where(waited_until == _NULL, _ints(batch, "settled_ms"), waited_until)
+        level = _ints(batch, "delay_level")
+        batch_size = _ints(batch, "batch_size")
+        started = start != _NULL
+        waited = ~started | (start > ready)
+        waits_retry = _equals(batch, "end_state", WAITING_RETRY)
+        scheduled = waits_retry & _equals(batch, "end_topic", limits.SCHEDULE_TOPIC)
+        busy = started & (processing != _NULL) & (processing > 0)
+        # Spark's FLOOR(1.0E12 / CAST(batch_size AS DOUBLE)), as a long
+        share = np.where(
+            busy, np.floor(THREAD_UNITS / np.maximum(batch_size, 1).astype(np.float64)), 0
+        ).astype(np.int64)
+        freed = np.where(busy, start + processing, _NULL)
+        frees_at_end = busy & (end != _NULL) & (freed == end)
+        ended = end != _NULL
+        one, zero = np.int8(1), np.int8(0)
+        # peaks._moments, the gauges (the moments that change no gauge are left out)
+        gauge_moments = (
+            (waited & (ready != _NULL), ready, ALL_LEVELS, {"ready_backlog": one}),
+            (
+                started,
+                start,
+                ALL_LEVELS,
+                {"ready_backlog": -waited.astype(np.int8), "inflight": one, "threads_busy": share},
+            ),
+            (started & waited, start - 1, ALL_LEVELS, {}),  # the longest wait's moment
+            (
+                ended,
+                end,
+                ALL_LEVELS,
+                {
+                    "inflight": -one,
+                    "waiting_retry": waits_retry.astype(np.int8),
+                    "schedule": scheduled.astype(np.int8),
+                    "threads_busy": np.where(frees_at_end, -share, 0),
+                },
+            ),
+            (busy & ~frees_at_end, freed, ALL_LEVELS, {"threads_busy": -share}),
+            (
+                waits_retry & (waited_until != _NULL),
+                waited_until,
+                ALL_LEVELS,
+                {"waiting_retry": -one, "schedule": -scheduled.astype(np.int8)},
+            ),
+            (scheduled & ended, end, level, {"schedule": one}),
+            (scheduled & (waited_until != _NULL), waited_until, level, {"schedule": -one}),
+        )
+        for when, at, at_level, changes in gauge_moments:
+            chosen = when & (at < self.horizon)
+            if not chosen.any():
+                continue
+            levels = np.broadcast_to(np.asarray(at_level, dtype=np.int64), chosen.shape)[chosen]
+            values = [np.broadcast_to(changes.get(g, zero), chosen.shape)[chosen] for g in GAUGES]
+            self.moments.append(
+                (
+                    at[chosen],
+                    levels.astype(np.int16),
+                    *[v.astype(np.int8) for v in values[:4]],
+                    values[4].astype(np.int64),
+                )
+            )
+        waiting = started & waited & (start - 1 < self.horizon)
+        np.maximum.at(
+            self.longest_wait,
+            (start[waiting] - 1) // self.bucket_ms,
+            start[waiting] - ready[waiting],
+        )
+        if self.instance_moments is not None:
+            self._add_instance_moments(
+                batch, ready, start, waited, started, share, freed, frees_at_end, busy
+            )
+        state = batch.column("result_state")
+        for kind in (COMMIT, DLQ):
+            chosen = pc.fill_null(pc.equal(state, kind), False).to_numpy(zero_copy_only=False)
+            settled = _ints(batch, "settled_ms")[chosen]
+            born = _ints(batch, "born_ms")[chosen]
+            kept = (settled != _NULL) & (born != _NULL)
+            self.settled[kind].append(settled[kept] - born[kept])
+        return batch
+
+    def _add_instance_moments(
+        self, batch, ready, start, waited, started, share, freed, frees_at_end, busy
+    ) -> None:
+        """peaks.instance_changes' moments: the Ready backlog, threads busy and deliveries,
+        up to the last bucket's end."""
+        until = self.buckets * self.bucket_ms
+        instance = pc.fill_null(batch.column("consumer_instance"), -1).to_numpy()
+        one = np.int8(1)
+        for when, at, ready_change, threads, delivered in (
+            (waited & (ready != _NULL), ready, one, 0, 0),
+            (started, start, -waited.astype(np.int8), share, 1),
+            (frees_at_end, freed, 0, -share, 0),
+            (busy & ~frees_at_end, freed, 0, -share, 0),
+        ):
+            chosen = when & (at < until)
+            threads = np.broadcast_to(threads, chosen.shape)
+            ready_change = np.broadcast_to(ready_change, chosen.shape)
+            chosen &= (threads != 0) | (ready_change != 0) | bool(delivered)
+            if chosen.any():
+                self.instance_moments.append(
+                    (
+                        at[chosen],
+                        instance[chosen].astype(np.int64),
+                        ready_change[chosen].astype(np.int8),
+                        threads[chosen].astype(np.int64),
+                        np.full(int(chosen.sum()), delivered, dtype=np.int8),
+                    )
+                )
+
+    def finish(self) -> GroupSums:
+        return GroupSums(
+            group=self.group,
+            gauges=self._gauge_rows(),
+            instances=None if self.instance_moments is None else self._instance_rows(),
+            ttc=_percentiles(self.settled[COMMIT]),
+            ttd=_percentiles(self.settled[DLQ]),
+        )
+
+    def _gauge_rows(self) -> list[tuple]:
+        if not self.moments:
+            return []
+        t, level, *changes = (np.concatenate(part) for part in zip(*self.moments, strict=True))
+        self.moments = []
+        runs = _Runs(t, level, self.bucket_ms)
+        totals, rises = zip(*(runs.total_and_rise(change) for change in changes), strict=True)
+        rows = []
+        for i, (bucket, at_level) in enumerate(zip(runs.bucket, runs.key, strict=True)):
+            wait = self.longest_wait[bucket] if at_level == ALL_LEVELS else -1
+            rows.append(
+                (
+                    int(bucket),
+                    int(at_level),
+                    self.group,
+                    *[int(total[i]) for total in totals],
+                    int(wait) if wait >= 0 else None,
+                    *[int(rise[i]) for rise in rises],
+                )
+            )
+        return rows
+
+    def _instance_rows(self) -> list[tuple]:
+        if not self.instance_moments:
+            return []
+        parts = (np.concatenate(part) for part in zip(*self.instance_moments, strict=True))
+        t, instance, ready, threads, delivered = parts
+        self.instance_moments = []
+        runs = _Runs(t, instance + 1, self.bucket_ms)  # null instances (-1) sort first
+        ready_total, ready_rise = runs.total_and_rise(ready)
+        threads_total, threads_rise = runs.total_and_rise(threads)
+        deliveries = runs.sum(delivered)
+        area = runs.area(threads)
+        return [
+            (
+                int(runs.bucket[i]),
+                None if runs.key[i] == 0 else int(runs.key[i] - 1),
+                self.group,
+                int(ready_total[i]),
+                int(threads_total[i]),
+                int(deliveries[i]),
+                Decimal(area[i]),
+                int(ready_rise[i]),
+                int(threads_rise[i]),
+            )
+            for i in range(len(runs.bucket))
+        ]
+
+
+class _Runs:
+    """Moments sorted by (key, time), split into runs of one (key, bucket): a gauge's value
+    after each millisecond is a running sum within the run, counted at the last moment of
+    the millisecond (a range frame's peers), as peaks._gauge_changes counts it."""
+
+    def __init__(self, t: np.ndarray, key: np.ndarray, bucket_ms: int) -> None:
+        self.order = np.argsort((key.astype(np.int64) << _T_BITS) | t)
+        self.t = t[self.order]
+        keys = key[self.order]
+        buckets = self.t // bucket_ms
+        new_run = np.ones(len(self.t), dtype=bool)
+        new_run[1:] = (keys[1:] != keys[:-1]) | (buckets[1:] != buckets[:-1])
+        self.starts = np.flatnonzero(new_run)
+        self.lengths = np.diff(np.append(self.starts, len(self.t)))
+        self.key, self.bucket = keys[self.starts], buckets[self.starts]
+        self.bucket_end = (self.bucket + 1) * bucket_ms
+        self.last_of_ms = np.ones(len(self.t), dtype=bool)
+        self.last_of_ms[:-1] = (self.t[1:] != self.t[:-1]) | new_run[1:]
+        self.entered = self.t[self.starts] > self.bucket * bucket_ms
+
+    def sum(self, change: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(change[self.order].astype(np.int64), self.starts)
+
+    def total_and_rise(self, change: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """peaks._gauge_changes' ``_total`` and ``_rise`` of one gauge, per run."""
+        ordered = change[self.order].astype(np.int64)
+        running = np.cumsum(ordered)
+        before = np.repeat(running[self.starts] - ordered[self.starts], self.lengths)
+        after = np.where(self.last_of_ms, running - before, np.iinfo(np.int64).min)
+        highest = np.maximum.reduceat(after, self.starts)
+        total = np.add.reduceat(ordered, self.starts)
+        return total, np.where(self.entered, np.maximum(highest, 0), highest)
+
+    def area(self, threads: np.ndarray) -> list[int]:
+        """Per run, the sum of each threads-busy change times the time from it to the
+        bucket's end, exact: a change is a share of THREAD_UNITS (one per batch size), and
+        per share the sum of +-1 x time fits a long."""
+        ordered = threads[self.order]
+        to_end = np.repeat(self.bucket_end, self.lengths) - self.t
+        area = [0] * len(self.starts)
+        for share in np.unique(np.abs(ordered[ordered != 0])).tolist():
+            sign = np.where(ordered == share, 1, np.where(ordered == -share, -1, 0))
+            per_run = np.add.reduceat(sign * to_end, self.starts)
+            area = [a + share * int(s) for a, s in zip(area, per_run.tolist(), strict=True)]
+        return area
+
+
+def _percentiles(parts: list[np.ndarray]) -> list[float] | None:
+    """summary.exact_percentiles of one (group, kind): the value at rank (n - 1) p,
+    interpolated linearly between the two closest ranks, in its order of operations."""
+    values = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+    if not len(values):
+        return None
+    result = []
+    for share in PERCENTILES:
+        position = float(len(values) - 1) * share
+        lo, hi = int(np.floor(position)), int(np.ceil(position))
+        low, high = float(values[lo]), float(values[hi])
+        result.append(
+            low if lo == hi or low == high else (hi - position) * low + (position - lo) * high
+        )
+    return result

@@ -1,0 +1,109 @@
+"""A group simulated whole in one task brings its exact peaks and settle times from there
+(retrysim.tables.key_peaks): they must be the Spark passes' rows over the same attempts,
+exactly, for every way a group is simulated event by event."""
+
+from __future__ import annotations
+
+import pytest
+from chispa import assert_df_equality
+
+from retrysim.engine.choice import lanes_are_independent
+from retrysim.engine.rounds import all_messages, group_plans, key_specs
+from retrysim.engine.sequential import sequential_attempts
+from retrysim.scenario.loading import build_scenario
+from retrysim.tables.instances import changes_of_shared_groups
+from retrysim.tables.key_peaks import GroupSumsParam
+from retrysim.tables.peaks import bucket_changes
+from retrysim.tables.summary import times_to_settle
+
+_SLOW = {"dist": "lognormal", "mean": "80ms", "p99": "900ms"}
+SCENARIO = {
+    "name": "whole-groups", "seed": 7, "horizon": "100s", "load_bucket": "10s",
+    "broker": {"message_delay_level": "1s 5s 10s 30s 1m"},
+    "groups": [
+        {   # compiled: three instances by queue, a full pool, timeouts, failed send-backs,
+            # the producer fallback, an outage, the schedule topic's levels, the horizon
+            "name": "busy", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 2,
+            "consumers": {"instances": 3, "threads": 2}, "retry_queue_nums": 2,
+            "consume_timeout": "1s",
+            "workload": {"messages": 2500, "over": "80s", "queues": 4},
+            "behavior": {"fail_probability": 0.2, "processing_time": _SLOW,
+                         "outages": [{"start": "20s", "end": "40s", "fail_probability": 0.9}],
+                         "send_back_failure_probability": 0.1,
+                         "send_back_fallback_probability": 0.1},
+        },
+        {   # the Python loop: batches of up to four share a thread
+            "name": "batched", "flavor": "rocketmq4.concurrently",
+            "consume_message_batch_max_size": 4,
+            "consumers": {"instances": 2, "threads": 1},
+            "workload": {"messages": 1500, "over": "60s", "queues": 4},
+            "behavior": {"fail_probability": 0.1, "processing_time": "30ms"},
+        },
+        {   # 5.x pops on a pool too small for them
+            "name": "popped", "flavor": "rocketmq5.push",
+            "consumers": {"instances": 1, "threads": 2},
+            "workload": {"messages": 1200, "over": "30s", "queues": 2},
+            "behavior": {"fail_probability": 0.3, "processing_time": "100ms"},
+        },
+        {   # ordered queues that never fill the pool: a key per queue, summed up by Spark
+            "name": "ordered", "flavor": "rocketmq4.orderly",
+            "consumers": {"instances": 1, "threads": 4},
+            "workload": {"messages": 400, "over": "30s", "queues": 4},
+            "behavior": {"fail_probability": 0.1, "processing_time": "20ms"},
+        },
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def simulated(spark, tmp_path_factory):
+    """Every group event by event, as the stage runs them, with the tasks' sums."""
+    config = build_scenario(SCENARIO)
+    plans = group_plans(config)
+    sums = spark.sparkContext.accumulator({}, GroupSumsParam())
+    per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
+    attempts = sequential_attempts(
+        all_messages(spark, config, [plan.group for plan in plans]),
+        key_specs(config, plans),
+        per_lane,
+        partitions=2,
+        sums=sums,
+    )
+    path = str(tmp_path_factory.mktemp("whole-groups") / "attempts")
+    attempts.write.parquet(path)
+    return config, spark.read.parquet(path), sums.value
+
+
+def test_whole_groups_bring_their_sums_and_per_queue_keys_do_not(simulated):
+    _, _, sums = simulated
+    assert set(sums) == {"busy", "batched", "popped"}
+    busy = sums["busy"]
+    assert {row[1] for row in busy.gauges} == {0, 3, 4, 5}  # the schedule topic's levels
+    assert busy.instances and {row[1] for row in busy.instances} == {0, 1, 2}
+    assert sums["popped"].instances is None  # one instance: its rows are the load's
+    assert busy.ttc is not None and busy.ttd is not None
+
+
+def test_the_gauges_are_the_spark_pass_over_the_same_attempts(simulated):
+    config, attempts, sums = simulated
+    expected = bucket_changes(attempts, config)
+    assert expected.where("group != 'ordered' and ready_backlog_rise > 0").count() > 0
+    assert_df_equality(bucket_changes(attempts, config, sums), expected, ignore_row_order=True)
+
+
+def test_each_instances_changes_are_the_spark_pass(simulated):
+    config, attempts, sums = simulated
+    expected = changes_of_shared_groups(attempts, config)
+    assert expected.where("group = 'batched' and threads_busy_area > 0").count() > 0
+    assert_df_equality(
+        changes_of_shared_groups(attempts, config, sums), expected, ignore_row_order=True
+    )
+
+
+def test_the_times_to_settle_are_the_spark_pass(simulated):
+    config, attempts, sums = simulated
+    assert_df_equality(
+        times_to_settle(attempts, config, sums),
+        times_to_settle(attempts, config),
+        ignore_row_order=True,
+    )
