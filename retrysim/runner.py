@@ -20,7 +20,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
 from retrysim.checks.validate import check_staged
-from retrysim.engine.choice import simulate_attempts
+from retrysim.engine.choice import SMALL_GROUP_MESSAGES, simulate_attempts
 from retrysim.engine.rounds import TAIL_ROWS, Progress
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.spec import Scenario
@@ -88,6 +88,7 @@ def simulate(
     progress: Progress | None = None,
     sink: str | Sink = "auto",
     tail_rows: int = TAIL_ROWS,
+    small_group: int = SMALL_GROUP_MESSAGES,
     tables: str = "full",
     validate: bool = True,
 ) -> Result:
@@ -98,7 +99,9 @@ def simulate(
     (:mod:`retrysim.store.views`).
 
     ``tail_rows``: a round frontier of at most this many retrying messages is finished event
-    by event in one stage (0: always one Spark stage per round). The staged tables are
+    by event in one stage (0: always one Spark stage per round). ``small_group``: a group on
+    a finite pool with at most this many messages runs event by event from the start (0:
+    rounds first, then the capacity check, as for larger groups). The staged tables are
     validated before anything is published; a broken invariant raises
     :class:`retrysim.checks.validate.ValidationError` and leaves the tables as they were.
 
@@ -117,7 +120,9 @@ def simulate(
     began = time.monotonic()
     try:
         recover(output, say)
-        rounds, engines, sums = simulate_attempts(spark, scenario, staging, say, tail_rows)
+        rounds, engines, sums = simulate_attempts(
+            spark, scenario, staging, say, tail_rows, small_group
+        )
         say("staging tables ...")
         written = TABLE_SETS[tables]
         staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)

@@ -22,12 +22,16 @@ from retrysim.engine.capacity import CERTAINLY_FULL, offered_load, peak_concurre
 from retrysim.engine.rounds import (
     GroupPlan,
     Progress,
-    all_messages,
     group_plans,
     key_specs,
     run_rounds,
 )
-from retrysim.engine.sequential import key_count, read_heartbeats, sequential_attempts
+from retrysim.engine.sequential import (
+    compiled_covers,
+    key_count,
+    read_heartbeats,
+    sequential_attempts,
+)
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
 from retrysim.store.sinks import remove_tree
@@ -35,17 +39,28 @@ from retrysim.tables.key_peaks import GroupSums, GroupSumsParam
 from retrysim.tables.schemas import STAGE
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
+# A group on a finite pool with at most this many messages is simulated event by event from
+# the start: the compiled loop takes it in a few seconds on one core, less than a round
+# run's Spark jobs, and no round run is thrown away when its pool turns out full (where the
+# pool never fills both engines are exact and give the same rows). 0: rounds first always.
+SMALL_GROUP_MESSAGES = 1_000_000
 
 
 def simulate_attempts(
-    spark: SparkSession, scenario: Scenario, staging: str, say: Progress, tail_rows: int
+    spark: SparkSession,
+    scenario: Scenario,
+    staging: str,
+    say: Progress,
+    tail_rows: int,
+    small_group: int = SMALL_GROUP_MESSAGES,
 ) -> tuple[int, dict[str, str], dict[str, GroupSums]]:
     """Stage every group's attempts under ``staging/attempts/engine=...``: by rounds where
     that is exact, else event by event; returns the round count, each group's engine and
-    the sums of the groups simulated whole in one task (for staging)."""
+    the sums of the groups simulated whole in one task (for staging). A group on a finite
+    pool with at most ``small_group`` messages runs event by event from the start."""
     plans = group_plans(scenario)
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
-    full_from_start = _certainly_full(by_rounds, say)
+    full_from_start = _certainly_full(by_rounds, say) | _small(by_rounds, small_group, say)
     by_rounds = [plan for plan in by_rounds if plan.name not in full_from_start]
     rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
     rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
@@ -85,6 +100,23 @@ def _certainly_full(plans: list[GroupPlan], say: Progress) -> set[str]:
     return full
 
 
+def _small(plans: list[GroupPlan], most: int, say: Progress) -> set[str]:
+    """The groups on finite pools small enough to simulate event by event at once
+    (:data:`SMALL_GROUP_MESSAGES`), that the compiled loop covers."""
+    small = set()
+    for plan in plans:
+        messages = plan.group.workload.messages
+        finite = plan.policy.topology.threads is not None
+        if finite and messages <= most and compiled_covers(plan.policy):
+            small.add(plan.name)
+            say(
+                f"group {plan.name}: {messages:,} messages on a pool of "
+                f"{plan.policy.topology.threads:,} threads per instance; simulating it event by "
+                "event from the start (exact whether or not the pool fills)"
+            )
+    return small
+
+
 def _drop_groups(spark: SparkSession, folder: str, groups: set[str]) -> None:
     """Remove the rows of ``groups`` from the round files in ``folder`` (those groups are
     simulated again event by event), so that every staged attempt row is in force and the
@@ -107,14 +139,13 @@ def _run_sequential(
         f"({keys:,} independent {'keys' if keys > 1 else 'key'}) ..."
     )
     began = time.monotonic()
-    messages = all_messages(spark, scenario, [plan.group for plan in plans])
     partitions = max(spark.sparkContext.defaultParallelism, min(keys, 200))
     path = os.path.join(staging, "attempts", f"engine={ENGINE_SEQUENTIAL}", "round=00000")
     # up to 200 partitions balance the keys; their files are the attempts table's, so they
     # are written as one file per core (each task runs its partitions' keys in turn)
     heartbeats = os.path.join(staging, "heartbeats")
     sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    attempts = sequential_attempts(messages, specs, per_lane, partitions, heartbeats, sums)
+    attempts = sequential_attempts(spark, specs, per_lane, partitions, heartbeats, sums)
     with _watching(heartbeats, keys, say):
         attempts.coalesce(spark.sparkContext.defaultParallelism).write.parquet(path)
     beats = read_heartbeats(heartbeats)

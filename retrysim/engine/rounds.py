@@ -288,6 +288,7 @@ def key_specs(scenario: Scenario, plans: list[GroupPlan]) -> list[KeySpec]:
             seed=scenario.seed,
             horizon_ms=scenario.horizon,
             queues=plan.group.workload.queues,
+            workload=plan.group.workload,
             load_bucket_ms=scenario.load_bucket,
             shared=plan.policy.topology.shared,
         )

@@ -22,8 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.accumulators import Accumulator
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 
 from retrysim.model.behavior import CONSUME_SUCCESS, RECONSUME_LATER, DrawCache, ListenerModel
 from retrysim.model.policy import Policy, Step, next_reconsume_times
@@ -36,12 +35,12 @@ from retrysim.model.states import (
     REASON_BEYOND_ACK,
     WAITING_RETRY,
 )
+from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
-from retrysim.scenario.spec import Behavior
+from retrysim.scenario.spec import Behavior, Workload
 from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import STAGE, STAGE_ARROW
 
-KEY_COLUMN = "_key"
 _WHOLE_GROUP = (1 << 20) - 1  # a key's lane part when it holds the whole group
 OUTPUT_CHUNK_ROWS = 100_000
 _FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (model §5)
@@ -110,6 +109,7 @@ class KeySpec:
     seed: int
     horizon_ms: int
     queues: int
+    workload: Workload  # its messages, made in the task (retrysim.model.workload.messages_np)
     # for summing up a whole group's rows in its task (retrysim.tables.key_peaks)
     load_bucket_ms: int
     shared: bool  # more than one instance can get its work: instance_load needs its own sums
@@ -663,11 +663,8 @@ def key_count(specs: list[KeySpec], per_lane: set[str]) -> int:
     return sum(spec.queues if spec.group in per_lane else 1 for spec in specs)
 
 
-_MESSAGE_COLUMNS = ("msg_id", "queue_id", "born_ms")
-
-
 def sequential_attempts(
-    messages: DataFrame,
+    spark: SparkSession,
     specs: list[KeySpec],
     per_lane: set[str],
     partitions: int,
@@ -680,60 +677,44 @@ def sequential_attempts(
     group its :class:`retrysim.tables.key_peaks.GroupSums` to the accumulator ``sums``
     (of :class:`retrysim.tables.key_peaks.GroupSumsParam`), if given.
 
-    Both loops put a key's messages in publish order themselves, so Spark only brings each
-    key's messages to one task: sorted by key where a task may get many keys (so that it
-    holds one key's messages at a time), else not sorted at all. Rows go back as Arrow
-    record batches (``mapInArrow``), which the compiled loop builds without pandas."""
-    names = [spec.group for spec in specs]
+    The stage's input is the keys alone, spread evenly over ``partitions``: each task makes
+    its keys' messages itself (:func:`retrysim.model.workload.messages_np`, the messages
+    table's values bit for bit), one key at a time, so no message crosses the network and
+    a task holds one key's messages at once. Rows go back as Arrow record batches
+    (``mapInArrow``), which the compiled loop builds without pandas."""
+    keys = [
+        index << 20 | lane
+        for index, spec in enumerate(specs)
+        for lane in (range(spec.queues) if spec.group in per_lane else [_WHOLE_GROUP])
+    ]
     by_index = dict(enumerate(specs))
-    keys = key_count(specs, per_lane)
-    group_index = F.create_map(*[x for i, n in enumerate(names) for x in (F.lit(n), F.lit(i))])
-    lane_of = F.when(F.col("group").isin(*sorted(per_lane or {""})), F.col("queue_id"))
-    keyed = messages.where(F.col("group").isin(*names)).select(
-        (
-            group_index[F.col("group")].cast("long") * F.lit(1 << 20)
-            + F.coalesce(lane_of, F.lit(_WHOLE_GROUP)).cast("long")
-        ).alias(KEY_COLUMN),
-        *_MESSAGE_COLUMNS,
-    )
-    one_at_a_time = keys > partitions
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        parts: dict[int, list[list[np.ndarray]]] = {}
         for batch in batches:
-            key_of = batch.column(0).to_numpy()
-            columns = [batch.column(name).to_numpy() for name in _MESSAGE_COLUMNS]
-            for key in pd.unique(key_of).tolist():
-                if one_at_a_time and parts and key not in parts:
-                    yield from _simulate_parts(by_index, parts, heartbeats, sums)
-                    parts = {}
-                chosen = key_of == key
-                parts.setdefault(key, []).append([column[chosen] for column in columns])
-        yield from _simulate_parts(by_index, parts, heartbeats, sums)
+            for position in batch.column(0).to_pylist():
+                yield from _simulate_one(by_index, keys[position], heartbeats, sums)
 
-    partitioned = keyed.repartition(partitions, KEY_COLUMN)
-    if one_at_a_time:
-        partitioned = partitioned.sortWithinPartitions(KEY_COLUMN)
-    return partitioned.mapInArrow(run, STAGE)
+    positions = spark.range(len(keys), numPartitions=max(1, min(partitions, len(keys))))
+    return positions.mapInArrow(run, STAGE)
 
 
-def _simulate_parts(
-    by_index: dict[int, KeySpec],
-    parts: dict[int, list[list[np.ndarray]]],
-    heartbeats: str | None,
-    sums: Accumulator | None,
+def _simulate_one(
+    by_index: dict[int, KeySpec], key: int, heartbeats: str | None, sums: Accumulator | None
 ) -> Iterator[pa.RecordBatch]:
-    for key, chunks in parts.items():
-        spec = by_index[key >> 20]
-        msg_ids, queue_ids, born = (np.concatenate(column) for column in zip(*chunks, strict=True))
-        heartbeat = Heartbeat(heartbeats, key, spec.horizon_ms)
-        batches = simulate_key(spec, msg_ids, queue_ids, born, heartbeat, arrow=True)
-        if sums is None or key & _WHOLE_GROUP != _WHOLE_GROUP:
-            yield from batches
-            continue
-        summer = GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared)
-        yield from map(summer.add, batches)
-        sums.add({spec.group: summer.finish()})
+    spec = by_index[key >> 20]
+    lane = key & _WHOLE_GROUP
+    whole = lane == _WHOLE_GROUP
+    msg_ids, queue_ids, born = messages_np(
+        spec.workload, spec.group, spec.seed, None if whole else lane
+    )
+    heartbeat = Heartbeat(heartbeats, key, spec.horizon_ms)
+    batches = simulate_key(spec, msg_ids, queue_ids, born, heartbeat, arrow=True)
+    if sums is None or not whole:
+        yield from batches
+        return
+    summer = GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared)
+    yield from map(summer.add, batches)
+    sums.add({spec.group: summer.finish()})
 
 
 def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:

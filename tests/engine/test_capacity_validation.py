@@ -279,6 +279,7 @@ def engine(spark, tmp_path_factory):
         output=str(tmp_path_factory.mktemp("capacity")),
         run_id="capacity",
         validate=False,
+        small_group=0,  # rounds first and the capacity check after, as for large groups
     )
     summary = {row["group"]: row.asDict() for row in result.summary.collect()}
     load: dict[str, list[dict]] = defaultdict(list)

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from chispa import assert_df_equality
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
@@ -24,6 +25,7 @@ from reference.strategies import scenarios
 from reference.writes import busiest_second, writes_per_bucket
 
 from retrysim import simulate
+from retrysim.engine.choice import SMALL_GROUP_MESSAGES
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import simulate_key
 from retrysim.scenario.loading import build_scenario
@@ -222,6 +224,7 @@ def run(spark, tmp_path_factory):
         run_id="ref",
         validate=False,  # the row-by-row checks are stronger; test_validate covers it
         tail_rows=0,
+        small_group=0,  # rounds first: the finite pools too, and the capacity check after
     )
 
 
@@ -284,14 +287,17 @@ def test_commit_log_writes_equal_the_sources_puts(spark, run, reference):
 
 
 @settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(scenario=scenarios(groups=10, max_messages=15))
-def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario):
+@given(scenario=scenarios(groups=10, max_messages=15), rounds_first=st.booleans())
+def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario, rounds_first):
+    """Small finite pools run event by event from the start, or (``rounds_first``) by
+    rounds and the capacity check, as larger ones do: both must be the reference."""
     result = simulate(
         spark,
         build_scenario(scenario),
         output=str(tmp_path_factory.mktemp("random")),
         run_id="random",
         validate=False,  # the row-by-row checks are stronger; test_validate covers it
+        small_group=0 if rounds_first else SMALL_GROUP_MESSAGES,
     )
     reference = simulate_scenario(scenario)
     compare(spark, result, reference)

@@ -46,6 +46,7 @@ def default_table_run(spark, tmp_path_factory):
         run_id="timelines",
         validate=False,  # the timelines are the check here; test_validate covers invariants
         tail_rows=0,  # one Spark stage per round: the column rules for every retry
+        small_group=0,  # by rounds, though the pool is small
     )
 
 
@@ -134,6 +135,7 @@ def test_rounds_give_the_same_attempts_through_files_or_held_in_memory(
         run_id="timelines",
         validate=False,
         tail_rows=0,
+        small_group=0,
     )
     assert again.rounds == default_table_run.rounds
     columns = [c for c in again.attempts.columns if c != "run_id"]

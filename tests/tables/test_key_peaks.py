@@ -8,7 +8,7 @@ import pytest
 from chispa import assert_df_equality
 
 from retrysim.engine.choice import lanes_are_independent
-from retrysim.engine.rounds import all_messages, group_plans, key_specs
+from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import sequential_attempts
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.instances import changes_of_shared_groups
@@ -63,7 +63,7 @@ def simulated(spark, tmp_path_factory):
     sums = spark.sparkContext.accumulator({}, GroupSumsParam())
     per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
     attempts = sequential_attempts(
-        all_messages(spark, config, [plan.group for plan in plans]),
+        spark,
         key_specs(config, plans),
         per_lane,
         partitions=2,
