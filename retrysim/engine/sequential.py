@@ -681,40 +681,75 @@ def sequential_attempts(
     its keys' messages itself (:func:`retrysim.model.workload.messages_np`, the messages
     table's values bit for bit), one key at a time, so no message crosses the network and
     a task holds one key's messages at once. Rows go back as Arrow record batches
-    (``mapInArrow``), which the compiled loop builds without pandas."""
-    keys = [
-        index << 20 | lane
+    (``mapInArrow``), which the compiled loop builds without pandas.
+
+    Where whole groups are fewer than the cores, each is simulated by several tasks at once
+    (:func:`output_parts`), each writing the rows of its share of the messages: the loop
+    is cheap next to Spark's Parquet writer, one per task, and the key's rows are the same
+    in every task, so all cores write."""
+    parts = output_parts(spark.sparkContext.defaultParallelism, specs, per_lane)
+    tasks = [
+        (index << 20 | lane, part, count)
         for index, spec in enumerate(specs)
-        for lane in (range(spec.queues) if spec.group in per_lane else [_WHOLE_GROUP])
+        for lane, count in (
+            [(lane, 1) for lane in range(spec.queues)]
+            if spec.group in per_lane
+            else [(_WHOLE_GROUP, parts)]
+        )
+        for part in range(count)
     ]
     by_index = dict(enumerate(specs))
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for position in batch.column(0).to_pylist():
-                yield from _simulate_one(by_index, keys[position], heartbeats, sums)
+                yield from _simulate_one(by_index, *tasks[position], heartbeats, sums)
 
-    positions = spark.range(len(keys), numPartitions=max(1, min(partitions, len(keys))))
+    positions = spark.range(len(tasks), numPartitions=max(1, min(partitions, len(tasks))))
     return positions.mapInArrow(run, STAGE)
 
 
+MOST_OUTPUT_PARTS = 4  # each part holds the whole key's messages: bounds a key's memory
+
+
+def output_parts(cores: int, specs: list[KeySpec], per_lane: set[str]) -> int:
+    """How many tasks simulate each whole group: the cores each would have to itself, up to
+    :data:`MOST_OUTPUT_PARTS`."""
+    whole = sum(1 for spec in specs if spec.group not in per_lane)
+    return max(1, min(MOST_OUTPUT_PARTS, cores // whole)) if whole else 1
+
+
 def _simulate_one(
-    by_index: dict[int, KeySpec], key: int, heartbeats: str | None, sums: Accumulator | None
+    by_index: dict[int, KeySpec],
+    key: int,
+    part: int,
+    parts: int,
+    heartbeats: str | None,
+    sums: Accumulator | None,
 ) -> Iterator[pa.RecordBatch]:
+    """One key's rows, or with ``parts`` > 1 those of the messages whose id is ``part``
+    modulo ``parts``; part 0 beats the key's heartbeat and sums up all of its rows."""
     spec = by_index[key >> 20]
     lane = key & _WHOLE_GROUP
     whole = lane == _WHOLE_GROUP
     msg_ids, queue_ids, born = messages_np(
         spec.workload, spec.group, spec.seed, None if whole else lane
     )
-    heartbeat = Heartbeat(heartbeats, key, spec.horizon_ms)
+    heartbeat = Heartbeat(heartbeats if part == 0 else None, key, spec.horizon_ms)
     batches = simulate_key(spec, msg_ids, queue_ids, born, heartbeat, arrow=True)
-    if sums is None or not whole:
-        yield from batches
-        return
-    summer = GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared)
-    yield from map(summer.add, batches)
-    sums.add({spec.group: summer.finish()})
+    if whole and sums is not None and part == 0:
+        summer = GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared)
+        batches = map(summer.add, batches)
+    else:
+        summer = None
+    for batch in batches:
+        if parts > 1:
+            mine = batch.column("msg_id").to_numpy() % parts == part
+            batch = batch.filter(pa.array(mine))
+        if batch.num_rows:
+            yield batch
+    if summer is not None:
+        sums.add({spec.group: summer.finish()})
 
 
 def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:

@@ -255,7 +255,9 @@ class _Runs:
     the millisecond (a range frame's peers), as peaks._gauge_changes counts it."""
 
     def __init__(self, t: np.ndarray, key: np.ndarray, bucket_ms: int) -> None:
-        self.order = np.argsort((key.astype(np.int64) << _T_BITS) | t)
+        # stable: each batch's moments of one kind come in time order, runs a merge sort
+        # takes whole (three times faster than a quicksort here)
+        self.order = np.argsort((key.astype(np.int64) << _T_BITS) | t, kind="stable")
         self.t = t[self.order]
         keys = key[self.order]
         buckets = self.t // bucket_ms
@@ -263,10 +265,14 @@ class _Runs:
         new_run[1:] = (keys[1:] != keys[:-1]) | (buckets[1:] != buckets[:-1])
         self.starts = np.flatnonzero(new_run)
         self.lengths = np.diff(np.append(self.starts, len(self.t)))
+        self.last = self.starts + self.lengths - 1
         self.key, self.bucket = keys[self.starts], buckets[self.starts]
         self.bucket_end = (self.bucket + 1) * bucket_ms
-        self.last_of_ms = np.ones(len(self.t), dtype=bool)
-        self.last_of_ms[:-1] = (self.t[1:] != self.t[:-1]) | new_run[1:]
+        last_of_ms = np.ones(len(self.t), dtype=bool)
+        last_of_ms[:-1] = (self.t[1:] != self.t[:-1]) | new_run[1:]
+        # each run's values after its milliseconds, as a slice of the moments that end one
+        self.ends = np.flatnonzero(last_of_ms)
+        self.run_ends = np.searchsorted(self.ends, self.starts)
         self.entered = self.t[self.starts] > self.bucket * bucket_ms
 
     def sum(self, change: np.ndarray) -> np.ndarray:
@@ -274,12 +280,11 @@ class _Runs:
 
     def total_and_rise(self, change: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """peaks._gauge_changes' ``_total`` and ``_rise`` of one gauge, per run."""
-        ordered = change[self.order].astype(np.int64)
-        running = np.cumsum(ordered)
-        before = np.repeat(running[self.starts] - ordered[self.starts], self.lengths)
-        after = np.where(self.last_of_ms, running - before, np.iinfo(np.int64).min)
-        highest = np.maximum.reduceat(after, self.starts)
-        total = np.add.reduceat(ordered, self.starts)
+        running = np.cumsum(change[self.order], dtype=np.int64)
+        before = np.zeros(len(self.starts), dtype=np.int64)
+        before[self.starts > 0] = running[self.starts[self.starts > 0] - 1]
+        highest = np.maximum.reduceat(running[self.ends], self.run_ends) - before
+        total = running[self.last] - before
         return total, np.where(self.entered, np.maximum(highest, 0), highest)
 
     def area(self, threads: np.ndarray) -> list[int]:

@@ -9,7 +9,7 @@ from chispa import assert_df_equality
 
 from retrysim.engine.choice import lanes_are_independent
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import sequential_attempts
+from retrysim.engine.sequential import output_parts, sequential_attempts
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.instances import changes_of_shared_groups
 from retrysim.tables.key_peaks import GroupSumsParam
@@ -107,3 +107,20 @@ def test_the_times_to_settle_are_the_spark_pass(simulated):
         times_to_settle(attempts, config),
         ignore_row_order=True,
     )
+
+
+def test_a_group_alone_on_the_cores_is_written_by_all_of_them(spark, simulated, tmp_path):
+    """One whole group on two cores: two tasks simulate it, each writes the rows of half of
+    its messages, and part 0 sums up all of them."""
+    config, attempts, sums = simulated
+    plans = [plan for plan in group_plans(config) if plan.name == "busy"]
+    specs = key_specs(config, plans)
+    assert output_parts(spark.sparkContext.defaultParallelism, specs, set()) == 2
+    alone = spark.sparkContext.accumulator({}, GroupSumsParam())
+    sequential_attempts(spark, specs, set(), partitions=2, sums=alone).write.parquet(
+        str(tmp_path / "alone")
+    )
+    rows = spark.read.parquet(str(tmp_path / "alone"))
+    assert len(rows.inputFiles()) == 2
+    assert_df_equality(rows, attempts.where("group = 'busy'"), ignore_row_order=True)
+    assert alone.value == {"busy": sums["busy"]}
