@@ -60,7 +60,9 @@ def simulate_attempts(
     pool with at most ``small_group`` messages runs event by event from the start."""
     plans = group_plans(scenario)
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
-    full_from_start = _certainly_full(by_rounds, say) | _small(by_rounds, small_group, say)
+    full_from_start = _certainly_full(by_rounds, say)
+    by_rounds = [plan for plan in by_rounds if plan.name not in full_from_start]
+    full_from_start |= _small(by_rounds, small_group, say)
     by_rounds = [plan for plan in by_rounds if plan.name not in full_from_start]
     rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
     rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
