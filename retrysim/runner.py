@@ -12,8 +12,11 @@ import datetime as dt
 import os
 import re
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -30,6 +33,44 @@ from retrysim.store.recovery import publish_run, recover
 from retrysim.store.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
 from retrysim.tables.schemas import TABLE_SETS
 from retrysim.tables.staging import derived_for_lean, runs_row, stage_tables, write_parquet
+
+QUIET_S = 10.0  # the longest a run with progress goes without a line
+
+
+@contextmanager
+def never_quiet(say: Progress, every_s: float = QUIET_S) -> Iterator[Progress]:
+    """``say``, and from a watcher thread a line whenever nothing was said for ``every_s``
+    seconds: the phase still running and for how long (a phase starts with a line that ends
+    in `` ...``), so no phase of a long run is silent."""
+    lock = threading.Lock()
+    began = time.monotonic()
+    state = {"last": began, "since": began, "phase": "simulating"}
+
+    def said(line: str) -> None:
+        with lock:
+            state["last"] = time.monotonic()
+            if line.endswith(" ..."):
+                state["phase"], state["since"] = line.strip().removesuffix(" ..."), state["last"]
+        say(line)
+
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(min(1.0, every_s / 4)):
+            with lock:
+                quiet = time.monotonic() - state["last"] >= every_s
+                phase, since = state["phase"], state["since"]
+            if quiet:
+                said(f"  ... {phase}: still running, {time.monotonic() - since:.0f}s")
+
+    watcher = threading.Thread(target=watch, name="retrysim-progress", daemon=True)
+    watcher.start()
+    try:
+        yield said
+    finally:
+        stop.set()
+        watcher.join()
+
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -108,39 +149,40 @@ def simulate(
     >>> result = simulate(spark, load_scenario("conf/default.yaml"))  # doctest: +SKIP
     >>> result.summary.show()  # doctest: +SKIP
     """
-    say = progress or (lambda _line: None)
-    if tables not in TABLE_SETS:
-        raise ScenarioError("--tables", f"value {tables!r}: use one of {', '.join(TABLE_SETS)}")
-    output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
-    run_id = check_run_id(run_id or default_run_id(scenario))
-    chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
-    lease = acquire_lease(output, run_id)
-    staging = lease.staging
-    started_at = dt.datetime.now(dt.UTC)
-    began = time.monotonic()
-    try:
-        recover(output, say)
-        rounds, engines, sums = simulate_attempts(
-            spark, scenario, staging, say, tail_rows, small_group
-        )
-        say("staging tables ...")
-        written = TABLE_SETS[tables]
-        staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)
-        rows = {
-            status: write_parquet(
-                runs_row(spark, scenario, run_id, started_at, rounds, status, tables),
-                os.path.join(staging, "tables", f"runs-{status}"),
+    quiet = nullcontext(lambda _line: None)
+    with never_quiet(progress) if progress is not None else quiet as say:
+        if tables not in TABLE_SETS:
+            raise ScenarioError("--tables", f"value {tables!r}: use one of {', '.join(TABLE_SETS)}")
+        output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
+        run_id = check_run_id(run_id or default_run_id(scenario))
+        chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
+        lease = acquire_lease(output, run_id)
+        staging = lease.staging
+        started_at = dt.datetime.now(dt.UTC)
+        began = time.monotonic()
+        try:
+            recover(output, say)
+            rounds, engines, sums = simulate_attempts(
+                spark, scenario, staging, say, tail_rows, small_group
             )
-            for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
-        }
-        staged["runs"] = rows[STATUS_COMPLETE]
-        if validate:
-            say("validating the staged run ...")
-            derived = derived_for_lean(spark, scenario, staged)
-            check_staged(spark, staged, run_id, say, derived)
-        publish_run(chosen, spark, output, staged, rows[STATUS_PUBLISHING], lease)
-        say(f"committed {len(written)} tables with the {chosen.name} sink")
-    finally:
-        lease.release()
-    elapsed = time.monotonic() - began
-    return Result(spark, output, run_id, rounds, chosen.name, elapsed, tables, retries)
+            say("staging tables ...")
+            written = TABLE_SETS[tables]
+            staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)
+            rows = {
+                status: write_parquet(
+                    runs_row(spark, scenario, run_id, started_at, rounds, status, tables),
+                    os.path.join(staging, "tables", f"runs-{status}"),
+                )
+                for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
+            }
+            staged["runs"] = rows[STATUS_COMPLETE]
+            if validate:
+                say("validating the staged run ...")
+                derived = derived_for_lean(spark, scenario, staged)
+                check_staged(spark, staged, run_id, say, derived)
+            publish_run(chosen, spark, output, staged, rows[STATUS_PUBLISHING], lease)
+            say(f"committed {len(written)} tables with the {chosen.name} sink")
+        finally:
+            lease.release()
+        elapsed = time.monotonic() - began
+        return Result(spark, output, run_id, rounds, chosen.name, elapsed, tables, retries)

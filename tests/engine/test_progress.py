@@ -1,9 +1,13 @@
-"""Progress of the event-by-event stage: each key's heartbeat file and the driver's line."""
+"""Progress: each event-by-event key's heartbeat file and the driver's line, and the line
+that names a phase gone quiet."""
 
 from __future__ import annotations
 
+import time
+
 from retrysim.engine.choice import heartbeat_line
 from retrysim.engine.sequential import Heartbeat, read_heartbeats
+from retrysim.runner import never_quiet
 
 
 def test_a_heartbeat_is_read_back_and_a_finished_key_reports_its_horizon(tmp_path):
@@ -48,3 +52,19 @@ def test_the_line_gives_simulated_time_deliveries_and_time_left():
         "delivered once, 10s elapsed, about 30.0s left"
     )
     assert heartbeat_line([], keys=2, elapsed_s=5) is None
+
+
+def test_a_quiet_phase_gets_a_line_naming_it():
+    """No phase of a run with progress goes silent: after ``every_s`` without a line, the
+    watcher says which phase is still running and since when; a line resets it."""
+    lines: list[str] = []
+    with never_quiet(lines.append, every_s=0.2) as say:
+        say("staging tables ...")
+        time.sleep(0.5)
+        say("  staged load (0.5s)")
+        quiet_since = len(lines)
+        time.sleep(0.1)  # shorter than every_s: nothing more
+        assert len(lines) == quiet_since
+    assert lines[0] == "staging tables ..."
+    assert lines[1].startswith("  ... staging tables: still running, ")
+    assert len(lines) == quiet_since  # the watcher stopped with the run
