@@ -40,10 +40,12 @@ from retrysim.tables.schemas import STAGE
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 # A group on a finite pool with at most this many messages is simulated event by event from
-# the start: the compiled loop takes it in a few seconds on one core, less than a round
-# run's Spark jobs, and no round run is thrown away when its pool turns out full (where the
-# pool never fills both engines are exact and give the same rows). 0: rounds first always.
-SMALL_GROUP_MESSAGES = 1_000_000
+# the start: no round run is thrown away when its pool turns out full, and where the pool
+# never fills both engines are exact and give the same rows. On 2 cores the compiled stage
+# took 12 s for the default scenario at 2M messages (2.9M deliveries), where the round run
+# and the check that found its pool full took 44 s; a cluster with many cores runs rounds
+# wider than this stage's few tasks, hence a bound. 0: rounds first always.
+SMALL_GROUP_MESSAGES = 5_000_000
 
 
 def simulate_attempts(
@@ -68,7 +70,10 @@ def simulate_attempts(
     rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
     threads = {p.name: p.policy.topology.threads for p in by_rounds}
     pools = {name: count for name, count in threads.items() if count is not None}
-    full = peak_concurrency(spark.read.parquet(rounds_dir), pools) if by_rounds and pools else {}
+    full = {}
+    if by_rounds and pools:
+        say(f"checking the consumer pools of {', '.join(sorted(pools))} ...")
+        full = peak_concurrency(spark.read.parquet(rounds_dir), pools)
     for name, peak in sorted(full.items()):
         say(
             f"group {name}: {peak:,} consume requests would run at once on one instance, more "
