@@ -3,10 +3,11 @@
 Ordered queues (head-of-line blocking), a consumer pool that fills up (time in Ready emerges
 from load) and batches cannot be computed a round at a time: whether a delivery starts
 depends on other messages. docs/model.md §5 is simulated with a heap of events per key (one
-ordered queue when the pool can never be full, else a whole group): messages arrive as a
-sorted stream, hashed draws come in NumPy blocks, rows leave in chunks, so memory is bounded
-by the deliveries in flight. Keys run as tasks of one ``mapInArrow`` stage; unordered keys
-run compiled (:mod:`retrysim.engine.compiled`).
+ordered queue when the pool can never be full, else a whole group): the task makes the
+key's messages and takes them in publish order, hashed draws come in NumPy blocks, rows
+leave in chunks. Keys run as tasks of one ``mapInArrow`` stage; unordered keys run compiled
+(:mod:`retrysim.engine.compiled`), and a whole group's rows are summed up for staging as
+they leave (:mod:`retrysim.tables.key_peaks`).
 """
 
 from __future__ import annotations
