@@ -63,9 +63,9 @@ def simulate_attempts(
     plans = group_plans(scenario)
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
     full_from_start = _certainly_full(by_rounds, say)
-    by_rounds = [plan for plan in by_rounds if plan.name not in full_from_start]
-    full_from_start |= _small(by_rounds, small_group, say)
-    by_rounds = [plan for plan in by_rounds if plan.name not in full_from_start]
+    not_full = [plan for plan in by_rounds if plan.name not in full_from_start]
+    from_start = full_from_start | _small(not_full, small_group, say)
+    by_rounds = [plan for plan in by_rounds if plan.name not in from_start]
     rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
     rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
     threads = {p.name: p.policy.topology.threads for p in by_rounds}
@@ -84,7 +84,7 @@ def simulate_attempts(
     sequential = [
         plan
         for plan in plans
-        if plan.policy.sequential or plan.name in full or plan.name in full_from_start
+        if plan.policy.sequential or plan.name in full or plan.name in from_start
     ]
     sums = _run_sequential(spark, scenario, sequential, staging, say) if sequential else {}
     engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}

@@ -45,7 +45,7 @@ def changes_of_shared_groups(
     shared = shared_groups(scenario)
     if not shared:
         return None
-    return instance_changes(attempts, scenario, known, shared)
+    return instance_changes(attempts.where(F.col("group").isin(*shared)), scenario, known, shared)
 
 
 def instance_load_from(

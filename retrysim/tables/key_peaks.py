@@ -27,7 +27,6 @@ from retrysim.tables.summary import PERCENTILES
 
 _NULL = np.iinfo(np.int64).min
 _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
-_INSTANCE_GAUGES = ("ready_backlog", "threads_busy")
 
 
 @dataclass(frozen=True)
@@ -81,8 +80,9 @@ class GroupSummer:
         ready, start, processing, end = (
             _ints(batch, name) for name in ("ready_ms", "start_ms", "processing_ms", "end_ms")
         )
+        settled = _ints(batch, "settled_ms")
         waited_until = _ints(batch, "next_ready_ms")
-        waited_until = np.where(waited_until == _NULL, _ints(batch, "settled_ms"), waited_until)
+        waited_until = np.where(waited_until == _NULL, settled, waited_until)
         level = _ints(batch, "delay_level")
         batch_size = _ints(batch, "batch_size")
         started = start != _NULL
@@ -153,12 +153,9 @@ class GroupSummer:
             self._add_instance_moments(
                 batch, ready, start, waited, started, share, freed, frees_at_end, busy
             )
-        state = batch.column("result_state")
+        born = _ints(batch, "born_ms")
         for kind in (COMMIT, DLQ):
-            chosen = pc.fill_null(pc.equal(state, kind), False).to_numpy(zero_copy_only=False)
-            settled = _ints(batch, "settled_ms")[chosen]
-            born = _ints(batch, "born_ms")[chosen]
-            kept = (settled != _NULL) & (born != _NULL)
+            kept = _equals(batch, "result_state", kind) & (settled != _NULL) & (born != _NULL)
             self.settled[kind].append(settled[kept] - born[kept])
         return batch
 

@@ -269,18 +269,18 @@ def with_known(
     known: dict[str, GroupSums] | None,
     rows_of: Callable[[GroupSums], list[tuple] | None],
 ) -> DataFrame:
-    """``compute`` over the attempts of ``groups`` that ``known`` does not hold, with the
-    rows ``rows_of`` gives for those it holds (in ``compute``'s schema): the attempts of
-    groups summed up where they were simulated are not read again."""
+    """``compute`` over the ``attempts`` (of ``groups``) but those of the groups ``known``
+    holds, with the rows ``rows_of`` gives for those (in ``compute``'s schema): the attempts
+    of groups summed up where they were simulated are not read again, and without any the
+    attempts are computed as they are."""
     held = {name: rows_of(sums) for name, sums in (known or {}).items() if name in groups}
     held = {name: rows for name, rows in held.items() if rows is not None}
-    others = [name for name in groups if name not in held]
-    computed = compute(attempts.where(F.col("group").isin(*others)))
     if not held:
-        return computed
+        return compute(attempts)
+    computed = compute(attempts.where(~F.col("group").isin(*sorted(held))))
     rows = [row for name in sorted(held) for row in held[name]]
     given = attempts.sparkSession.createDataFrame(rows, computed.schema)
-    return given.unionByName(computed) if others else given
+    return given.unionByName(computed) if set(groups) - set(held) else given
 
 
 def bucket_maximum(end: Column, total: Column, rise: Column) -> Column:
