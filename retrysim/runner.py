@@ -130,6 +130,7 @@ def simulate(
     sink: str | Sink = "auto",
     tail_rows: int = TAIL_ROWS,
     small_group: int = SMALL_GROUP_MESSAGES,
+    unit_messages: int | None = None,
     tables: str = "full",
     validate: bool = True,
 ) -> Result:
@@ -142,7 +143,10 @@ def simulate(
     ``tail_rows``: a round frontier of at most this many retrying messages is finished event
     by event in one stage (0: always one Spark stage per round). ``small_group``: a group on
     a finite pool with at most this many messages runs event by event from the start (0:
-    rounds first, then the capacity check, as for larger groups). The staged tables are
+    rounds first, then the capacity check, as for larger groups). ``unit_messages``: a group
+    simulated event by event with at least this many messages runs as its independent units
+    (docs/model.md §5, "Units"; 0: always where it has several; None: from five million
+    messages on a cluster of more than four cores, where they pay). The staged tables are
     validated before anything is published; a broken invariant raises
     :class:`retrysim.checks.validate.ValidationError` and leaves the tables as they were.
 
@@ -163,7 +167,7 @@ def simulate(
         try:
             recover(output, say)
             rounds, engines, sums = simulate_attempts(
-                spark, scenario, staging, say, tail_rows, small_group
+                spark, scenario, staging, say, tail_rows, small_group, unit_messages
             )
             say("staging tables ...")
             written = TABLE_SETS[tables]

@@ -10,6 +10,7 @@ is dropped from the round files and simulated again event by event.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,13 +25,19 @@ from retrysim.engine.rounds import (
     Progress,
     group_plans,
     key_specs,
+    next_frontier,
     run_rounds,
+    union_all,
 )
 from retrysim.engine.sequential import (
+    MOST_OUTPUT_PARTS,
+    KeySpec,
     compiled_covers,
     key_count,
     read_heartbeats,
+    retry_owner_attempts,
     sequential_attempts,
+    units_of,
 )
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
@@ -46,6 +53,14 @@ ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 # and the check that found its pool full took 44 s; a cluster with many cores runs rounds
 # wider than this stage's few tasks, hence a bound. 0: rounds first always.
 SMALL_GROUP_MESSAGES = 5_000_000
+# A group simulated event by event whose instances are independent units (docs/model.md §5,
+# "Units") runs as its units from this many messages, on more cores than a whole group's
+# tasks use (MOST_OUTPUT_PARTS). A unit cannot sum up the group's peaks, so staging scans
+# its rows again in Spark: on 2 cores the default scenario at 2M messages took 62 s in
+# units against 32 s whole (the stage 11 s either way, staging 36 s against 11.5 s). The
+# compiled loop is cheap next to Spark's work on its rows, so units pay where a large
+# group would otherwise leave many cores idle while one simulates it.
+UNIT_MESSAGES = 5_000_000
 
 
 def simulate_attempts(
@@ -55,11 +70,18 @@ def simulate_attempts(
     say: Progress,
     tail_rows: int,
     small_group: int = SMALL_GROUP_MESSAGES,
+    unit_messages: int | None = None,
 ) -> tuple[int, dict[str, str], dict[str, GroupSums]]:
     """Stage every group's attempts under ``staging/attempts/engine=...``: by rounds where
     that is exact, else event by event; returns the round count, each group's engine and
     the sums of the groups simulated whole in one task (for staging). A group on a finite
-    pool with at most ``small_group`` messages runs event by event from the start."""
+    pool with at most ``small_group`` messages runs event by event from the start; one
+    simulated event by event in units (:func:`units_of`) with at least ``unit_messages``
+    runs as its units (None: :data:`UNIT_MESSAGES` on more than :data:`MOST_OUTPUT_PARTS`
+    cores, else never)."""
+    if unit_messages is None:
+        cores = spark.sparkContext.defaultParallelism
+        unit_messages = UNIT_MESSAGES if cores > MOST_OUTPUT_PARTS else sys.maxsize
     plans = group_plans(scenario)
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
     full_from_start = _certainly_full(by_rounds, say)
@@ -86,7 +108,11 @@ def simulate_attempts(
         for plan in plans
         if plan.policy.sequential or plan.name in full or plan.name in from_start
     ]
-    sums = _run_sequential(spark, scenario, sequential, staging, say) if sequential else {}
+    sums = (
+        _run_sequential(spark, scenario, sequential, staging, say, unit_messages)
+        if sequential
+        else {}
+    )
     engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}
     return rounds, engines, sums
 
@@ -136,11 +162,34 @@ def _drop_groups(spark: SparkSession, folder: str, groups: set[str]) -> None:
 
 
 def _run_sequential(
-    spark: SparkSession, scenario: Scenario, plans: list[GroupPlan], staging: str, say: Progress
+    spark: SparkSession,
+    scenario: Scenario,
+    plans: list[GroupPlan],
+    staging: str,
+    say: Progress,
+    unit_messages: int,
 ) -> dict[str, GroupSums]:
+    """Simulate ``plans`` event by event, staging their attempts; a group in units
+    (:func:`units_of`) with at least ``unit_messages`` messages runs as its units."""
     specs = key_specs(scenario, plans)
     per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
-    keys = key_count(specs, per_lane)
+    split = {
+        spec.group
+        for spec in specs
+        if spec.group not in per_lane
+        and units_of(spec) is not None
+        and spec.workload.messages >= unit_messages
+    }
+    keys = key_count(specs, per_lane, split)
+    for spec in specs:
+        if spec.group in split:
+            units = units_of(spec)
+            say(
+                f"group {spec.group} in units: {_instances(sum(units.first, ()))} on "
+                f"{'their' if len(units.first) > 1 else 'its'} own, then "
+                f"{_instances(units.retry_owners)} (the retry queues'), fed the retries "
+                "sent to them"
+            )
     say(
         f"event-by-event simulation of {', '.join(p.name for p in plans)} "
         f"({keys:,} independent {'keys' if keys > 1 else 'key'}) ..."
@@ -152,17 +201,50 @@ def _run_sequential(
     # are written as one file per core (each task runs its partitions' keys in turn)
     heartbeats = os.path.join(staging, "heartbeats")
     sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    attempts = sequential_attempts(spark, specs, per_lane, partitions, heartbeats, sums)
+    attempts = sequential_attempts(spark, specs, per_lane, partitions, heartbeats, sums, split)
     with _watching(heartbeats, keys, say):
         attempts.coalesce(spark.sparkContext.defaultParallelism).write.parquet(path)
     beats = read_heartbeats(heartbeats)
+    if split:
+        keys += len(split)
+        owners_beats = os.path.join(heartbeats, "retry-owners")
+        in_units = [spec for spec in specs if spec.group in split]
+        _run_retry_owners(spark, in_units, path, owners_beats, say)
+        beats += read_heartbeats(owners_beats)
     remove_tree(heartbeats)
     if len(beats) == keys and all(beat["sim_ms"] == beat["horizon_ms"] for beat in beats):
         count = sum(beat["deliveries"] for beat in beats)  # every key's last word
     else:  # a key without messages, or an executor that cannot write the folder
-        count = spark.read.parquet(path).where(F.col("start_ms").isNotNull()).count()
+        folder = os.path.dirname(path)
+        count = spark.read.parquet(folder).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
     return sums.value
+
+
+def _run_retry_owners(
+    spark: SparkSession, specs: list[KeySpec], first: str, heartbeats: str, say: Progress
+) -> None:
+    """The second step of the groups run in units (docs/model.md §5, "Units"): their retry
+    owners, fed the retries the other units' rows (in ``first``) sent them, written beside
+    those rows."""
+    owners = "; ".join(f"{spec.group}: {_instances(units_of(spec).retry_owners)}" for spec in specs)
+    say(f"event by event: the retry queues' owners ({owners}) ...")
+    rows = spark.read.parquet(first)
+    sent = union_all(
+        [
+            next_frontier(rows.where(F.col("group") == spec.group), spec.horizon_ms).where(
+                spec.policy.topology.instance_col().isin(*units_of(spec).retry_owners)
+            )
+            for spec in specs
+        ]
+    )
+    attempts = retry_owner_attempts(spark, specs, sent, heartbeats)
+    with _watching(heartbeats, len(specs), say):
+        attempts.write.parquet(os.path.join(os.path.dirname(first), "round=00001"))
+
+
+def _instances(numbers: tuple[int, ...]) -> str:
+    return f"instance{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
 
 
 HEARTBEAT_EVERY_S = 8.0  # within runner.QUIET_S: the heartbeat is the stage's line

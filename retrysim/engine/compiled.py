@@ -458,6 +458,9 @@ def _grow(array):
 (S_INDEX, S_DELIVERY, S_RT, S_BROKER_RT, S_TOPIC, S_QUEUE, S_READY, S_REASON, S_ELIGIBLE,
  S_MSG_ID, S_FIELDS) = range(11)  # fmt: skip
 _FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
+# An instance in a unit's loop: run by it, run by the retry owners' unit (a retry due
+# there is exported), or by any other (a retry due there breaks the partition).
+MEMBER, EXPORTED, ELSEWHERE = 1, 0, -1
 
 
 @njit(cache=True, inline="always")
@@ -526,9 +529,15 @@ _PENDING = (READY,) + (NULL,) * 14
 
 @njit(cache=True)
 def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals, msg_ids,
-         queue_ids, born, poisoned, count):  # fmt: skip
+         queue_ids, born, poisoned, count, member, imports):  # fmt: skip
     """One key's event loop; yields (rows, row count, simulated ms, deliveries, first
-    deliveries) when a chunk is full and every so many turns (for the heartbeat)."""
+    deliveries) when a chunk is full and every so many turns (for the heartbeat).
+
+    ``member`` (per instance) makes it a unit's loop (docs/model.md §5, "Units"): only the
+    instances marked MEMBER run; a retry due at an EXPORTED one leaves the unit (its row
+    says where it went, and the retry owners' unit takes it from there); one due anywhere
+    else is a broken partition and stops the loop. ``imports`` (S_FIELDS x retries) are
+    the retries other units sent this one, Ready from their ``S_READY``."""
     n = NULL
     horizon = k[K_HORIZON]
     instances = k[K_INSTANCES]
@@ -553,6 +562,21 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     events = 0
     out = np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64)
     rows = 0
+    for i in range(imports.shape[1]):
+        if used == slots.shape[1]:
+            bigger = np.empty((S_FIELDS, 2 * used), np.int64)
+            bigger[:, :used] = slots
+            slots, spare = bigger, _grow(spare)
+        slots[:, used] = imports[:, i]
+        instance = _instance(k, slots[S_TOPIC, used], slots[S_QUEUE, used],
+                             slots[S_MSG_ID, used], slots[S_DELIVERY, used])  # fmt: skip
+        if member[instance] != MEMBER:
+            raise ValueError("a retry was sent to a unit that does not run its instance")
+        event_keys, event_values = _event_push(
+            event_keys, event_values, events, 2 * slots[S_ELIGIBLE, used] + _ELIGIBLE_PHASE, used
+        )
+        events += 1
+        used += 1
     next_arrival = 0
     deliveries = 0
     first = 0
@@ -576,8 +600,10 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                 touched_count += 1
         while next_arrival < count and eligible[next_arrival] == now:
             instance = first_instance[next_arrival]
-            arrived[instance] += 1
             next_arrival += 1
+            if member[instance] != MEMBER:
+                continue  # another unit's
+            arrived[instance] += 1
             if not touched[instance]:
                 touched[instance] = True
                 touched_list[touched_count] = instance
@@ -687,6 +713,13 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                     slots[S_TOPIC, slot], slots[S_QUEUE, slot] = step[12], step[13]
                     slots[S_READY, slot], slots[S_REASON, slot] = due, step[14]
                     slots[S_ELIGIBLE, slot] = _eligible(k, due)
+                    goes_to = member[_instance(k, step[12], step[13], msg_id, delivery + 1)]
+                    if goes_to != MEMBER:
+                        if goes_to != EXPORTED:
+                            raise ValueError("a retry went to an instance outside the units")
+                        spare[spare_count] = slot  # the retry owners' unit takes it
+                        spare_count += 1
+                        continue
                     event_keys, event_values = _event_push(
                         event_keys, event_values, events,
                         2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot,
@@ -713,6 +746,8 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
             rows += 1
     scratch = np.empty((S_FIELDS, 1), np.int64)
     for instance in range(instances):
+        if member[instance] != MEMBER:
+            continue
         for j in range(taken[instance], starts[instance + 1]):
             position = order[j]
             _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible[position])
@@ -802,10 +837,15 @@ def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.Record
     return pa.RecordBatch.from_arrays(columns, schema=STAGE_ARROW)
 
 
-def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterator[pa.RecordBatch]:
+def simulate_compiled(
+    spec, msg_ids, queue_ids, born, heartbeat=None, unit=None, imports=None
+) -> Iterator[pa.RecordBatch]:
     """The rows :func:`~retrysim.engine.sequential.simulate_key` gives, from the compiled
     loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers), as the
-    record batches the Spark stage hands on."""
+    record batches the Spark stage hands on. With ``unit`` (the instances it runs, the
+    instances it sends retries to), those of one unit of the group (docs/model.md §5,
+    "Units"), fed the retries ``imports`` (a frame of the deliveries other units' rows
+    lead to, as :func:`retrysim.engine.rounds.next_frontier` gives them)."""
     policy, behavior = spec.policy, spec.behavior
     order = np.lexsort((msg_ids, born))
     msg_ids, queue_ids, born = msg_ids[order], queue_ids[order], born[order]
@@ -822,18 +862,55 @@ def simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat=None) -> Iterato
         [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
          topology.retry_topic], type=pa.string(),
     )  # fmt: skip
+    k = _scalars(policy, behavior, spec.horizon_ms)
+    member = np.full(topology.instances, MEMBER, np.int64)
+    own = count
+    if unit is not None:
+        runs, exported = unit
+        member[:] = ELSEWHERE
+        member[list(exported)] = EXPORTED
+        member[list(runs)] = MEMBER
+        first = np.array([topology.instance(policy.topic, q, 0, 1) for q in range(topology.queues)])
+        own = int(np.isin(first[queue_ids[:count]], runs).sum())
+    slots = _import_slots(k, imports, msg_ids, names)
     loop = _run(
-        _scalars(policy, behavior, spec.horizon_ms), d, windows, prefixes,
+        k, d, windows, prefixes,
         _table(policy.intervals_ms), _table(policy.levels), _table(policy.resend_levels),
-        _table(policy.resend_intervals_ms), msg_ids, queue_ids, born, poisoned, count,
+        _table(policy.resend_intervals_ms), msg_ids, queue_ids, born, poisoned, count, member,
+        slots,
     )  # fmt: skip
     for out, rows, now, deliveries, first in loop:
         if heartbeat is not None:
-            heartbeat.beat(int(now), int(deliveries), int(first), count)
+            heartbeat.beat(int(now), int(deliveries), int(first), own)
         if rows:
             yield _batch(out, rows, spec.group, names)
     if heartbeat is not None:
-        heartbeat.beat(spec.horizon_ms, int(deliveries), count, count, done=True)
+        heartbeat.beat(spec.horizon_ms, int(deliveries), own, own, done=True)
+
+
+def _import_slots(k, imports, msg_ids: np.ndarray, names: pa.Array) -> np.ndarray:
+    """The retries ``imports`` (a frame of :data:`retrysim.engine.sequential.IMPORTED`) as
+    the loop's slots: the
+    strings as their codes (a name that is two topics takes the first code, as the loop
+    does), each message by its position in ``msg_ids``."""
+    slots = np.empty((S_FIELDS, 0 if imports is None else len(imports)), np.int64)
+    if not slots.shape[1]:
+        return slots
+    code = {name: c for c, name in reversed(list(enumerate(names.to_pylist())))}
+    by_id = np.argsort(msg_ids, kind="stable")
+    wanted = imports["msg_id"].to_numpy(np.int64)
+    slots[S_INDEX] = by_id[np.searchsorted(msg_ids, wanted, sorter=by_id)]
+    slots[S_MSG_ID] = wanted
+    for field, column in ((S_DELIVERY, "delivery"), (S_RT, "reconsume_times"),
+                          (S_BROKER_RT, "broker_reconsume_times"), (S_QUEUE, "queue_id"),
+                          (S_READY, "ready_ms")):  # fmt: skip
+        slots[field] = imports[column].to_numpy(np.int64)
+    slots[S_TOPIC] = imports["source_topic"].map(code).to_numpy(np.int64)
+    slots[S_REASON] = imports["ready_reason"].map(code).to_numpy(np.int64)
+    due = slots[S_READY] + k[K_READY_WAIT]
+    pull = k[K_PULL]
+    slots[S_ELIGIBLE] = due if pull <= 0 else -(-due // pull) * pull
+    return slots
 
 
 def warm_up() -> None:

@@ -18,12 +18,14 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from retrysim.model.behavior import CONSUME_SUCCESS, RECONSUME_LATER, DrawCache, ListenerModel
 from retrysim.model.policy import Policy, Step, next_reconsume_times
@@ -36,6 +38,7 @@ from retrysim.model.states import (
     REASON_BEYOND_ACK,
     WAITING_RETRY,
 )
+from retrysim.model.topology import Units
 from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior, Workload
@@ -629,24 +632,30 @@ def simulate_key(
     heartbeat: Heartbeat | None = None,
     compiled: bool = True,
     arrow: bool = False,
+    unit: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+    imports: pd.DataFrame | None = None,
 ) -> Iterator[pd.DataFrame] | Iterator[pa.RecordBatch]:
     """Staged attempt rows of one key's messages, as pandas frames in STAGE's shape (with
     ``arrow``: record batches in STAGE_ARROW's): from the compiled loop where it covers the
     group (:mod:`retrysim.engine.compiled`), else from :class:`_Simulation`, its
-    plain-Python twin."""
+    plain-Python twin. ``unit`` and ``imports``: those of one unit of the group, fed the
+    retries other units sent it (the compiled loop's, :func:`units_of`)."""
     msg_ids, queue_ids, born = (
         np.asarray(values, dtype=np.int64) for values in (msg_ids, queue_ids, born)
     )
     if compiled and compiled_covers(spec.policy):
         from retrysim.engine.compiled import simulate_compiled  # numba: on executors only
 
-        for batch in simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat):
+        loop = simulate_compiled(spec, msg_ids, queue_ids, born, heartbeat, unit, imports)
+        for batch in loop:
             yield (
                 batch
                 if arrow
                 else batch.to_pandas(types_mapper=_NULLABLE.get).astype(_PANDAS_TYPES)
             )
         return
+    if unit is not None:
+        raise ValueError(f"group {spec.group}: only the compiled loop runs a unit of a group")
     simulation = _Simulation(spec, msg_ids, queue_ids, born, heartbeat=heartbeat)
     for rows in simulation.run():
         if rows:
@@ -658,10 +667,47 @@ def simulate_key(
             )
 
 
-def key_count(specs: list[KeySpec], per_lane: set[str]) -> int:
+def units_of(spec: KeySpec) -> Units | None:
+    """The units a group is simulated in (:meth:`Topology.units`), or None when it runs
+    whole: only where the compiled loop covers it and its retries go to the topology's
+    retry queues."""
+    policy = spec.policy
+    if not compiled_covers(policy) or policy.retry_topic != policy.topology.retry_topic:
+        return None
+    return policy.topology.units()
+
+
+def key_count(specs: list[KeySpec], per_lane: set[str], split: set[str] = frozenset()) -> int:
     """How many keys :func:`sequential_attempts` simulates: a queue of each group in
-    ``per_lane``, else the group."""
-    return sum(spec.queues if spec.group in per_lane else 1 for spec in specs)
+    ``per_lane``, each unit but the retry owners' of each group in ``split``, else the
+    group."""
+    return len([task for task in _tasks(specs, per_lane, split, 1) if task.part == 0])
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One task of the event-by-event stage: a key (a queue of ``lane``, else the whole
+    group's messages), the share ``part`` of ``parts`` of its rows it writes, and the unit
+    it runs (the instances it runs, and those it sends retries to), if not the group."""
+
+    spec: int
+    lane: int | None
+    part: int = 0
+    parts: int = 1
+    unit: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+def _tasks(specs: list[KeySpec], per_lane: set[str], split: set[str], parts: int) -> list[_Task]:
+    tasks = []
+    for index, spec in enumerate(specs):
+        if spec.group in per_lane:
+            tasks += [_Task(index, lane) for lane in range(spec.queues)]
+        elif spec.group in split:
+            units = units_of(spec)
+            tasks += [_Task(index, None, unit=(runs, units.retry_owners)) for runs in units.first]
+        else:
+            tasks += [_Task(index, None, part, parts) for part in range(parts)]
+    return tasks
 
 
 def sequential_attempts(
@@ -671,12 +717,15 @@ def sequential_attempts(
     partitions: int,
     heartbeats: str | None = None,
     sums: Accumulator | None = None,
+    split: set[str] = frozenset(),
 ) -> DataFrame:
     """Staged attempts of ``specs``' groups, one task per key: a queue of the groups in
-    ``per_lane`` (ordered queues that never fill the pool), else the whole group. Each key
-    sends its :class:`Heartbeat` to the folder ``heartbeats``, if given, and each whole
-    group its :class:`retrysim.tables.key_peaks.GroupSums` to the accumulator ``sums``
-    (of :class:`retrysim.tables.key_peaks.GroupSumsParam`), if given.
+    ``per_lane`` (ordered queues that never fill the pool), each unit but the retry
+    owners' of the groups in ``split`` (:func:`units_of`; :func:`retry_owner_attempts`
+    runs the retry owners next), else the whole group. Each key sends its
+    :class:`Heartbeat` to the folder ``heartbeats``, if given, and each whole group its
+    :class:`retrysim.tables.key_peaks.GroupSums` to the accumulator ``sums`` (of
+    :class:`retrysim.tables.key_peaks.GroupSumsParam`), if given.
 
     The stage's input is the keys alone, spread evenly over ``partitions``: each task makes
     its keys' messages itself (:func:`retrysim.model.workload.messages_np`, the messages
@@ -688,64 +737,111 @@ def sequential_attempts(
     (:func:`output_parts`), each writing the rows of its share of the messages: the loop
     is cheap next to Spark's Parquet writer, one per task, and the key's rows are the same
     in every task, so all cores write."""
-    parts = output_parts(spark.sparkContext.defaultParallelism, specs, per_lane)
-    tasks = [
-        (index << 20 | lane, part, count)
-        for index, spec in enumerate(specs)
-        for lane, count in (
-            [(lane, 1) for lane in range(spec.queues)]
-            if spec.group in per_lane
-            else [(_WHOLE_GROUP, parts)]
-        )
-        for part in range(count)
-    ]
-    by_index = dict(enumerate(specs))
+    whole = [s for s in specs if s.group not in per_lane | split]
+    parts = output_parts(spark.sparkContext.defaultParallelism, whole)
+    tasks = _tasks(specs, per_lane, split, parts)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for position in batch.column(0).to_pylist():
-                yield from _simulate_one(by_index, *tasks[position], heartbeats, sums)
+                task = tasks[position]
+                yield from _simulate_one(specs[task.spec], task, position, heartbeats, sums)
 
     positions = spark.range(len(tasks), numPartitions=max(1, min(partitions, len(tasks))))
     return positions.mapInArrow(run, STAGE)
 
 
+def retry_owner_attempts(
+    spark: SparkSession, specs: list[KeySpec], sent: DataFrame, heartbeats: str | None = None
+) -> DataFrame:
+    """The retry owners' rows of the groups ``specs`` that run in units, each group's
+    owners' unit in tasks of one stage (as many as :func:`output_parts` gives, each writing
+    its share of the rows as in :func:`sequential_attempts`), fed the retries ``sent``: the
+    deliveries the other units' rows lead to at the retry owners (a frame of ``group`` and
+    :data:`IMPORTED`, as
+    :func:`retrysim.engine.rounds.next_frontier` gives them)."""
+    parts = output_parts(spark.sparkContext.defaultParallelism, specs)
+    tasks = [_Task(index, None, part, parts, (units_of(spec).retry_owners, ()))
+             for index, spec in enumerate(specs) for part in range(parts)]  # fmt: skip
+    # a value of the task column for each task that Spark's hash sends to a partition of
+    # its own; every task gets a row, retries or not
+    value = _partition_keys(spark, len(tasks))
+    keyed = spark.createDataFrame([(v, t) for t, v in enumerate(value)], "_key int, _task int")
+    retries = [
+        sent.where(F.col("group") == spec.group).select(
+            F.lit(value[t]).alias("_key"), F.lit(t).alias("_task"), *IMPORTED
+        )
+        for t, spec in ((t, specs[task.spec]) for t, task in enumerate(tasks))
+    ]
+    rows = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), [keyed, *retries])
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        data = pa.Table.from_batches(list(batches)).to_pandas(types_mapper=_NULLABLE.get)
+        for position, imports in data.groupby("_task", sort=True):
+            task = tasks[int(position)]
+            yield from _simulate_one(
+                specs[task.spec], task, (1 << 20) + int(position), heartbeats, None,
+                imports.dropna(subset=["msg_id"]),
+            )  # fmt: skip
+
+    return rows.repartition(len(tasks), "_key").mapInArrow(run, STAGE)
+
+
+def _partition_keys(spark: SparkSession, count: int) -> list[int]:
+    """For each of ``count`` hash partitions, an int that ``repartition(count, column)``
+    sends there (Spark's Murmur3 ``hash``, modulo ``count``)."""
+    found = (
+        spark.range(64 * count)
+        .select(
+            F.col("id").cast("int").alias("value"),
+            F.expr(f"pmod(hash(cast(id as int)), {count})").alias("partition"),
+        )
+        .groupBy("partition")
+        .agg(F.min("value").alias("value"))
+        .collect()
+    )
+    value = {row["partition"]: row["value"] for row in found}
+    return [value[partition] for partition in range(count)]
+
+
+# The columns of a retry one unit sends another (as retrysim.engine.rounds.next_frontier
+# gives them)
+IMPORTED = ("msg_id", "delivery", "reconsume_times", "broker_reconsume_times", "source_topic",
+            "queue_id", "ready_ms", "ready_reason")  # fmt: skip
 MOST_OUTPUT_PARTS = 4  # each part holds the whole key's messages: bounds a key's memory
 
 
-def output_parts(cores: int, specs: list[KeySpec], per_lane: set[str]) -> int:
-    """How many tasks simulate each whole group: the cores each would have to itself, up to
-    :data:`MOST_OUTPUT_PARTS`."""
-    whole = sum(1 for spec in specs if spec.group not in per_lane)
-    return max(1, min(MOST_OUTPUT_PARTS, cores // whole)) if whole else 1
+def output_parts(cores: int, whole: list[KeySpec]) -> int:
+    """How many tasks simulate each of the groups ``whole`` (each simulated whole by a
+    task): the cores each would have to itself, up to :data:`MOST_OUTPUT_PARTS`."""
+    return max(1, min(MOST_OUTPUT_PARTS, cores // len(whole))) if whole else 1
 
 
 def _simulate_one(
-    by_index: dict[int, KeySpec],
-    key: int,
-    part: int,
-    parts: int,
+    spec: KeySpec,
+    task: _Task,
+    heartbeat_id: int,
     heartbeats: str | None,
     sums: Accumulator | None,
+    imports: pd.DataFrame | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """One key's rows, or with ``parts`` > 1 those of the messages whose id is ``part``
-    modulo ``parts``; part 0 beats the key's heartbeat and sums up all of its rows."""
-    spec = by_index[key >> 20]
-    lane = key & _WHOLE_GROUP
-    whole = lane == _WHOLE_GROUP
-    msg_ids, queue_ids, born = messages_np(
-        spec.workload, spec.group, spec.seed, None if whole else lane
+    """A task's rows, or with ``task.parts`` > 1 those of the messages whose id is its
+    part modulo the parts; part 0 beats the key's heartbeat and sums up all of a whole
+    group's rows."""
+    msg_ids, queue_ids, born = messages_np(spec.workload, spec.group, spec.seed, task.lane)
+    heartbeat = Heartbeat(heartbeats if task.part == 0 else None, heartbeat_id, spec.horizon_ms)
+    batches = simulate_key(
+        spec, msg_ids, queue_ids, born, heartbeat, arrow=True, unit=task.unit, imports=imports
     )
-    heartbeat = Heartbeat(heartbeats if part == 0 else None, key, spec.horizon_ms)
-    batches = simulate_key(spec, msg_ids, queue_ids, born, heartbeat, arrow=True)
-    if whole and sums is not None and part == 0:
+    whole = task.lane is None and task.unit is None
+    if whole and sums is not None and task.part == 0:
         summer = GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared)
         batches = map(summer.add, batches)
     else:
         summer = None
     for batch in batches:
-        if parts > 1:
-            mine = batch.column("msg_id").to_numpy() % parts == part
+        if task.parts > 1:
+            mine = batch.column("msg_id").to_numpy() % task.parts == task.part
             batch = batch.filter(pa.array(mine))
         if batch.num_rows:
             yield batch

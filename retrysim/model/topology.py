@@ -59,6 +59,15 @@ def owner_col(position: Column, queues: int, instances: int, strategy: str) -> C
 
 
 @dataclass(frozen=True)
+class Units:
+    """A group's independent units (:meth:`Topology.units`): ``first`` run side by side,
+    each exporting the retries it sends to ``retry_owners``, which run after them."""
+
+    first: tuple[tuple[int, ...], ...]
+    retry_owners: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Topology:
     """How one group's deliveries are spread over its instances (see the module text)."""
 
@@ -92,6 +101,31 @@ class Topology:
         """Whether more than one instance can get the group's work (its ``load`` is then
         not one instance's, and ``instance_load`` needs each instance's own peaks)."""
         return self.assignable_instances > 1
+
+    def units(self) -> Units | None:
+        """The group split into units that can be simulated apart (docs/model.md §5,
+        "Units"), or None when it is one unit. By queue, an instance that owns no retry
+        queue runs its own queues' deliveries and nothing else: what fails there goes to a
+        retry queue, whose owner takes it, or comes back to it (a failed send-back) -- so
+        it depends on no other instance. The retry queues' owners take every such retry
+        too, so they are simulated after the others, together, fed the retries those
+        sent them. By message and broadcast, the group is one unit."""
+        if self.balancing != BY_QUEUE or self.retry_topic is None:
+            return None
+        retry_owners = {
+            owner(queue, self.retry_queues, self.instances, self.allocate)
+            for queue in range(self.retry_queues)
+        }
+        alone = sorted(
+            {
+                owner(queue, self.queues, self.instances, self.allocate)
+                for queue in range(self.queues)
+            }
+            - retry_owners
+        )
+        if not alone:
+            return None
+        return Units(tuple((instance,) for instance in alone), tuple(sorted(retry_owners)))
 
     @property
     def most_lanes_per_instance(self) -> int:

@@ -21,6 +21,7 @@ from reference.strategies import scenarios
 from retrysim.engine.compiled import _uniform
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import Heartbeat, compiled_covers, read_heartbeats, simulate_key
+from retrysim.model.policy import next_reconsume_times
 from retrysim.model.rng import key_prefix, uniform_np
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.schemas import STAGE_ARROW
@@ -151,3 +152,74 @@ def test_record_batches_hold_the_frames_rows(compiled):
         assert frames[name].astype(object).where(frames[name].notna(), None).tolist() == (
             table[name].astype(object).where(table[name].notna(), None).tolist()
         ), name
+
+
+def _in_units(spec, msg_ids, queue_ids, born) -> pd.DataFrame:
+    """A group's rows as its units give them: each instance without a retry queue alone,
+    then the retry owners fed the retries those rows send them (next_frontier's rule, in
+    pandas)."""
+    topology = spec.policy.topology
+    units = topology.units()
+
+    def rows(unit, imports=None) -> pd.DataFrame:
+        batches = simulate_key(spec, msg_ids, queue_ids, born, unit=unit, imports=imports)
+        return pd.concat(list(batches), ignore_index=True)
+
+    first = pd.concat([rows((runs, units.retry_owners)) for runs in units.first])
+    due = first[first["next_topic"].notna() & (first["next_ready_ms"] < spec.horizon_ms)]
+    counts = [
+        next_reconsume_times(rt, broker_rt, reason)
+        for rt, broker_rt, reason in zip(
+            due["reconsume_times"], due["broker_reconsume_times"], due["end_reason"], strict=True
+        )
+    ]
+    sent = pd.DataFrame({
+        "msg_id": due["msg_id"], "delivery": due["delivery"] + 1,
+        "reconsume_times": [c[0] for c in counts], "broker_reconsume_times": [c[1] for c in counts],
+        "source_topic": due["next_topic"], "queue_id": due["next_queue_id"],
+        "ready_ms": due["next_ready_ms"], "ready_reason": due["next_reason"],
+    })  # fmt: skip
+    where = sent[["source_topic", "queue_id", "msg_id", "delivery"]].itertuples(index=False)
+    to = [topology.instance(*key) for key in where]
+    sent = sent[np.isin(to, units.retry_owners)]
+    assert len(sent) > 0
+    owners = rows((units.retry_owners, ()), sent)
+    return pd.concat([first, owners]).sort_values(KEY, ignore_index=True)
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [
+        {"consumers": {"instances": 3, "threads": 2}, "retry_queue_nums": 2},
+        {"consumers": {"instances": 4, "threads": 1}, "workload": {"queues": 8}},
+        {
+            "consumers": {"instances": 5, "threads": 2},
+            "brokers": 2,
+            "allocate": "averagely_by_circle",
+            "workload": {"queues": 8},
+        },
+    ],
+)
+def test_a_group_in_units_gives_the_whole_groups_rows(topology):
+    """docs/model.md §5, "Units": the instances without a retry queue simulated apart, the
+    retry owners after them, fed those instances' retries, give the rows of the group
+    simulated whole, on a full pool with timeouts, failed send-backs and the fallback."""
+    group = {**SATURATED["groups"][0], **topology}
+    group["workload"] = {**SATURATED["groups"][0]["workload"], **topology.get("workload", {})}
+    config = build_scenario({**SATURATED, "groups": [group]})
+    spec = key_specs(config, group_plans(config))[0]
+    assert spec.policy.topology.units() is not None
+    data = messages(spec, 6000, 120_000, seed=5)
+    whole = pd.concat(simulate_key(spec, *data), ignore_index=True)
+    units = _in_units(spec, *data)
+    pd.testing.assert_frame_equal(units, whole.sort_values(KEY, ignore_index=True))
+    assert units["consumer_instance"].nunique() == spec.policy.topology.assignable_instances
+
+
+def test_a_retry_sent_outside_the_units_stops_the_loop():
+    config = build_scenario(SATURATED)
+    spec = key_specs(config, group_plans(config))[0]
+    units = spec.policy.topology.units()
+    lonely = (units.first[0], ())  # as if the retry owners were no unit
+    with pytest.raises(ValueError, match="outside the units"):
+        list(simulate_key(spec, *messages(spec, 600, 60_000, 2), unit=lonely))

@@ -147,6 +147,20 @@ GROUPS = [
         },
     },
     {
+        # 8 queues on one broker over 4 instances of one thread: instance 0 owns the retry
+        # queue and takes every retry, the others run as units of their own (model §5)
+        "name": "units",
+        "flavor": "rocketmq4.concurrently",
+        "consumers": {"instances": 4, "threads": 1},
+        "workload": {"messages": 1200, "over": "10m", "queues": 8},
+        "behavior": {
+            "fail_probability": 0.1,
+            "send_back_failure_probability": 0.1,
+            "processing_time": "400ms",
+            "outages": [{"start": "2m", "end": "4m", "fail_probability": 0.9}],
+        },
+    },
+    {
         "name": "circle",
         "flavor": "rocketmq4.orderly",
         "allocate": "averagely_by_circle",
@@ -225,6 +239,7 @@ def run(spark, tmp_path_factory):
         validate=False,  # the row-by-row checks are stronger; test_validate covers it
         tail_rows=0,
         small_group=0,  # rounds first: the finite pools too, and the capacity check after
+        unit_messages=0,  # a full pool whose instances are units runs as its units
     )
 
 
@@ -238,7 +253,7 @@ def test_scenario_exercises_every_path(run):
     assert engines == {
         "payments": "rounds", "audit": "rounds", "simple": "rounds", "fifo": "sequential",
         "batch": "sequential", "pool": "sequential", "push": engines["push"],
-        "storm": "sequential", "circle": "sequential",
+        "storm": "sequential", "circle": "sequential", "units": "sequential",
     }  # fmt: skip
     seen = {
         (r["group"], r["outcome"], r["result_state"])
@@ -286,18 +301,22 @@ def test_commit_log_writes_equal_the_sources_puts(spark, run, reference):
     )
 
 
+PATHS = ("rounds first", "whole from the start", "in units")
+
+
 @settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(scenario=scenarios(groups=10, max_messages=15), rounds_first=st.booleans())
-def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario, rounds_first):
-    """Small finite pools run event by event from the start, or (``rounds_first``) by
-    rounds and the capacity check, as larger ones do: both must be the reference."""
+@given(scenario=scenarios(groups=10, max_messages=15), path=st.sampled_from(PATHS))
+def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario, path):
+    """Small finite pools run event by event from the start, whole or in units, or by
+    rounds and the capacity check, as larger ones do: each must be the reference."""
     result = simulate(
         spark,
         build_scenario(scenario),
         output=str(tmp_path_factory.mktemp("random")),
         run_id="random",
         validate=False,  # the row-by-row checks are stronger; test_validate covers it
-        small_group=0 if rounds_first else SMALL_GROUP_MESSAGES,
+        small_group=0 if path == "rounds first" else SMALL_GROUP_MESSAGES,
+        unit_messages=0 if path == "in units" else None,
     )
     reference = simulate_scenario(scenario)
     compare(spark, result, reference)

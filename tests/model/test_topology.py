@@ -22,6 +22,7 @@ from retrysim.model.topology import (
     BY_MESSAGE,
     BY_QUEUE,
     Topology,
+    Units,
     owner,
 )
 from retrysim.scenario.loading import build_scenario
@@ -141,3 +142,33 @@ def test_the_columns_give_what_the_python_gives(spark):
         expected = {row: (t.instance(*row), t.retry_queue(*row)) for row in rows}
         assert got == expected
         assert frame.where(F.col("instance").isNull()).count() == 0
+
+
+def test_units_are_the_instances_without_a_retry_queue_then_the_retry_owners():
+    # one broker: instance 0 owns the retry queue and takes every retry
+    assert topology(instances=4, queues=8).units() == Units(((1,), (2,), (3,)), (0,))
+    # 2 brokers x 1 retry queue over 4 instances: instances 0 and 1 own them
+    assert topology(instances=4, queues=8, brokers=2).units() == Units(((2,), (3,)), (0, 1))
+    # more instances than queues: those without a queue are no unit
+    assert topology(instances=8, queues=3).units() == Units(((1,), (2,)), (0,))
+    # every instance owns a retry queue, or one instance: the group is one unit
+    assert topology(instances=2, queues=4, retry_queue_nums=2).units() is None
+    assert topology(instances=1, queues=4).units() is None
+    assert topology(instances=4, queues=8, balancing=BY_MESSAGE).units() is None
+
+
+@pytest.mark.parametrize("strategy", ALLOCATE_STRATEGIES)
+def test_no_retry_leaves_the_retry_owners_unit(strategy):
+    """What the loop relies on: a retry of a retry lands on an instance that owns a retry
+    queue, and a first delivery's retry does too (else it comes back to the same queue)."""
+    for instances, queues, brokers, nums in itertools.product((2, 3, 5), (4, 6), (1, 2), (1, 3)):
+        t = topology(instances, queues, brokers, nums, strategy)
+        units = t.units()
+        if units is None:
+            continue
+        owners = set(units.retry_owners)
+        for queue, msg_id, delivery in itertools.product(range(queues), range(7), (1, 2, 5)):
+            retry = t.retry_queue("t", queue, msg_id, delivery)
+            assert t.instance(RETRY, retry, msg_id, delivery + 1) in owners
+            again = t.retry_queue(RETRY, retry, msg_id, delivery + 1)
+            assert t.instance(RETRY, again, msg_id, delivery + 2) in owners

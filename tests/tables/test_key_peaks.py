@@ -115,7 +115,7 @@ def test_a_group_alone_on_the_cores_is_written_by_all_of_them(spark, simulated, 
     config, attempts, sums = simulated
     plans = [plan for plan in group_plans(config) if plan.name == "busy"]
     specs = key_specs(config, plans)
-    assert output_parts(spark.sparkContext.defaultParallelism, specs, set()) == 2
+    assert output_parts(spark.sparkContext.defaultParallelism, specs) == 2
     alone = spark.sparkContext.accumulator({}, GroupSumsParam())
     sequential_attempts(spark, specs, set(), partitions=2, sums=alone).write.parquet(
         str(tmp_path / "alone")
