@@ -1,4 +1,4 @@
-"""The event engine compiled: docs/model.md §5-§7 for an unordered group, in numba.
+"""The event engine compiled: docs/model.md §5-§7, in numba.
 
 A full consumer pool is the regime capacity planning exists for, and simulating it is a
 loop over single deliveries that Python runs at about 15k a second. This module runs the
@@ -9,17 +9,20 @@ small integer codes), so it gives the rows of the plain-Python loop
 (:class:`~retrysim.engine.sequential._Simulation`), which the tests hold it to with zero
 tolerance, and both are compared with the reference written from the RocketMQ source.
 
-It covers unordered groups that deliver one message per consume request and replay
-nothing (``sequential.compiled_covers``): every flavor's rules, every topology, outages and
-poison. Ordered queues, batches, replays and a round run's frontier stay with the Python
-loop. The loop is a generator: a key's rows leave in chunks, and between chunks it reports
-how far it got for the heartbeat. numba caches the compiled code on disk, keyed by the
-source (``_BySourceLocator``), so only the first run on a machine pays the compilation
-(about 20 s; setup does it).
+It covers every group that replays nothing (``sequential.compiled_covers``): every
+flavor's rules, every topology, outages and poison. ``_run`` takes one message per consume
+request, with a fast path for first deliveries, and runs a group's units (docs/model.md
+§5); ``_run_lanes`` takes batches of one lane and ordered queues, one message at a time
+per queue. Replays and a round run's frontier stay with the Python loop. A loop is a
+generator: a key's rows leave in chunks, and between chunks it reports how far it got for
+the heartbeat. numba caches the compiled code on disk, keyed by the source
+(``_BySourceLocator``), so only the first run on a machine pays the compilation (about
+40 s for both loops; setup does it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -29,11 +32,11 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from numba import njit
+from numba import njit, types
 from numba.core import config as numba_config
 from numba.core.caching import CacheImpl, _CacheLocator
 from numba.misc.appdirs import AppDirs
-from numba.typed import List
+from numba.typed import Dict, List
 
 from retrysim.model import behavior as listener
 from retrysim.model import rng, states
@@ -53,7 +56,7 @@ class _BySourceLocator(_CacheLocator):
     """numba's disk cache for this module, keyed by a digest of its source instead of its
     path and modification time: on a cluster the module is imported from the ``--py-files``
     zip that Spark copies into every application's folder, and a path-keyed cache would
-    compile the loop again (about 20 s) in every application on every worker. The cache
+    compile the loops again (about 40 s) in every application on every worker. The cache
     lives in numba's folder (``NUMBA_CACHE_DIR``, else the user's cache folder)."""
 
     def __init__(self, py_func, py_file) -> None:
@@ -759,6 +762,371 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     yield out, rows, horizon, deliveries, first
 
 
+# --------------------------------------------------------------------------- lanes
+
+# A consume request takes deliveries from one lane, (topic, queue, instance): batches of
+# up to N from the same lane, and an ordered queue serves one message at a time. This loop
+# keeps each lane's waits in a heap and each instance's lane heads in a heap of
+# (eligible_ms, msg_id, delivery, lane) rows, stale rows skipped (a head that left in an
+# earlier batch): :class:`retrysim.engine.sequential._Simulation`'s dispatch, compiled.
+
+
+@njit(cache=True)
+def _head_before(heads, a, b):
+    for column in range(3):
+        if heads[a, column] != heads[b, column]:
+            return heads[a, column] < heads[b, column]
+    return heads[a, 3] < heads[b, 3]
+
+
+@njit(cache=True)
+def _head_push(heads, size, eligible, msg_id, delivery, lane):
+    if size == heads.shape[0]:
+        bigger = np.empty((2 * size, 4), np.int64)
+        bigger[:size] = heads
+        heads = bigger
+    heads[size, 0], heads[size, 1], heads[size, 2], heads[size, 3] = (
+        eligible, msg_id, delivery, lane,
+    )  # fmt: skip
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _head_before(heads, i, parent):
+            break
+        for column in range(4):
+            heads[i, column], heads[parent, column] = heads[parent, column], heads[i, column]
+        i = parent
+    return heads
+
+
+@njit(cache=True)
+def _head_pop(heads, size):
+    """Remove the smallest row (to the caller: read row 0 first)."""
+    size -= 1
+    for column in range(4):
+        heads[0, column] = heads[size, column]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _head_before(heads, child + 1, child):
+            child += 1
+        if not _head_before(heads, child, i):
+            break
+        for column in range(4):
+            heads[i, column], heads[child, column] = heads[child, column], heads[i, column]
+        i = child
+
+
+@njit(cache=True)
+def _lane_key(topic, queue_id, instance):
+    return (topic << 40) | (queue_id << 16) | instance
+
+
+@njit(cache=True)
+def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals,
+               msg_ids, queue_ids, born, poisoned, count, batch_size, blocking):  # fmt: skip
+    """:func:`_run` for consume requests that take up to ``batch_size`` deliveries of one
+    lane, and for ordered queues (``blocking``: a queue releases its next message, in
+    publish order, when the one before left it); no replay. Yields as :func:`_run`."""
+    n = NULL
+    horizon = k[K_HORIZON]
+    instances = k[K_INSTANCES]
+    threads = k[K_THREADS]
+    ack_index = k[K_ACK_INDEX]
+    free = np.full(instances, threads if threads != n else np.iinfo(np.int64).max, np.int64)
+    touched = np.zeros(instances, np.bool_)
+    touched_list = np.empty(instances, np.int64)
+    touched_count = 0
+    heads = List()
+    head_sizes = np.zeros(instances, np.int64)
+    for _ in range(instances):
+        heads.append(np.empty((16, 4), np.int64))
+    wait_ids = Dict.empty(key_type=types.int64, value_type=types.int64)
+    waits = List()
+    wait_sizes = np.zeros(16, np.int64)
+    slots = np.empty((S_FIELDS, 1024), np.int64)
+    spare = np.empty(1024, np.int64)
+    spare_count = 0
+    used = 0
+    event_keys = np.empty(1024, np.int64)
+    event_values = np.empty(1024, np.int64)
+    events = 0
+    out = np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64)
+    rows = 0
+    deliveries = 0
+    first = 0
+    turns = 0
+    eligible_of = np.empty(count, np.int64)
+    for p in range(count):
+        eligible_of[p] = _eligible(k, born[p])
+    # ordered queues: each source queue's messages in publish order, released one by one
+    queue_ids_used = np.unique(queue_ids[:count]) if blocking else np.empty(0, np.int64)
+    order_ids = Dict.empty(key_type=types.int64, value_type=types.int64)
+    by_queue = (
+        np.argsort(queue_ids[:count], kind="mergesort") if blocking else np.empty(0, np.int64)
+    )
+    queue_start = np.searchsorted(queue_ids[:count][by_queue], queue_ids_used)
+    queue_end = np.append(queue_start[1:], len(by_queue))
+    cursor = queue_start.copy()
+    for lane in range(len(queue_ids_used)):
+        order_ids[(T_SOURCE << 40) | queue_ids_used[lane]] = lane
+    batch = np.empty(max(batch_size, 1), np.int64)
+    outcomes = np.empty(max(batch_size, 1), np.int64)
+    sends = np.empty(max(batch_size, 1), np.int64)
+    next_arrival = 0 if not blocking else count
+    for lane in range(len(queue_ids_used)):  # every ordered queue is free at 0
+        event_keys, event_values = _event_push(event_keys, event_values, events, _FREE_PHASE, lane)
+        events += 1
+    while True:
+        arrival = eligible_of[next_arrival] if next_arrival < count else n
+        event = event_keys[0] >> 1 if events > 0 else n
+        if arrival == n and event == n:
+            break
+        now = event if arrival == n else arrival if event == n else min(arrival, event)
+        if now >= horizon:
+            break
+        while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
+            payload = _event_pop(event_keys, event_values, events)
+            events -= 1
+            if payload < 0:
+                instance = -1 - payload
+                free[instance] += 1
+                if not touched[instance]:
+                    touched[instance] = True
+                    touched_list[touched_count] = instance
+                    touched_count += 1
+                continue
+            # an ordered queue is free: its next message becomes eligible
+            lane = payload
+            if cursor[lane] >= queue_end[lane]:
+                continue
+            position = by_queue[cursor[lane]]
+            cursor[lane] += 1
+            if spare_count > 0:
+                spare_count -= 1
+                slot = spare[spare_count]
+            else:
+                if used == slots.shape[1]:
+                    bigger = np.empty((S_FIELDS, 2 * used), np.int64)
+                    bigger[:, :used] = slots
+                    slots, spare = bigger, _grow(spare)
+                slot = used
+                used += 1
+            _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
+                            max(eligible_of[position], now))  # fmt: skip
+            event_keys, event_values = _event_push(
+                event_keys, event_values, events, 2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE,
+                slot,
+            )  # fmt: skip
+            events += 1
+        # what becomes eligible now waits in its lane: first deliveries (unordered), then
+        # the events
+        while True:
+            slot = -1
+            if next_arrival < count and eligible_of[next_arrival] == now:
+                if spare_count > 0:
+                    spare_count -= 1
+                    slot = spare[spare_count]
+                else:
+                    if used == slots.shape[1]:
+                        bigger = np.empty((S_FIELDS, 2 * used), np.int64)
+                        bigger[:, :used] = slots
+                        slots, spare = bigger, _grow(spare)
+                    slot = used
+                    used += 1
+                _first_delivery(slots, slot, next_arrival, msg_ids, queue_ids, born, now)
+                next_arrival += 1
+            elif events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE:
+                slot = _event_pop(event_keys, event_values, events)
+                events -= 1
+            else:
+                break
+            instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
+                                 slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
+            key = _lane_key(slots[S_TOPIC, slot], slots[S_QUEUE, slot], instance)
+            if key in wait_ids:
+                wait = wait_ids[key]
+            else:
+                wait = len(waits)
+                wait_ids[key] = wait
+                waits.append(np.empty(4, np.int64))
+                if wait == len(wait_sizes):
+                    wait_sizes = np.concatenate((wait_sizes, np.zeros(wait, np.int64)))
+            heap = waits[wait]
+            size = wait_sizes[wait]
+            top = heap[0] if size > 0 else -1
+            new_head = size == 0 or _before(slot, top, slots[S_ELIGIBLE], slots[S_MSG_ID],
+                                            slots[S_DELIVERY])  # fmt: skip
+            waits[wait] = _wait_push(heap, size, slot, slots[S_ELIGIBLE], slots[S_MSG_ID],
+                                     slots[S_DELIVERY])  # fmt: skip
+            wait_sizes[wait] = size + 1
+            if new_head:
+                heads[instance] = _head_push(
+                    heads[instance], head_sizes[instance], slots[S_ELIGIBLE, slot],
+                    slots[S_MSG_ID, slot], slots[S_DELIVERY, slot], wait,
+                )  # fmt: skip
+                head_sizes[instance] += 1
+                if not touched[instance]:
+                    touched[instance] = True
+                    touched_list[touched_count] = instance
+                    touched_count += 1
+        # dispatch: each touched instance starts the lane with the smallest head while it
+        # has a free thread, a batch of that lane's waits in order
+        for t in range(touched_count):
+            instance = touched_list[t]
+            touched[instance] = False
+            while head_sizes[instance] > 0 and free[instance] > 0:
+                own = heads[instance]
+                key_e, key_m, key_d, wait = own[0, 0], own[0, 1], own[0, 2], own[0, 3]
+                _head_pop(own, head_sizes[instance])
+                head_sizes[instance] -= 1
+                heap = waits[wait]
+                size = wait_sizes[wait]
+                if size == 0:
+                    continue
+                top = heap[0]
+                if (slots[S_ELIGIBLE, top] != key_e or slots[S_MSG_ID, top] != key_m
+                        or slots[S_DELIVERY, top] != key_d):  # fmt: skip
+                    continue  # a stale head: that delivery left in an earlier batch
+                taken = min(batch_size, size)
+                for j in range(taken):
+                    batch[j] = _wait_pop(heap, size, slots[S_ELIGIBLE], slots[S_MSG_ID],
+                                         slots[S_DELIVERY])  # fmt: skip
+                    size -= 1
+                wait_sizes[wait] = size
+                if size > 0:
+                    top = heap[0]
+                    heads[instance] = _head_push(
+                        heads[instance], head_sizes[instance], slots[S_ELIGIBLE, top],
+                        slots[S_MSG_ID, top], slots[S_DELIVERY, top], wait,
+                    )  # fmt: skip
+                    head_sizes[instance] += 1
+                # the consume request: each member's listener, one processing time
+                processing = 0
+                failing = SUCCESS
+                for j in range(taken):
+                    slot = batch[j]
+                    outcome_j, processing_j, send_j = _listen(
+                        k, d, windows, prefixes, slots[S_MSG_ID, slot], slots[S_DELIVERY, slot],
+                        now, poisoned[slots[S_INDEX, slot]],
+                    )  # fmt: skip
+                    outcomes[j], sends[j] = outcome_j, send_j
+                    processing += processing_j
+                    if failing == SUCCESS and outcome_j != SUCCESS:
+                        failing = outcome_j
+                outcome, end = _consume_result(k, now, processing, failing)
+                deliveries += taken
+                for j in range(taken):
+                    if slots[S_DELIVERY, batch[j]] == 1:
+                        first += 1
+                if threads != n:
+                    free[instance] -= 1
+                    event_keys, event_values = _event_push(
+                        event_keys, event_values, events, 2 * (now + processing) + _FREE_PHASE,
+                        -1 - instance,
+                    )  # fmt: skip
+                    events += 1
+                for j in range(taken):
+                    slot = batch[j]
+                    msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
+                    topic, queue_id = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
+                    if end >= horizon:
+                        step = (INFLIGHT, n, n, n, n, n, n, n, n, n, n, n, n, n, n)
+                        out = _row(out, rows, k, born, slots, slot, now, processing, n, n, step,
+                                   taken)  # fmt: skip
+                        rows += 1
+                        spare[spare_count] = slot
+                        spare_count += 1
+                        continue
+                    beyond_ack = outcome == SUCCESS and ack_index != n and j > ack_index
+                    rt, broker_rt = slots[S_RT, slot], slots[S_BROKER_RT, slot]
+                    step = _next_step(
+                        k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt,
+                        LATER if beyond_ack else outcome, now, end, sends[j], topic, queue_id,
+                        msg_id, delivery,
+                    )  # fmt: skip
+                    if beyond_ack and step[7] == LATER:
+                        step = step[:7] + (BEYOND_ACK,) + step[8:]  # noqa: RUF005
+                    if step[8] != n and step[3] >= horizon:  # leaves after the horizon
+                        kept = (WAITING_RETRY, step[1], step[2], n)
+                        step = kept + step[4:8] + (n, n, n, n) + step[12:]
+                    out = _row(out, rows, k, born, slots, slot, now, processing, end, outcome,
+                               step, taken)  # fmt: skip
+                    rows += 1
+                    if blocking:
+                        order_key = (topic << 40) | queue_id
+                        release_at = n
+                        if step[2] == n and step[5] == T_SCHEDULE:
+                            release_at = end  # re-sent to the broker: the queue moves on
+                        elif step[0] != WAITING_RETRY:
+                            release_at = step[3]
+                        if release_at != n and order_key in order_ids:
+                            event_keys, event_values = _event_push(
+                                event_keys, event_values, events, 2 * release_at + _FREE_PHASE,
+                                order_ids[order_key],
+                            )  # fmt: skip
+                            events += 1
+                    due = step[2]
+                    if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and (
+                            due < horizon):  # fmt: skip
+                        reason = step[7]
+                        if reason == SEND_BACK_FAILED_REASON:
+                            rt, broker_rt = rt + 1, broker_rt
+                        elif reason == FALLBACK_REASON:
+                            rt, broker_rt = rt + 1, rt + 1
+                        else:
+                            rt, broker_rt = broker_rt + 1, broker_rt + 1
+                        slots[S_DELIVERY, slot] = delivery + 1
+                        slots[S_RT, slot], slots[S_BROKER_RT, slot] = rt, broker_rt
+                        slots[S_TOPIC, slot], slots[S_QUEUE, slot] = step[12], step[13]
+                        slots[S_READY, slot], slots[S_REASON, slot] = due, step[14]
+                        slots[S_ELIGIBLE, slot] = _eligible(k, due)
+                        event_keys, event_values = _event_push(
+                            event_keys, event_values, events,
+                            2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot,
+                        )  # fmt: skip
+                        events += 1
+                    else:
+                        spare[spare_count] = slot
+                        spare_count += 1
+        touched_count = 0
+        turns += 1
+        if rows >= CHUNK_ROWS or turns % _TURNS_PER_LOOK == 0:
+            yield out, rows, now, deliveries, first
+            rows = 0
+    # what is Ready before the horizon and never started (docs/model.md §7)
+    for e in range(events):
+        slot = event_values[e]
+        if event_keys[e] & 1 == _ELIGIBLE_PHASE and slots[S_READY, slot] < horizon:
+            out = _row(out, rows, k, born, slots, slot, n, n, n, n, _PENDING, n)
+            rows += 1
+    for wait in range(len(waits)):
+        heap = waits[wait]
+        for h in range(wait_sizes[wait]):
+            out = _row(out, rows, k, born, slots, heap[h], n, n, n, n, _PENDING, n)
+            rows += 1
+    scratch = np.empty((S_FIELDS, 1), np.int64)
+    for lane in range(len(queue_ids_used)):
+        for j in range(cursor[lane], queue_end[lane]):
+            position = by_queue[j]
+            _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible_of[position])
+            out = _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
+            rows += 1
+            if rows >= CHUNK_ROWS:
+                yield out, rows, horizon, deliveries, first
+                rows = 0
+    for position in range(next_arrival, count):
+        _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible_of[position])
+        out = _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
+        rows += 1
+        if rows >= CHUNK_ROWS:
+            yield out, rows, horizon, deliveries, first
+            rows = 0
+    yield out, rows, horizon, deliveries, first
+
+
 # --------------------------------------------------------------------------- the Python side
 
 
@@ -872,13 +1240,17 @@ def simulate_compiled(
         member[list(runs)] = MEMBER
         first = np.array([topology.instance(policy.topic, q, 0, 1) for q in range(topology.queues)])
         own = int(np.isin(first[queue_ids[:count]], runs).sum())
-    slots = _import_slots(k, imports, msg_ids, names)
-    loop = _run(
-        k, d, windows, prefixes,
-        _table(policy.intervals_ms), _table(policy.levels), _table(policy.resend_levels),
-        _table(policy.resend_intervals_ms), msg_ids, queue_ids, born, poisoned, count, member,
-        slots,
+    rules = (
+        k, d, windows, prefixes, _table(policy.intervals_ms), _table(policy.levels),
+        _table(policy.resend_levels), _table(policy.resend_intervals_ms), msg_ids, queue_ids,
+        born, poisoned, count,
     )  # fmt: skip
+    if policy.batch_size > 1 or policy.blocking:
+        if unit is not None:
+            raise ValueError(f"group {spec.group}: batches and ordered queues run whole")
+        loop = _run_lanes(*rules, policy.batch_size, policy.blocking)
+    else:
+        loop = _run(*rules, member, _import_slots(k, imports, msg_ids, names))
     for out, rows, now, deliveries, first in loop:
         if heartbeat is not None:
             heartbeat.beat(int(now), int(deliveries), int(first), own)
@@ -914,16 +1286,18 @@ def _import_slots(k, imports, msg_ids: np.ndarray, names: pa.Array) -> np.ndarra
 
 
 def warm_up() -> None:
-    """Compile the loop (or load it from numba's cache on disk) on two messages of the
-    embedded default scenario's first unordered group: setup runs it once, so that no Spark
-    task pays the compilation."""
+    """Compile both loops (or load them from numba's cache on disk) on two messages of the
+    embedded default scenario's first unordered group, one message per consume request and
+    in batches: setup runs it once, so that no Spark task pays the compilation."""
     scenario = load_scenario()
     delay_table = scenario.broker.message_delay_level
     group = next(g for g in scenario.groups if not policy_for(g, delay_table).blocking)
-    spec = SimpleNamespace(
-        group=group.name, policy=policy_for(group, delay_table), behavior=group.behavior,
-        seed=scenario.seed, horizon_ms=scenario.horizon,
-    )  # fmt: skip
+    policy = policy_for(group, delay_table)
     ids = np.arange(2, dtype=np.int64)
-    for _ in simulate_compiled(spec, ids, ids, ids):
-        pass
+    for batch_size in (1, 2):
+        spec = SimpleNamespace(
+            group=group.name, policy=dataclasses.replace(policy, batch_size=batch_size),
+            behavior=group.behavior, seed=scenario.seed, horizon_ms=scenario.horizon,
+        )  # fmt: skip
+        for _ in simulate_compiled(spec, ids, ids, ids):
+            pass

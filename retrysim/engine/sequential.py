@@ -619,9 +619,9 @@ _PANDAS_TYPES = {
 
 
 def compiled_covers(policy: Policy) -> bool:
-    """Whether the compiled loop (:mod:`retrysim.engine.compiled`) simulates this group:
-    unordered, one message per consume request, no replay."""
-    return not policy.blocking and policy.batch_size == 1 and policy.replay is None
+    """Whether the compiled loops (:mod:`retrysim.engine.compiled`) simulate this group:
+    any that replays nothing."""
+    return policy.replay is None
 
 
 def simulate_key(
@@ -672,7 +672,8 @@ def units_of(spec: KeySpec) -> Units | None:
     whole: only where the compiled loop covers it and its retries go to the topology's
     retry queues."""
     policy = spec.policy
-    if not compiled_covers(policy) or policy.retry_topic != policy.topology.retry_topic:
+    lanes = policy.blocking or policy.batch_size > 1  # the lanes' loop runs a group whole
+    if not compiled_covers(policy) or lanes or policy.retry_topic != policy.topology.retry_topic:
         return None
     return policy.topology.units()
 

@@ -133,8 +133,55 @@ def test_covered_groups():
     config = build_scenario(SATURATED)
     policy = key_specs(config, group_plans(config))[0].policy
     assert compiled_covers(policy)
-    assert not compiled_covers(dataclasses.replace(policy, batch_size=2))
-    assert not compiled_covers(dataclasses.replace(policy, blocking=True))
+    assert compiled_covers(dataclasses.replace(policy, batch_size=2))
+    assert compiled_covers(dataclasses.replace(policy, blocking=True))
+    replay = build_scenario(
+        {
+            **SATURATED,
+            "groups": [{**SATURATED["groups"][0], "replay": {"at": "1m", "rate": "10/s"}}],
+        }
+    )
+    assert not compiled_covers(key_specs(replay, group_plans(replay))[0].policy)
+
+
+_STORMY = {
+    "fail_probability": 0.2, "poison_fraction": 0.01,
+    "processing_time": {"dist": "lognormal", "mean": "80ms", "p99": "900ms"},
+    "outages": [{"start": "30s", "end": "1m", "fail_probability": 0.9,
+                 "processing_time": "300ms"}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        {"flavor": "rocketmq4.orderly", "consumers": {"instances": 3, "threads": 1}},
+        {"flavor": "rocketmq5.push", "ordered": True, "consumers": {"instances": 2, "threads": 1}},
+        {
+            "consume_message_batch_max_size": 4,
+            "ack_index": 1,
+            "consume_timeout": "1s",
+            "pull_interval": "100ms",
+            "retry_queue_nums": 2,
+        },
+    ],
+    ids=["orderly", "ordered-5.x", "batches"],
+)
+def test_ordered_queues_and_batches_on_a_full_pool_give_the_python_loops_rows(group):
+    """The lanes' loop (ordered queues one message at a time, batches of one lane) on a
+    pool that stays full: head-of-line blocking and batches waiting for threads."""
+    data = {**SATURATED["groups"][0], "max_reconsume_times": 3, **group}
+    if "flavor" in group:  # the 4.x concurrent options do not apply to ordered flavors
+        data = {key: value for key, value in data.items()
+                if key not in ("retry_queue_nums", "pull_interval", "consume_timeout")}  # fmt: skip
+        data["behavior"] = _STORMY
+    config = build_scenario({**SATURATED, "groups": [data]})
+    spec = key_specs(config, group_plans(config))[0]
+    python, compiled = both_loops(spec, *messages(spec, 3000, 120_000, seed=5))
+    pd.testing.assert_frame_equal(compiled, python)
+    waited = compiled["start_ms"] - compiled["ready_ms"]
+    assert waited.max() > 15_000  # the pool (or the ordered queue) held them back
+    assert compiled["batch_size"].max() == spec.policy.batch_size
 
 
 @pytest.mark.parametrize("compiled", [True, False])
