@@ -18,7 +18,6 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import reduce
 
 import numpy as np
 import pandas as pd
@@ -45,7 +44,6 @@ from retrysim.scenario.spec import Behavior, Workload
 from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import STAGE, STAGE_ARROW
 
-_WHOLE_GROUP = (1 << 20) - 1  # a key's lane part when it holds the whole group
 OUTPUT_CHUNK_ROWS = 100_000
 _FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (model §5)
 # A _FREE event's payload: the id of a released lane (>= 0), or a thread of instance i (-1 - i).
@@ -767,14 +765,12 @@ def retry_owner_attempts(
     # a value of the task column for each task that Spark's hash sends to a partition of
     # its own; every task gets a row, retries or not
     value = _partition_keys(spark, len(tasks))
-    keyed = spark.createDataFrame([(v, t) for t, v in enumerate(value)], "_key int, _task int")
-    retries = [
-        sent.where(F.col("group") == spec.group).select(
-            F.lit(value[t]).alias("_key"), F.lit(t).alias("_task"), *IMPORTED
-        )
-        for t, spec in ((t, specs[task.spec]) for t, task in enumerate(tasks))
-    ]
-    rows = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), [keyed, *retries])
+    keyed = spark.createDataFrame(
+        [(value[t], t, specs[task.spec].group) for t, task in enumerate(tasks)],
+        "_key int, _task int, group string",
+    )
+    retries = sent.join(F.broadcast(keyed), "group").select("_key", "_task", *IMPORTED)
+    rows = keyed.drop("group").unionByName(retries, allowMissingColumns=True)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         data = pa.Table.from_batches(list(batches)).to_pandas(types_mapper=_NULLABLE.get)
