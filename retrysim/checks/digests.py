@@ -72,6 +72,9 @@ def _digest(rows: DataFrame, hashes: list[Column], prefix: str, *more: Column) -
     return rows.groupBy(*GROUP).agg(*_digest_sums(hashes, prefix), *more)
 
 
+DIGESTED = ("rows", "hash_hi", "hash_lo")  # a digest's three aggregates (_digest_sums)
+
+
 def _digest_sums(hashes: list[Column], prefix: str) -> list[Column]:
     """How many of ``hashes`` are not null, and their sum (a 64-bit digest of the multiset
     of rows they hash), as aggregates ``<prefix>_rows``, ``_hash_hi`` and ``_hash_lo``."""
@@ -91,20 +94,24 @@ def transition_digest(transitions: DataFrame) -> DataFrame:
     return _digest(transitions, [transition_hash([F.col(name) for name in HASHED])], "t")
 
 
-def derived_digest(attempts: DataFrame, pops: DataFrame | None = None) -> DataFrame:
+def derived_digest(
+    attempts: DataFrame, pops: DataFrame | None = None, hashed: bool = True
+) -> DataFrame:
     """The same over the transitions the attempts give (``derived_*``), hashed from each
     attempt's step columns without exploding them into rows. The transitions table is
     exactly what the attempts give when rows and digest agree. The same scan sums what the
     attempts count toward summary and load (:data:`ATTEMPT_COUNTED`), with the 5.x pop
-    writes of the groups in ``pops`` (:func:`pop_groups`)."""
-    hashed = [f"_hash_{k}" for k in STEPS]
+    writes of the groups in ``pops`` (:func:`pop_groups`). Without ``hashed`` (a lean run's
+    transitions are this derivation itself) the digest is 0 and only the sums are taken:
+    hashing every step of every attempt is most of this scan's cost."""
+    hashed_names = [f"_hash_{k}" for k in STEPS] if hashed else []
     hashes = attempts.withColumns(
         {
             name: F.when(present, step_hash(fields))
-            for name, (present, fields) in zip(hashed, step_columns(), strict=True)
+            for name, (present, fields) in zip(hashed_names, step_columns(), strict=False)
         }
     )
-    keep = tuple(hashed)
+    keep = tuple(hashed_names)
     if pops is not None:
         hashes = hashes.join(F.broadcast(pops), GROUP, "left")
         keep += (*POP_COLUMNS, "horizon_ms", "outcome")
@@ -115,12 +122,11 @@ def derived_digest(attempts: DataFrame, pops: DataFrame | None = None) -> DataFr
             F.col("t_commitlog_writes")
             + sum_of([t.isNotNull().cast("int") for t in _pop_writes()]),
         )
-    return _digest(
-        steps,
-        [F.col(name) for name in hashed],
-        "derived",
-        *[F.sum(name).alias(name) for name in ATTEMPT_COUNTED],
-    )
+    counted = [F.sum(name).alias(name) for name in ATTEMPT_COUNTED]
+    if not hashed:
+        zero = [F.lit(0).cast("long").alias(f"derived_{key}") for key in DIGESTED]
+        return steps.groupBy(*GROUP).agg(*counted, *zero)
+    return _digest(steps, [F.col(name) for name in hashed_names], "derived", *counted)
 
 
 POP_COLUMNS = ("pop_invisible_ms", "pop_nacks")

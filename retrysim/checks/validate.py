@@ -175,7 +175,7 @@ def _mismatches(pairs: list[tuple[str, Any, Any]]) -> list[str]:
     return [f"{label} = {got}, expected {want}" for label, got, want in pairs if got != want]
 
 
-_DIGESTED = ("rows", "hash_hi", "hash_lo")
+_DIGESTED = digests.DIGESTED
 
 
 def _digest_pairs(values: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -281,7 +281,9 @@ def _fast_counts(
     parts = {
         "load": load,
         "summary": counts.summary_counts(tables["summary"]),
-        "derived": digests.derived_digest(tables["attempts"], digests.pop_groups(tables["runs"])),
+        "derived": digests.derived_digest(
+            tables["attempts"], digests.pop_groups(tables["runs"]), hashed=not transitions_derived
+        ),
         "chains": digests.attempt_chain_digest(tables, ends),
         "messages": digests.message_chain_digest(tables["messages"], tables["runs"]),
         "dead": digests.dead_letter_chain_digest(tables["dead_letters"]),
