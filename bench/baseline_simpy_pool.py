@@ -118,12 +118,14 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--over", default="10m", help="arrival span: 10m, 100m, 600s")
     parser.add_argument("--threads", type=int, default=32)
+    parser.add_argument("--horizon", default="6h", help="the clock's stop: 6h, 120000s")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
-    unit = {"s": 1, "m": 60, "h": 3600}[args.over[-1]]
-    result = simulate(args.messages, float(args.over[:-1]) * unit, args.threads, fail=0.05,
-                      mean_ms=100, p99_ms=400, horizon_s=6 * 3600, seed=args.seed)  # fmt: skip
+    over, horizon = (float(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
+                     for text in (args.over, args.horizon))  # fmt: skip
+    result = simulate(args.messages, over, args.threads, fail=0.05, mean_ms=100, p99_ms=400,
+                      horizon_s=horizon, seed=args.seed)  # fmt: skip
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0
 

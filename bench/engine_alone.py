@@ -31,12 +31,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--over", default="10m", help="arrival span, as in the scenario: 600s")
+    parser.add_argument("--horizon", default="6h", help="the scenario's horizon: 6h, 120000s")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     args = parser.parse_args()
     scenario = load_scenario(
         SCENARIO,
-        [f"groups.0.workload.messages={args.messages}", f"groups.0.workload.over={args.over}"],
-    )
+        [f"groups.0.workload.messages={args.messages}", f"groups.0.workload.over={args.over}",
+         f"horizon={args.horizon}"],
+    )  # fmt: skip
     spec = key_specs(scenario, group_plans(scenario))[0]
     draws = np.random.default_rng(scenario.seed)
     msg_ids = np.arange(args.messages, dtype=np.int64)

@@ -269,8 +269,9 @@ def run_size(args: argparse.Namespace, size: int) -> dict:
     for item in args.conf:
         spark_opts += ["--conf", item]
     overrides = [f"groups.0.workload.messages={size}", *args.set]
-    if getattr(args, "pool", False):  # the arrival span that keeps --rate
+    if getattr(args, "pool", False):  # the arrival span that keeps --rate, and its horizon
         overrides.append(f"groups.0.workload.over={_over_s(args, size)}s")
+        overrides.append(f"horizon={_horizon_s(args, size)}s")
     command = [
         str(ROOT / "spark-submit.sh"),
         *spark_opts,
@@ -677,11 +678,22 @@ def _over_s(args: argparse.Namespace, size: int) -> int:
     return max(1, round(size / args.rate))
 
 
+POOL_HORIZON_S = 6 * 3600  # saturated.yaml's horizon: room for 300k and 3M to drain
+
+
+def _horizon_s(args: argparse.Namespace, size: int) -> int:
+    """--pool: a horizon that lets the pool drain what arrives: the scenario's 6 h, or
+    twice the arrival span when that is longer (32 threads at 100 ms take 320 messages a
+    second of the 500 that arrive, so a backlog takes about as long again to drain)."""
+    return max(POOL_HORIZON_S, 2 * _over_s(args, size))
+
+
 def run_pool(args: argparse.Namespace, size: int) -> dict:
     """--pool: the SimPy finite-pool model (bench/baseline_simpy_pool.py) at the full size,
     and the compiled engine alone outside Spark (bench/engine_alone.py), same rate."""
     over = f"{_over_s(args, size)}s"
-    sizes = ["--messages", str(size), "--over", over, "--json"]
+    sizes = ["--messages", str(size), "--over", over, "--horizon",
+             f"{_horizon_s(args, size)}s", "--json"]  # fmt: skip
     pool = _run_child(
         [sys.executable, str(BENCH / "baseline_simpy_pool.py"), *sizes],
         f"SimPy finite-pool model, {size:,} messages",

@@ -8,6 +8,7 @@ measures the rest, with the library's own ``simulate()`` on bench/scenario.yaml:
 
     .venv/bin/python bench/warm_runs.py --size 10M --runs 3
     .venv/bin/python bench/warm_runs.py --size 10M --tables lean --no-validate
+    .venv/bin/python bench/warm_runs.py --scenario conf/default.yaml   # as it is: 100k
 
 It prints each run's simulation seconds (rounds, staging, the check, Delta commits; the
 session is up before the first) and deliveries per second, and writes a JSON file.
@@ -35,7 +36,12 @@ BENCH = Path(__file__).resolve().parent
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=_sizes_one, default=10_000_000, help="messages (10M)")
+    parser.add_argument(
+        "--scenario", help="scenario YAML (default bench/scenario.yaml at --size messages)"
+    )
+    parser.add_argument(
+        "--size", type=_sizes_one, help="messages (default 10M; another --scenario: its own)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs in the one session (3)")
     parser.add_argument("--tables", choices=("full", "lean"), default="full")
     parser.add_argument("--no-validate", dest="validate", action="store_false")
@@ -49,13 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs: use 1 or more")
+    path = Path(args.scenario) if args.scenario else BENCH / "scenario.yaml"
+    if args.size is None and not args.scenario:
+        args.size = 10_000_000
+    sets = [] if args.size is None else [f"groups.0.workload.messages={args.size}"]
+    scenario = load_scenario(path, sets)
+    size = sum(group.workload.messages for group in scenario.groups)
+    prefix = "warm-" if not args.scenario else f"warm-{path.stem}-"
     results = (
         Path(args.results)
         if args.results
-        else RESULTS / f"warm-{results_name(args.tables, args.validate, [args.size])}"
+        else RESULTS / f"{prefix}{results_name(args.tables, args.validate, [size])}"
     )
 
-    scenario = load_scenario(BENCH / "scenario.yaml", [f"groups.0.workload.messages={args.size}"])
     spark = build_session(
         "retrysim-warm-runs", args.master, {"spark.driver.memory": args.driver_memory}
     )
@@ -91,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "config": {
-            "size": args.size,
+            "scenario": str(path),
+            "size": size,
             "tables": args.tables,
             "validate": args.validate,
             "master": args.master,
