@@ -359,6 +359,27 @@ def _next_step(k, intervals, levels, resend_levels, resend_intervals, rt, broker
             n, n, n, n, back_topic, back_queue, back_reason)  # fmt: skip
 
 
+@njit(cache=True, inline="always")
+def _settled_step(k, intervals, levels, resend_levels, resend_intervals, slots, slot, outcome,
+                  beyond_ack, start, end, send_back):  # fmt: skip
+    """The step of the delivery in ``slot`` that ended with ``outcome`` before the horizon:
+    :func:`_next_step`, a success beyond ``ack_index`` retried as RECONSUME_LATER with its
+    own reason, and a leave after the horizon kept as WaitingRetry (docs/model.md §7)."""
+    n = NULL
+    step = _next_step(
+        k, intervals, levels, resend_levels, resend_intervals, slots[S_RT, slot],
+        slots[S_BROKER_RT, slot], LATER if beyond_ack else outcome, start, end, send_back,
+        slots[S_TOPIC, slot], slots[S_QUEUE, slot], slots[S_MSG_ID, slot],
+        slots[S_DELIVERY, slot],
+    )  # fmt: skip
+    if beyond_ack and step[7] == LATER:
+        step = step[:7] + (BEYOND_ACK,) + step[8:]  # noqa: RUF005 (numba: no * here)
+    if step[8] != n and step[3] >= k[K_HORIZON]:  # leaves after the horizon
+        kept = (WAITING_RETRY, step[1], step[2], n)
+        step = kept + step[4:8] + (n, n, n, n) + step[12:]
+    return step
+
+
 # --------------------------------------------------------------------------- heaps
 
 
@@ -490,6 +511,39 @@ def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, ba
 
 
 @njit(cache=True, inline="always")
+def _take_slot(slots, spare, spare_count, used):
+    """A free slot: a spare one, else the next unused (the arrays grown when full);
+    returns (slots, spare, spare_count, used, slot)."""
+    if spare_count > 0:
+        return slots, spare, spare_count - 1, used, spare[spare_count - 1]
+    if used == slots.shape[1]:
+        bigger = np.empty((S_FIELDS, 2 * used), np.int64)
+        bigger[:, :used] = slots
+        slots, spare = bigger, _grow(spare)
+    return slots, spare, spare_count, used + 1, used
+
+
+@njit(cache=True, inline="always")
+def _next_delivery(k, slots, slot, step):
+    """Turn ``slot`` into the delivery its retry ``step`` leads to (the reconsume counts as
+    :func:`retrysim.model.policy.next_reconsume_times` gives them)."""
+    rt, broker_rt = slots[S_RT, slot], slots[S_BROKER_RT, slot]
+    reason = step[7]
+    if reason == SEND_BACK_FAILED_REASON:
+        rt, broker_rt = rt + 1, broker_rt
+    elif reason == FALLBACK_REASON:
+        rt, broker_rt = rt + 1, rt + 1
+    else:
+        rt, broker_rt = broker_rt + 1, broker_rt + 1
+    due = step[2]
+    slots[S_DELIVERY, slot] += 1
+    slots[S_RT, slot], slots[S_BROKER_RT, slot] = rt, broker_rt
+    slots[S_TOPIC, slot], slots[S_QUEUE, slot] = step[12], step[13]
+    slots[S_READY, slot], slots[S_REASON, slot] = due, step[14]
+    slots[S_ELIGIBLE, slot] = _eligible(k, due)
+
+
+@njit(cache=True, inline="always")
 def _first_delivery(slots, slot, position, msg_ids, queue_ids, born, eligible):
     """Fill ``slot`` with the first delivery of the message at ``position``."""
     slots[S_INDEX, slot], slots[S_DELIVERY, slot] = position, 1
@@ -566,20 +620,16 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     out = np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64)
     rows = 0
     for i in range(imports.shape[1]):
-        if used == slots.shape[1]:
-            bigger = np.empty((S_FIELDS, 2 * used), np.int64)
-            bigger[:, :used] = slots
-            slots, spare = bigger, _grow(spare)
-        slots[:, used] = imports[:, i]
-        instance = _instance(k, slots[S_TOPIC, used], slots[S_QUEUE, used],
-                             slots[S_MSG_ID, used], slots[S_DELIVERY, used])  # fmt: skip
+        slots, spare, spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+        slots[:, slot] = imports[:, i]
+        instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
+                             slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
         if member[instance] != MEMBER:
             raise ValueError("a retry was sent to a unit that does not run its instance")
         event_keys, event_values = _event_push(
-            event_keys, event_values, events, 2 * slots[S_ELIGIBLE, used] + _ELIGIBLE_PHASE, used
+            event_keys, event_values, events, 2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot
         )
         events += 1
-        used += 1
     next_arrival = 0
     deliveries = 0
     first = 0
@@ -645,16 +695,9 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                 if queued:
                     position = order[taken[instance]]
                     taken[instance] += 1
-                    if spare_count > 0:
-                        spare_count -= 1
-                        slot = spare[spare_count]
-                    else:
-                        if used == slots.shape[1]:
-                            bigger = np.empty((S_FIELDS, 2 * used), np.int64)
-                            bigger[:, :used] = slots
-                            slots, spare = bigger, _grow(spare)
-                        slot = used
-                        used += 1
+                    slots, spare, spare_count, used, slot = _take_slot(
+                        slots, spare, spare_count, used
+                    )
                     _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
                                     eligible[position])  # fmt: skip
                 else:
@@ -688,34 +731,13 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                     spare_count += 1
                     continue
                 beyond_ack = outcome == SUCCESS and ack_index != n and ack_index < 0
-                rt, broker_rt = slots[S_RT, slot], slots[S_BROKER_RT, slot]
-                step = _next_step(
-                    k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt,
-                    LATER if beyond_ack else outcome, now, end, send_back, slots[S_TOPIC, slot],
-                    slots[S_QUEUE, slot], msg_id, delivery,
-                )  # fmt: skip
-                if beyond_ack and step[7] == LATER:
-                    step = step[:7] + (BEYOND_ACK,) + step[8:]  # noqa: RUF005 (numba: no * here)
-                if step[8] != n and step[3] >= horizon:  # leaves after the horizon
-                    kept = (WAITING_RETRY, step[1], step[2], n)
-                    step = kept + step[4:8] + (n, n, n, n) + step[12:]
+                step = _settled_step(k, intervals, levels, resend_levels, resend_intervals, slots,
+                                     slot, outcome, beyond_ack, now, end, send_back)  # fmt: skip
                 out = _row(out, rows, k, born, slots, slot, now, processing, end, outcome, step, 1)
                 rows += 1
                 due = step[2]
                 if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and due < horizon:
-                    reason = step[7]
-                    if reason == SEND_BACK_FAILED_REASON:
-                        rt, broker_rt = rt + 1, broker_rt
-                    elif reason == FALLBACK_REASON:
-                        rt, broker_rt = rt + 1, rt + 1
-                    else:
-                        rt, broker_rt = broker_rt + 1, broker_rt + 1
-                    # the slot carries the next delivery of the same message
-                    slots[S_DELIVERY, slot] = delivery + 1
-                    slots[S_RT, slot], slots[S_BROKER_RT, slot] = rt, broker_rt
-                    slots[S_TOPIC, slot], slots[S_QUEUE, slot] = step[12], step[13]
-                    slots[S_READY, slot], slots[S_REASON, slot] = due, step[14]
-                    slots[S_ELIGIBLE, slot] = _eligible(k, due)
+                    _next_delivery(k, slots, slot, step)  # the slot carries it
                     goes_to = member[_instance(k, step[12], step[13], msg_id, delivery + 1)]
                     if goes_to != MEMBER:
                         if goes_to != EXPORTED:
@@ -904,16 +926,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                 continue
             position = by_queue[cursor[lane]]
             cursor[lane] += 1
-            if spare_count > 0:
-                spare_count -= 1
-                slot = spare[spare_count]
-            else:
-                if used == slots.shape[1]:
-                    bigger = np.empty((S_FIELDS, 2 * used), np.int64)
-                    bigger[:, :used] = slots
-                    slots, spare = bigger, _grow(spare)
-                slot = used
-                used += 1
+            slots, spare, spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
             _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
                             max(eligible_of[position], now))  # fmt: skip
             event_keys, event_values = _event_push(
@@ -926,16 +939,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
         while True:
             slot = -1
             if next_arrival < count and eligible_of[next_arrival] == now:
-                if spare_count > 0:
-                    spare_count -= 1
-                    slot = spare[spare_count]
-                else:
-                    if used == slots.shape[1]:
-                        bigger = np.empty((S_FIELDS, 2 * used), np.int64)
-                        bigger[:, :used] = slots
-                        slots, spare = bigger, _grow(spare)
-                    slot = used
-                    used += 1
+                slots, spare, spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
                 _first_delivery(slots, slot, next_arrival, msg_ids, queue_ids, born, now)
                 next_arrival += 1
             elif events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE:
@@ -1030,7 +1034,6 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     events += 1
                 for j in range(taken):
                     slot = batch[j]
-                    msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
                     topic, queue_id = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
                     if end >= horizon:
                         step = (INFLIGHT, n, n, n, n, n, n, n, n, n, n, n, n, n, n)
@@ -1041,17 +1044,10 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                         spare_count += 1
                         continue
                     beyond_ack = outcome == SUCCESS and ack_index != n and j > ack_index
-                    rt, broker_rt = slots[S_RT, slot], slots[S_BROKER_RT, slot]
-                    step = _next_step(
-                        k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt,
-                        LATER if beyond_ack else outcome, now, end, sends[j], topic, queue_id,
-                        msg_id, delivery,
+                    step = _settled_step(
+                        k, intervals, levels, resend_levels, resend_intervals, slots, slot,
+                        outcome, beyond_ack, now, end, sends[j],
                     )  # fmt: skip
-                    if beyond_ack and step[7] == LATER:
-                        step = step[:7] + (BEYOND_ACK,) + step[8:]  # noqa: RUF005
-                    if step[8] != n and step[3] >= horizon:  # leaves after the horizon
-                        kept = (WAITING_RETRY, step[1], step[2], n)
-                        step = kept + step[4:8] + (n, n, n, n) + step[12:]
                     out = _row(out, rows, k, born, slots, slot, now, processing, end, outcome,
                                step, taken)  # fmt: skip
                     rows += 1
@@ -1071,18 +1067,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     due = step[2]
                     if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and (
                             due < horizon):  # fmt: skip
-                        reason = step[7]
-                        if reason == SEND_BACK_FAILED_REASON:
-                            rt, broker_rt = rt + 1, broker_rt
-                        elif reason == FALLBACK_REASON:
-                            rt, broker_rt = rt + 1, rt + 1
-                        else:
-                            rt, broker_rt = broker_rt + 1, broker_rt + 1
-                        slots[S_DELIVERY, slot] = delivery + 1
-                        slots[S_RT, slot], slots[S_BROKER_RT, slot] = rt, broker_rt
-                        slots[S_TOPIC, slot], slots[S_QUEUE, slot] = step[12], step[13]
-                        slots[S_READY, slot], slots[S_REASON, slot] = due, step[14]
-                        slots[S_ELIGIBLE, slot] = _eligible(k, due)
+                        _next_delivery(k, slots, slot, step)  # the slot carries it
                         event_keys, event_values = _event_push(
                             event_keys, event_values, events,
                             2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot,
