@@ -585,6 +585,24 @@ _PENDING = (READY,) + (NULL,) * 14
 
 
 @njit(cache=True)
+def _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps, sizes):
+    """Rows of the deliveries Ready before the horizon that never started: those whose
+    eligible moment is still an event, and those waiting in ``heaps`` (docs/model.md §7)."""
+    n = NULL
+    for e in range(events):
+        slot = event_values[e]
+        if event_keys[e] & 1 == _ELIGIBLE_PHASE and slots[S_READY, slot] < k[K_HORIZON]:
+            out = _row(out, rows, k, born, slots, slot, n, n, n, n, _PENDING, n)
+            rows += 1
+    for which in range(len(heaps)):
+        heap = heaps[which]
+        for h in range(sizes[which]):
+            out = _row(out, rows, k, born, slots, heap[h], n, n, n, n, _PENDING, n)
+            rows += 1
+    return out, rows
+
+
+@njit(cache=True)
 def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals, msg_ids,
          queue_ids, born, poisoned, count, member, imports):  # fmt: skip
     """One key's event loop; yields (rows, row count, simulated ms, deliveries, first
@@ -759,16 +777,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
             yield out, rows, now, deliveries, first
             rows = 0
     # what is Ready before the horizon and never started (docs/model.md §7)
-    for e in range(events):
-        slot = event_values[e]
-        if event_keys[e] & 1 == _ELIGIBLE_PHASE and slots[S_READY, slot] < horizon:
-            out = _row(out, rows, k, born, slots, slot, n, n, n, n, _PENDING, n)
-            rows += 1
-    for instance in range(instances):
-        heap = heaps[instance]
-        for h in range(sizes[instance]):
-            out = _row(out, rows, k, born, slots, heap[h], n, n, n, n, _PENDING, n)
-            rows += 1
+    out, rows = _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps, sizes)
     scratch = np.empty((S_FIELDS, 1), np.int64)
     for instance in range(instances):
         if member[instance] != MEMBER:
@@ -1082,16 +1091,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
             yield out, rows, now, deliveries, first
             rows = 0
     # what is Ready before the horizon and never started (docs/model.md §7)
-    for e in range(events):
-        slot = event_values[e]
-        if event_keys[e] & 1 == _ELIGIBLE_PHASE and slots[S_READY, slot] < horizon:
-            out = _row(out, rows, k, born, slots, slot, n, n, n, n, _PENDING, n)
-            rows += 1
-    for wait in range(len(waits)):
-        heap = waits[wait]
-        for h in range(wait_sizes[wait]):
-            out = _row(out, rows, k, born, slots, heap[h], n, n, n, n, _PENDING, n)
-            rows += 1
+    out, rows = _pending(
+        out, rows, k, born, slots, event_keys, event_values, events, waits, wait_sizes
+    )
     scratch = np.empty((S_FIELDS, 1), np.int64)
     for lane in range(len(queue_ids_used)):
         for j in range(cursor[lane], queue_end[lane]):
