@@ -146,7 +146,7 @@ def simulate(
     rounds first, then the capacity check, as for larger groups). ``unit_messages``: a group
     simulated event by event with at least this many messages runs as its independent units
     (docs/model.md §5, "Units"; 0: always where it has several; None: from five million
-    messages on a cluster of more than four cores, where they pay). The staged tables are
+    messages, with more than four units on more than four cores). The staged tables are
     validated before anything is published; a broken invariant raises
     :class:`retrysim.checks.validate.ValidationError` and leaves the tables as they were.
 

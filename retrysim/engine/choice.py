@@ -54,12 +54,13 @@ ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 # wider than this stage's few tasks, hence a bound. 0: rounds first always.
 SMALL_GROUP_MESSAGES = 5_000_000
 # A group simulated event by event whose instances are independent units (docs/model.md §5,
-# "Units") runs as its units from this many messages, on more cores than a whole group's
-# tasks use (MOST_OUTPUT_PARTS). A unit cannot sum up the group's peaks, so staging scans
-# its rows again in Spark: on 2 cores the default scenario at 2M messages took 62 s in
-# units against 32 s whole (the stage 11 s either way, staging 36 s against 11.5 s). The
-# compiled loop is cheap next to Spark's work on its rows, so units pay where a large
-# group would otherwise leave many cores idle while one simulates it.
+# "Units") runs as its units from this many messages, when it has more units than a whole
+# group's tasks (MOST_OUTPUT_PARTS) and the cores to run them. A unit cannot sum up the
+# group's peaks, so staging scans its rows again in Spark: on 2 cores the default scenario
+# at 2M messages took 62 s in units against 32 s whole (the stage 11 s either way, staging
+# 36 s against 11.5 s). The compiled loop is cheap next to Spark's work on its rows, so
+# units can pay only where a large group would otherwise leave many cores idle while a few
+# simulate it (not measured on a cluster yet).
 UNIT_MESSAGES = 5_000_000
 
 
@@ -77,11 +78,13 @@ def simulate_attempts(
     the sums of the groups simulated whole in one task (for staging). A group on a finite
     pool with at most ``small_group`` messages runs event by event from the start; one
     simulated event by event in units (:func:`units_of`) with at least ``unit_messages``
-    runs as its units (None: :data:`UNIT_MESSAGES` on more than :data:`MOST_OUTPUT_PARTS`
-    cores, else never)."""
-    if unit_messages is None:
-        cores = spark.sparkContext.defaultParallelism
-        unit_messages = UNIT_MESSAGES if cores > MOST_OUTPUT_PARTS else sys.maxsize
+    runs as its units (None: from :data:`UNIT_MESSAGES`, with more first-step units than
+    :data:`MOST_OUTPUT_PARTS` on more cores than that, else never)."""
+    fewest_units = 1
+    if unit_messages is None:  # only where units give more tasks than a whole group's parts
+        wide = spark.sparkContext.defaultParallelism > MOST_OUTPUT_PARTS
+        unit_messages = UNIT_MESSAGES if wide else sys.maxsize
+        fewest_units = MOST_OUTPUT_PARTS + 1
     plans = group_plans(scenario)
     by_rounds = [plan for plan in plans if not plan.policy.sequential]
     full_from_start = _certainly_full(by_rounds, say)
@@ -109,7 +112,7 @@ def simulate_attempts(
         if plan.policy.sequential or plan.name in full or plan.name in from_start
     ]
     sums = (
-        _run_sequential(spark, scenario, sequential, staging, say, unit_messages)
+        _run_sequential(spark, scenario, sequential, staging, say, unit_messages, fewest_units)
         if sequential
         else {}
     )
@@ -168,18 +171,14 @@ def _run_sequential(
     staging: str,
     say: Progress,
     unit_messages: int,
+    fewest_units: int = 1,
 ) -> dict[str, GroupSums]:
     """Simulate ``plans`` event by event, staging their attempts; a group in units
-    (:func:`units_of`) with at least ``unit_messages`` messages runs as its units."""
+    (:func:`units_of`) with at least ``unit_messages`` messages and ``fewest_units`` units
+    besides its retry owners' runs as its units."""
     specs = key_specs(scenario, plans)
     per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
-    split = {
-        spec.group
-        for spec in specs
-        if spec.group not in per_lane
-        and units_of(spec) is not None
-        and spec.workload.messages >= unit_messages
-    }
+    split = in_units(specs, per_lane, unit_messages, fewest_units)
     keys = key_count(specs, per_lane, split)
     for spec in specs:
         if spec.group in split:
@@ -208,8 +207,9 @@ def _run_sequential(
     if split:
         keys += len(split)
         owners_beats = os.path.join(heartbeats, "retry-owners")
-        in_units = [spec for spec in specs if spec.group in split]
-        _run_retry_owners(spark, in_units, path, owners_beats, say)
+        _run_retry_owners(
+            spark, [spec for spec in specs if spec.group in split], path, owners_beats, say
+        )
         beats += read_heartbeats(owners_beats)
     remove_tree(heartbeats)
     if len(beats) == keys and all(beat["sim_ms"] == beat["horizon_ms"] for beat in beats):
@@ -219,6 +219,22 @@ def _run_sequential(
         count = spark.read.parquet(folder).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
     return sums.value
+
+
+def in_units(
+    specs: list[KeySpec], per_lane: set[str], unit_messages: int, fewest_units: int = 1
+) -> set[str]:
+    """The groups that run as their units: those in units (:func:`units_of`, not per
+    lane) with at least ``unit_messages`` messages and ``fewest_units`` units besides the
+    retry owners'."""
+    return {
+        spec.group
+        for spec in specs
+        if spec.group not in per_lane
+        and (units := units_of(spec)) is not None
+        and len(units.first) >= fewest_units
+        and spec.workload.messages >= unit_messages
+    }
 
 
 def _run_retry_owners(

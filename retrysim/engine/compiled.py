@@ -852,7 +852,9 @@ def _head_pop(heads, size):
 
 @njit(cache=True)
 def _lane_key(topic, queue_id, instance):
-    return (topic << 40) | (queue_id << 16) | instance
+    """(topic, queue, instance) as one int64: topic codes below 32, queue ids below 2**38,
+    instances below 2**20 (limits: at most 100,000 instances)."""
+    return (topic << 58) | (queue_id << 20) | instance
 
 
 @njit(cache=True)

@@ -18,9 +18,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference.strategies import scenarios
 
+from retrysim.engine.choice import in_units
 from retrysim.engine.compiled import _uniform
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import Heartbeat, compiled_covers, read_heartbeats, simulate_key
+from retrysim.engine.sequential import (
+    MOST_OUTPUT_PARTS,
+    Heartbeat,
+    compiled_covers,
+    read_heartbeats,
+    simulate_key,
+)
 from retrysim.model.policy import next_reconsume_times
 from retrysim.model.rng import key_prefix, uniform_np
 from retrysim.scenario.loading import build_scenario
@@ -270,3 +277,20 @@ def test_a_retry_sent_outside_the_units_stops_the_loop():
     lonely = (units.first[0], ())  # as if the retry owners were no unit
     with pytest.raises(ValueError, match="outside the units"):
         list(simulate_key(spec, *messages(spec, 600, 60_000, 2), unit=lonely))
+
+
+def test_which_groups_run_in_units():
+    """Forced (``unit_messages=0``) any group with a unit besides its retry owners';
+    by default only those with more units than a whole group's tasks."""
+    wide = {
+        **SATURATED["groups"][0], "consumers": {"instances": 6, "threads": 1},
+        "retry_queue_nums": 1, "workload": {"messages": 6000, "over": "2m", "queues": 6},
+    }  # fmt: skip
+    config = build_scenario(
+        {**SATURATED, "groups": [SATURATED["groups"][0], {**wide, "name": "wide"}]}
+    )
+    specs = key_specs(config, group_plans(config))
+    assert in_units(specs, set(), 0) == {"busy", "wide"}  # 1 unit and 5 units
+    assert in_units(specs, set(), 0, MOST_OUTPUT_PARTS + 1) == {"wide"}
+    assert in_units(specs, set(), 6001) == set()  # too few messages
+    assert in_units(specs, {"wide"}, 0) == {"busy"}  # per lane: never
