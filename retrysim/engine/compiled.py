@@ -511,6 +511,14 @@ def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, ba
 
 
 @njit(cache=True, inline="always")
+def _push_eligible(keys, values, size, slots, slot):
+    """The event of ``slot``'s delivery becoming eligible; returns (keys, values, size)."""
+    keys, values = _event_push(keys, values, size, 2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE,
+                               slot)  # fmt: skip
+    return keys, values, size + 1
+
+
+@njit(cache=True, inline="always")
 def _take_slot(slots, spare, spare_count, used):
     """A free slot: a spare one, else the next unused (the arrays grown when full);
     returns (slots, spare, spare_count, used, slot)."""
@@ -644,10 +652,9 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                              slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
         if member[instance] != MEMBER:
             raise ValueError("a retry was sent to a unit that does not run its instance")
-        event_keys, event_values = _event_push(
-            event_keys, event_values, events, 2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot
+        event_keys, event_values, events = _push_eligible(
+            event_keys, event_values, events, slots, slot
         )
-        events += 1
     next_arrival = 0
     deliveries = 0
     first = 0
@@ -763,11 +770,9 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                         spare[spare_count] = slot  # the retry owners' unit takes it
                         spare_count += 1
                         continue
-                    event_keys, event_values = _event_push(
-                        event_keys, event_values, events,
-                        2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot,
-                    )  # fmt: skip
-                    events += 1
+                    event_keys, event_values, events = _push_eligible(
+                        event_keys, event_values, events, slots, slot
+                    )
                 else:
                     spare[spare_count] = slot
                     spare_count += 1
@@ -940,11 +945,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
             slots, spare, spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
             _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
                             max(eligible_of[position], now))  # fmt: skip
-            event_keys, event_values = _event_push(
-                event_keys, event_values, events, 2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE,
-                slot,
-            )  # fmt: skip
-            events += 1
+            event_keys, event_values, events = _push_eligible(
+                event_keys, event_values, events, slots, slot
+            )
         # what becomes eligible now waits in its lane: first deliveries (unordered), then
         # the events
         while True:
@@ -1079,11 +1082,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and (
                             due < horizon):  # fmt: skip
                         _next_delivery(k, slots, slot, step)  # the slot carries it
-                        event_keys, event_values = _event_push(
-                            event_keys, event_values, events,
-                            2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot,
-                        )  # fmt: skip
-                        events += 1
+                        event_keys, event_values, events = _push_eligible(
+                            event_keys, event_values, events, slots, slot
+                        )
                     else:
                         spare[spare_count] = slot
                         spare_count += 1
@@ -1239,7 +1240,7 @@ def simulate_compiled(
             raise ValueError(f"group {spec.group}: batches and ordered queues run whole")
         loop = _run_lanes(*rules, policy.batch_size, policy.blocking)
     else:
-        loop = _run(*rules, member, _import_slots(k, imports, msg_ids, names))
+        loop = _run(*rules, member, _import_slots(policy, imports, msg_ids, names))
     for out, rows, now, deliveries, first in loop:
         if heartbeat is not None:
             heartbeat.beat(int(now), int(deliveries), int(first), own)
@@ -1249,7 +1250,7 @@ def simulate_compiled(
         heartbeat.beat(spec.horizon_ms, int(deliveries), own, own, done=True)
 
 
-def _import_slots(k, imports, msg_ids: np.ndarray, names: pa.Array) -> np.ndarray:
+def _import_slots(policy: Policy, imports, msg_ids: np.ndarray, names: pa.Array) -> np.ndarray:
     """The retries ``imports`` (a frame of :data:`retrysim.engine.sequential.IMPORTED`) as
     the loop's slots: the
     strings as their codes (a name that is two topics takes the first code, as the loop
@@ -1268,9 +1269,7 @@ def _import_slots(k, imports, msg_ids: np.ndarray, names: pa.Array) -> np.ndarra
         slots[field] = imports[column].to_numpy(np.int64)
     slots[S_TOPIC] = imports["source_topic"].map(code).to_numpy(np.int64)
     slots[S_REASON] = imports["ready_reason"].map(code).to_numpy(np.int64)
-    due = slots[S_READY] + k[K_READY_WAIT]
-    pull = k[K_PULL]
-    slots[S_ELIGIBLE] = due if pull <= 0 else -(-due // pull) * pull
+    slots[S_ELIGIBLE] = policy.eligible_ms(slots[S_READY])  # NumPy arrays take it as it is
     return slots
 
 
