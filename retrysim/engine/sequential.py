@@ -43,6 +43,7 @@ from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior, Workload
 from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import STAGE, STAGE_ARROW
+from retrysim.tables.writes import pops_of
 
 OUTPUT_CHUNK_ROWS = 100_000
 _FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (model §5)
@@ -832,7 +833,9 @@ def _simulate_one(
     )
     whole = task.lane is None and task.unit is None
     if whole and sums is not None and task.part == 0:
-        summer = GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared)
+        summer = GroupSummer(
+            spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared, pops_of(spec.policy)
+        )
         batches = map(summer.add, batches)
     else:
         summer = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -17,9 +19,20 @@ from retrysim.tables.schemas import (
     select_schema,
 )
 
+if TYPE_CHECKING:
+    from retrysim.tables.key_peaks import GroupSums
 
-def dead_letters_from_attempts(attempts: DataFrame, scenario: Scenario) -> DataFrame:
-    """One row per move to the DLQ, with the replay that re-sent it, if any."""
+
+def dead_letters_from_attempts(
+    attempts: DataFrame, scenario: Scenario, known: dict[str, GroupSums] | None = None
+) -> DataFrame:
+    """One row per move to the DLQ, with the replay that re-sent it, if any. The groups in
+    ``known`` that moved nothing to the DLQ are not read (none at all: no scan)."""
+    quiet = sorted(name for name, sums in (known or {}).items() if not sums.dead_letters)
+    if quiet:
+        if not {group.name for group in scenario.groups} - set(quiet):
+            return attempts.sparkSession.createDataFrame([], data_schema(DEAD_LETTERS))
+        attempts = attempts.where(~F.col("group").isin(*quiet))
     origin = literal_map({g.name: g.source_topic for g in scenario.groups})
     replays = attempts.where(F.col("ready_reason") == F.lit(READY_REPLAYED)).select(
         "group", "msg_id", (F.col("delivery") - 1).alias("delivery"),

@@ -22,24 +22,29 @@ from pyspark.accumulators import AccumulatorParam
 
 from retrysim.model.states import COMMIT, DLQ, WAITING_RETRY
 from retrysim.scenario import limits
+from retrysim.tables.key_counts import NULL as _NULL
+from retrysim.tables.key_counts import Attempts, BusiestSeconds, CompactCounter, ints
 from retrysim.tables.peaks import ALL_LEVELS, GAUGES, THREAD_UNITS
 from retrysim.tables.summary import PERCENTILES
 
-_NULL = np.iinfo(np.int64).min
 _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
 
 
 @dataclass(frozen=True)
 class GroupSums:
-    """One group's rows for staging: ``gauges`` as the gauge half of ``bucket_changes``
-    (bucket, level, group, the GAUGES' totals, longest_wait, their rises), ``instances`` as
-    ``instance_changes`` (None unless asked for), ``ttc``/``ttd`` as ``times_to_settle``."""
+    """One group's rows for staging: ``changes`` as ``bucket_changes`` (bucket, level,
+    group, the GAUGES' totals, longest_wait, their rises, the RATES' busiest seconds),
+    ``instances`` as ``instance_changes`` (None unless asked for), ``ttc``/``ttd`` as
+    ``times_to_settle``, ``compact`` as the load's ``compact_attempts``, and how many of its
+    attempts moved a message to the DLQ."""
 
     group: str
-    gauges: list[tuple]
+    changes: list[tuple]
     instances: list[tuple] | None
     ttc: list[float] | None
     ttd: list[float] | None
+    compact: list[tuple]
+    dead_letters: int
 
 
 class GroupSumsParam(AccumulatorParam):
@@ -54,10 +59,6 @@ class GroupSumsParam(AccumulatorParam):
         return value1
 
 
-def _ints(batch: pa.RecordBatch, name: str) -> np.ndarray:
-    return pc.fill_null(batch.column(name).cast(pa.int64()), _NULL).to_numpy()
-
-
 def _equals(batch: pa.RecordBatch, name: str, value: str) -> np.ndarray:
     return pc.fill_null(pc.equal(batch.column(name), value), False).to_numpy(zero_copy_only=False)
 
@@ -67,24 +68,36 @@ class GroupSummer:
     as they leave the loop: each batch becomes its moments, kept as a few narrow arrays, and
     :meth:`finish` sorts them once."""
 
-    def __init__(self, group: str, horizon_ms: int, bucket_ms: int, per_instance: bool) -> None:
-        self.group, self.horizon, self.bucket_ms = group, horizon_ms, bucket_ms
+    def __init__(
+        self,
+        group: str,
+        horizon_ms: int,
+        bucket_ms: int,
+        per_instance: bool,
+        pop: tuple[int, bool] | None = None,
+    ) -> None:
+        """``pop``: the group's pop settings (retrysim.tables.writes.pop_settings), if it
+        pops."""
+        self.group, self.horizon, self.bucket_ms, self.pop = group, horizon_ms, bucket_ms, pop
         self.buckets = -(-horizon_ms // bucket_ms)
         self.longest_wait = np.full(self.buckets, -1, dtype=np.int64)
         self.moments: list[tuple[np.ndarray, ...]] = []
         self.instance_moments: list[tuple[np.ndarray, ...]] | None = [] if per_instance else None
         self.settled: dict[str, list[np.ndarray]] = {COMMIT: [], DLQ: []}
+        self.compact = CompactCounter(bucket_ms)
+        self.busiest = BusiestSeconds(horizon_ms, bucket_ms)
+        self.writes = 0  # how many commit-log writes an attempt can make (a column each)
 
     def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Take ``batch``'s moments; returns the batch, to pass it on."""
-        ready, start, processing, end = (
-            _ints(batch, name) for name in ("ready_ms", "start_ms", "processing_ms", "end_ms")
-        )
-        settled = _ints(batch, "settled_ms")
-        waited_until = _ints(batch, "next_ready_ms")
-        waited_until = np.where(waited_until == _NULL, settled, waited_until)
-        level = _ints(batch, "delay_level")
-        batch_size = _ints(batch, "batch_size")
+        rows = Attempts(batch)
+        writes = rows.write_times(self.pop, self.horizon)
+        self.writes = len(writes)
+        self.compact.add(rows, writes)
+        self.busiest.add(rows, writes)
+        ready, start, processing, end = rows.ready, rows.start, rows.processing, rows.end
+        settled, waited_until = rows.settled, rows.waited_until
+        level, batch_size = rows.delay_level, rows.batch_size
         started = start != _NULL
         waited = ~started | (start > ready)
         waits_retry = _equals(batch, "end_state", WAITING_RETRY)
@@ -153,7 +166,7 @@ class GroupSummer:
             self._add_instance_moments(
                 batch, ready, start, waited, started, share, freed, frees_at_end, busy
             )
-        born = _ints(batch, "born_ms")
+        born = ints(batch, "born_ms")
         for kind in (COMMIT, DLQ):
             kept = _equals(batch, "result_state", kind) & (settled != _NULL) & (born != _NULL)
             self.settled[kind].append(settled[kept] - born[kept])
@@ -191,10 +204,12 @@ class GroupSummer:
     def finish(self) -> GroupSums:
         return GroupSums(
             group=self.group,
-            gauges=self._gauge_rows(),
+            changes=self._gauge_rows(),
             instances=None if self.instance_moments is None else self._instance_rows(),
             ttc=_percentiles(self.settled[COMMIT]),
             ttd=_percentiles(self.settled[DLQ]),
+            compact=self.compact.finish(self.group, self.writes),
+            dead_letters=sum(len(part) for part in self.settled[DLQ]),
         )
 
     def _gauge_rows(self) -> list[tuple]:
@@ -204,6 +219,8 @@ class GroupSummer:
         self.moments = []
         runs = _Runs(t, level, self.bucket_ms)
         totals, rises = zip(*(runs.total_and_rise(change) for change in changes), strict=True)
+        busiest = self.busiest.by_bucket()
+        no_rates = (None,) * BusiestSeconds.RATES
         rows = []
         for i, (bucket, at_level) in enumerate(zip(runs.bucket, runs.key, strict=True)):
             wait = self.longest_wait[bucket] if at_level == ALL_LEVELS else -1
@@ -215,6 +232,7 @@ class GroupSummer:
                     *[int(total[i]) for total in totals],
                     int(wait) if wait >= 0 else None,
                     *[int(rise[i]) for rise in rises],
+                    *(busiest.get(int(bucket), no_rates) if at_level == ALL_LEVELS else no_rates),
                 )
             )
         return rows

@@ -18,6 +18,8 @@ gauge of the ``load`` table is a sum of per-delivery contributions per time buck
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -33,13 +35,22 @@ from retrysim.model.states import (
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import groups_df
-from retrysim.tables.peaks import ALL_LEVELS, THREAD_UNITS, bucket_changes, bucket_maximum
+from retrysim.tables.peaks import (
+    ALL_LEVELS,
+    THREAD_UNITS,
+    bucket_changes,
+    bucket_maximum,
+    with_known,
+)
 from retrysim.tables.schemas import (
     LOAD,
     data_schema,
     select_schema,
 )
 from retrysim.tables.writes import write_times
+
+if TYPE_CHECKING:
+    from retrysim.tables.key_peaks import GroupSums
 
 # Retries by retry number are counted up to this number; later ones share the last bar
 # (an orderly poison message can retry thousands of times).
@@ -55,6 +66,7 @@ _COUNTS = (
     "replays",
 )
 _GAUGES = ("inflight", "waiting_retry", "ready_backlog")
+_COMPACT_WRITES = 8  # the position of b_writes in a compact row (group, 7 keys before it)
 
 
 def _bucket_of(column: str, bucket_ms: int) -> Column:
@@ -259,10 +271,26 @@ def _oldest_ready(compact: DataFrame, buckets: int) -> DataFrame:
     )
 
 
-def compact_attempts(attempts: DataFrame, scenario: Scenario) -> DataFrame:
+def compact_attempts(
+    attempts: DataFrame, scenario: Scenario, known: dict[str, GroupSums] | None = None
+) -> DataFrame:
     """:func:`_compact` at the scenario's load bucket, held in executor memory: the load and
-    the summary both read it instead of the attempts."""
-    return _compact(attempts, scenario).localCheckpoint()
+    the summary both read it instead of the attempts. The groups in ``known`` bring their
+    rows from the tasks that simulated them (:mod:`retrysim.tables.key_counts`), their
+    writes padded to the scenario's (a group that does not pop makes none of a pop's)."""
+    groups = [group.name for group in scenario.groups]
+    width = len(write_times(scenario))
+
+    def rows_of(sums: GroupSums) -> list[tuple]:
+        at = _COMPACT_WRITES
+        return [
+            (*row[:at], row[at] + [None] * (width - len(row[at])), *row[at + 1 :])
+            for row in sums.compact
+        ]
+
+    return with_known(
+        attempts, groups, lambda rows: _compact(rows, scenario), known, rows_of
+    ).localCheckpoint()
 
 
 def load_from_attempts(

@@ -186,7 +186,7 @@ def bucket_changes(
     the bucket minus the value it entered with), each rate's busiest second starting in the
     bucket (``<rate>_busiest``) and the longest wait of a delivery that left Ready in it
     (``longest_wait``). Level L rows: ``schedule_total`` and ``schedule_rise`` of delay level
-    L. Held in executor memory: a few rows per bucket. The gauges of the groups in ``known``
+    L. Held in executor memory: a few rows per bucket. The rows of the groups in ``known``
     come from the tasks that simulated them (:mod:`retrysim.tables.key_peaks`)."""
     bucket_ms = scenario.load_bucket
     # bucket first: the sort's prefix then tells rows apart (a group name rarely does)
@@ -200,21 +200,27 @@ def bucket_changes(
             moments, keys, GAUGES, bucket_ms, F.max("ready_wait").alias("longest_wait")
         )
 
-    groups = [group.name for group in scenario.groups]
-    gauges = with_known(attempts, groups, gauges_of, known, lambda sums: sums.gauges)
-    second = F.floor(F.col("t") / F.lit(1000))
-    rates = (
-        _exploded(attempts, scenario, RATES)
-        .groupBy("group", "level", second.alias("second"))
-        .agg(*[F.sum(r).alias(r) for r in RATES])
-        .groupBy(
-            F.floor(F.col("second") * F.lit(1000) / F.lit(bucket_ms)).alias("bucket"),
-            "level",
-            "group",
+    def rates_of(rows: DataFrame) -> DataFrame:
+        second = F.floor(F.col("t") / F.lit(1000))
+        return (
+            _exploded(rows, scenario, RATES)
+            .groupBy("group", "level", second.alias("second"))
+            .agg(*[F.sum(r).alias(r) for r in RATES])
+            .groupBy(
+                F.floor(F.col("second") * F.lit(1000) / F.lit(bucket_ms)).alias("bucket"),
+                "level",
+                "group",
+            )
+            .agg(*[F.max(r).alias(f"{r}_busiest") for r in RATES])
         )
-        .agg(*[F.max(r).alias(f"{r}_busiest") for r in RATES])
-    )
-    return gauges.join(rates, keys, "left").localCheckpoint()
+
+    def changes_of(rows: DataFrame) -> DataFrame:
+        return gauges_of(rows).join(rates_of(rows), keys, "left")
+
+    groups = [group.name for group in scenario.groups]
+    return with_known(
+        attempts, groups, changes_of, known, lambda sums: sums.changes
+    ).localCheckpoint()
 
 
 def _bucket(bucket_ms: int) -> Column:

@@ -76,7 +76,7 @@ def stage_tables(
         # four scans of every attempt that need nothing else: at once
         compact, times, changes, per_instance = run_together(
             [
-                lambda: compact_attempts(attempts, scenario),
+                lambda: compact_attempts(attempts, scenario, known),
                 lambda: times_to_settle(attempts, scenario, known),
                 lambda: bucket_changes(attempts, scenario, known),
                 lambda: changes_of_shared_groups(attempts, scenario, known),
@@ -101,7 +101,9 @@ def stage_tables(
 
     work = [
         load_and_summary,
-        lambda: stage("dead_letters", lambda: dead_letters_from_attempts(attempts, scenario)),
+        lambda: stage(
+            "dead_letters", lambda: dead_letters_from_attempts(attempts, scenario, known)
+        ),
     ]
     if "messages" in written:
         work.insert(0, lambda: stage("messages", lambda: all_messages(spark, scenario)))

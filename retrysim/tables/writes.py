@@ -17,7 +17,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from retrysim.model.behavior import TIMEOUT
-from retrysim.model.policy import policy_for
+from retrysim.model.policy import Policy, policy_for
 from retrysim.model.states import (
     COMMIT,
     DISCARD,
@@ -35,17 +35,21 @@ from retrysim.tables.transitions import lands_unread
 ACK_TIME_INTERVAL_MS = 1_000
 
 
+def pops_of(policy: Policy) -> tuple[int, bool] | None:
+    """A group's pop settings, if its deliveries are 5.x pops
+    (:attr:`Policy.pop_invisible_ms`): its invisible time, and whether a failed delivery is
+    nacked by ``changeInvisibleDuration``, as the push consumer does, rather than left to
+    become visible, as the simple consumer's."""
+    if policy.pop_invisible_ms is None:
+        return None
+    return policy.pop_invisible_ms, not policy.invisible_until_retry
+
+
 def pop_settings(scenario: Scenario) -> dict[str, tuple[int, bool]]:
-    """The groups whose deliveries are 5.x pops (:attr:`Policy.pop_invisible_ms`): name ->
-    (invisible time, whether a failed delivery is nacked by ``changeInvisibleDuration``, as
-    the push consumer does, rather than left to become visible, as the simple consumer's)."""
+    """The groups that pop (:func:`pops_of`): name -> their settings."""
     table = scenario.broker.message_delay_level
-    settings = {}
-    for group in scenario.groups:
-        policy = policy_for(group, table)
-        if policy.pop_invisible_ms is not None:
-            settings[group.name] = (policy.pop_invisible_ms, not policy.invisible_until_retry)
-    return settings
+    settings = {group.name: pops_of(policy_for(group, table)) for group in scenario.groups}
+    return {name: pop for name, pop in settings.items() if pop is not None}
 
 
 def pop_write_times(

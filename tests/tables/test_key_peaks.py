@@ -11,8 +11,10 @@ from retrysim.engine.choice import lanes_are_independent
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import output_parts, sequential_attempts
 from retrysim.scenario.loading import build_scenario
+from retrysim.tables.dead_letters import dead_letters_from_attempts
 from retrysim.tables.instances import changes_of_shared_groups
 from retrysim.tables.key_peaks import GroupSumsParam
+from retrysim.tables.load import compact_attempts
 from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.summary import times_to_settle
 
@@ -78,7 +80,7 @@ def test_whole_groups_bring_their_sums_and_per_queue_keys_do_not(simulated):
     _, _, sums = simulated
     assert set(sums) == {"busy", "batched", "popped"}
     busy = sums["busy"]
-    assert {row[1] for row in busy.gauges} == {0, 3, 4, 5}  # the schedule topic's levels
+    assert {row[1] for row in busy.changes} == {0, 3, 4, 5}  # the schedule topic's levels
     assert busy.instances and {row[1] for row in busy.instances} == {0, 1, 2}
     assert sums["popped"].instances is None  # one instance: its rows are the load's
     assert busy.ttc is not None and busy.ttd is not None
@@ -88,7 +90,34 @@ def test_the_gauges_are_the_spark_pass_over_the_same_attempts(simulated):
     config, attempts, sums = simulated
     expected = bucket_changes(attempts, config)
     assert expected.where("group != 'ordered' and ready_backlog_rise > 0").count() > 0
+    assert expected.where("group = 'popped' and commitlog_writes_busiest > 1").count() > 0
     assert_df_equality(bucket_changes(attempts, config, sums), expected, ignore_row_order=True)
+
+
+def test_the_load_counts_are_the_spark_pass(simulated):
+    """The compact rows (every count the load and the summary read, and the retries by
+    level) of the whole groups: 4.x with the schedule topic and the fallback's dead letters,
+    batches, and 5.x pops with their commit-log writes."""
+    config, attempts, sums = simulated
+    expected = compact_attempts(attempts, config)
+    popped = expected.where("group = 'popped'")
+    assert popped.selectExpr("max(size(filter(b_writes, b -> b is not null)))").first()[0] > 3
+    assert expected.where("group = 'busy' and level is not null and not started").count() == 0
+    assert_df_equality(compact_attempts(attempts, config, sums), expected, ignore_row_order=True)
+
+
+def test_dead_letters_are_read_only_where_a_task_saw_some(simulated):
+    config, attempts, sums = simulated
+    assert sums["busy"].dead_letters > 0 and sums["batched"].dead_letters == 0
+    expected = dead_letters_from_attempts(attempts, config)
+    assert_df_equality(
+        dead_letters_from_attempts(attempts, config, sums), expected, ignore_row_order=True
+    )
+    quiet = {name: sums[name] for name in ("batched",)}
+    alone = build_scenario({**SCENARIO, "groups": [SCENARIO["groups"][1]]})
+    unread = dead_letters_from_attempts(attempts, alone, quiet)
+    assert unread.inputFiles() == [] and unread.count() == 0
+    assert dead_letters_from_attempts(attempts, alone).inputFiles()
 
 
 def test_each_instances_changes_are_the_spark_pass(simulated):

@@ -1,0 +1,303 @@
+"""A whole group's load counts and busiest seconds, summed up in the task that simulated it.
+
+The twin of the two staging scans :mod:`retrysim.tables.key_peaks` leaves to Spark: the
+load's compact rows (:func:`retrysim.tables.load._compact`: attempts grouped by the buckets
+of their events) and each rate's busiest second per bucket (the rate half of
+:func:`retrysim.tables.peaks.bucket_changes`). The same keys, the same null semantics (a
+comparison with null is null, and ``when`` takes null for false) and the same commit-log
+writes (:func:`retrysim.tables.writes.write_times`), in NumPy over the rows as they leave;
+tests/tables/test_key_peaks.py holds them equal to the Spark passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from retrysim.model.behavior import TIMEOUT
+from retrysim.model.states import (
+    COMMIT,
+    DISCARD,
+    DLQ,
+    INFLIGHT,
+    READY,
+    READY_PUBLISHED,
+    READY_REPLAYED,
+    READY_RETRY_DUE,
+    REASON_BROADCAST,
+    WAITING_RETRY,
+)
+from retrysim.scenario import limits
+from retrysim.tables.load import RETRY_NUMBER_CAP
+from retrysim.tables.writes import ACK_TIME_INTERVAL_MS
+
+NULL = np.iinfo(np.int64).min  # a null long
+_MISSING = np.iinfo(np.int64).max  # no value yet, for a minimum
+STATES = (COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY)
+# the compact rows' keys, in _compact's order (b_writes: one column per write here)
+_FLAGS = ("started", "first", "retry", "replayed")
+_BUCKETS = ("b_ready", "b_start", "b_end", "b_settled", "b_wr_until", "b_busy_last")
+_MERGE_ROWS = 200_000  # partial compact rows kept before they are merged
+
+
+def ints(batch: pa.RecordBatch, name: str) -> np.ndarray:
+    """A column as int64, NULL where null."""
+    return pc.fill_null(batch.column(name).cast(pa.int64()), NULL).to_numpy()
+
+
+def _truth(array: pa.Array) -> np.ndarray:
+    """A boolean column as int8: 1 true, 0 false, -1 null (three-valued, as Spark's)."""
+    return pc.fill_null(array.cast(pa.int8()), -1).to_numpy(zero_copy_only=False)
+
+
+def _equal(batch: pa.RecordBatch, name: str, *values: str) -> np.ndarray:
+    """``name IN values``, three-valued (null where the column is)."""
+    column = batch.column(name)
+    found = pc.is_in(column, value_set=pa.array(values, column.type))
+    return _truth(pc.if_else(pc.is_null(column), pa.scalar(None, pa.bool_()), found))
+
+
+def _and(*flags: np.ndarray) -> np.ndarray:
+    """Three-valued AND: false if any is false, else null if any is null."""
+    stacked = np.stack(flags)
+    return np.where((stacked == 0).any(axis=0), 0, np.where((stacked < 0).any(axis=0), -1, 1))
+
+
+def _not(flag: np.ndarray) -> np.ndarray:
+    return np.where(flag < 0, -1, 1 - flag)
+
+
+def _when(condition: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """``F.when(condition, value)``: the value where the condition is true (not null)."""
+    return np.where(condition == 1, value, NULL)
+
+
+def _floor_div(values: np.ndarray, by: int) -> np.ndarray:
+    return np.where(values == NULL, NULL, values // by)
+
+
+def _present(*values: np.ndarray) -> np.ndarray:
+    return np.logical_and.reduce([v != NULL for v in values])
+
+
+class Attempts:
+    """The columns of one batch of staged attempt rows that the counts read."""
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self.batch = batch
+        for name in (
+            "ready_ms", "start_ms", "processing_ms", "end_ms", "settled_ms", "next_ready_ms",
+            "delay_level", "delivery", "reconsume_times", "batch_size",
+        ):  # fmt: skip
+            setattr(self, name.removesuffix("_ms"), ints(batch, name))
+        self.started = (self.start != NULL).astype(np.int8)
+        self.waits_retry = _equal(batch, "end_state", WAITING_RETRY)
+        self.scheduled = _and(self.waits_retry, _equal(batch, "end_topic", limits.SCHEDULE_TOPIC))
+        processing = np.where(self.processing == NULL, 0, self.processing)
+        self.busy = _and(self.started, np.where(self.processing == NULL, -1, processing > 0))
+        self.busy_end = np.where(self.busy == 1, self.start + processing, NULL)
+        self.retry = _and(
+            self.started, _not(_equal(batch, "ready_reason", READY_PUBLISHED, READY_REPLAYED))
+        )
+        # WaitingRetry until the next delivery is Ready (or the dead letter lands)
+        self.waited_until = np.where(self.next_ready != NULL, self.next_ready, self.settled)
+
+    def write_times(self, pop: tuple[int, bool] | None, horizon: int) -> list[np.ndarray]:
+        """:func:`retrysim.tables.writes.write_times` of these rows: each possible write's
+        moment, NULL where the attempt does not make it before the horizon."""
+        batch = self.batch
+        unread = _and(
+            _equal(batch, "result_state", DISCARD), _equal(batch, "leave_reason", REASON_BROADCAST)
+        )
+        dead = (_equal(batch, "result_state", DLQ) == 1) | (unread == 1)
+        times = [
+            _when(
+                _equal(batch, "ready_reason", READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE),
+                self.ready,
+            ),
+            _when(self.scheduled, self.end),
+            np.where(dead, self.settled, NULL),
+        ]
+        if pop is not None:
+            times += self._pop_write_times(*pop)
+        return [np.where((t != NULL) & (t < horizon), t, NULL) for t in times]
+
+    def _pop_write_times(self, invisible: int, nacks: bool) -> list[np.ndarray]:
+        """:func:`retrysim.tables.writes.pop_write_times` of a group that pops."""
+        batch, start, end = self.batch, self.start, self.end
+        committed = _equal(batch, "end_state", COMMIT) == 1
+        outcome = _equal(batch, "outcome", TIMEOUT)
+        nacked = nacks & (_equal(batch, "end_state", WAITING_RETRY) == 1) & (outcome == 0)
+        left_at = np.where(_equal(batch, "result_state", DLQ, DISCARD) == 1, self.settled, NULL)
+        leaves = left_at != NULL
+        visible_again = np.where(start != NULL, start + invisible, NULL)
+        retry_due = self.waited_until
+        early = ACK_TIME_INTERVAL_MS
+
+        def minus(at: np.ndarray, by: int) -> np.ndarray:
+            return np.where(at == NULL, NULL, at - by)
+
+        def timer_put(when, now, at, due) -> list[np.ndarray]:
+            later = when & _present(now, due) & (due > now)
+            return [np.where(when, now, NULL), np.where(later, at, NULL)]
+
+        invisible_after = np.where(leaves, left_at + invisible, NULL)
+        return [
+            *timer_put(start != NULL, start, visible_again, minus(visible_again, early)),
+            *timer_put(committed, end, visible_again, visible_again),
+            *timer_put(nacked, end, retry_due, minus(retry_due, early)),
+            *timer_put(nacked, end, visible_again, visible_again),
+            left_at,
+            *timer_put(leaves, left_at, invisible_after, minus(invisible_after, early)),
+            *timer_put(leaves, left_at, invisible_after, invisible_after),
+        ]
+
+
+class CompactCounter:
+    """The load's compact rows of one group (:func:`retrysim.tables.load._compact`): per
+    batch, the rows' keys are made unique with their counts and sums, and the partial rows
+    are merged again as they grow and at the end."""
+
+    def __init__(self, bucket_ms: int) -> None:
+        self.bucket_ms = bucket_ms
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.rows = 0
+
+    def add(self, rows: Attempts, writes: list[np.ndarray]) -> None:
+        b = self.bucket_ms
+        batch = rows.batch
+        states = batch.column("result_state")
+        state = pc.fill_null(pc.index_in(states, value_set=pa.array(STATES, states.type)), -1)
+        if (pc.sum(pc.equal(state, -1)).as_py() or 0) != states.null_count:
+            raise ValueError("an attempt's result_state is none of retrysim's states")
+        has_next = rows.next_ready != NULL
+        keys = [
+            rows.started,
+            _and(rows.started, np.where(rows.delivery == NULL, -1, rows.delivery == 1)),
+            rows.retry,
+            _equal(batch, "ready_reason", READY_REPLAYED),
+            state.to_numpy(zero_copy_only=False),
+            (rows.end != NULL).astype(np.int8),
+            rows.waits_retry,
+            *[_floor_div(t, b) for t in writes],
+            _when(rows.scheduled, rows.delay_level),
+            _floor_div(rows.ready, b),
+            _floor_div(rows.start, b),
+            _floor_div(rows.end, b),
+            _floor_div(rows.settled, b),
+            _when(rows.waits_retry, _floor_div(rows.waited_until, b)),
+            _when(
+                rows.busy, _floor_div(np.where(rows.busy_end == NULL, NULL, rows.busy_end - 1), b)
+            ),
+            rows.batch_size,
+            np.where(has_next, rows.delay_level, NULL),
+            np.where(
+                has_next & (rows.reconsume_times != NULL),
+                np.minimum(rows.reconsume_times + 1, RETRY_NUMBER_CAP),
+                NULL,
+            ),
+        ]
+        waited = (rows.start == NULL) | (rows.start > rows.ready)
+        busy = rows.busy == 1
+        matrix = np.stack([k.astype(np.int64) for k in keys], axis=1)
+        self.parts.append(
+            (
+                matrix,
+                np.ones(len(matrix), dtype=np.int64),
+                np.where(busy, rows.start, 0),
+                busy.astype(np.int64),
+                np.where(busy, rows.busy_end, 0),
+                np.where(waited & (rows.ready != NULL), rows.ready, _MISSING),
+            )
+        )
+        self.rows += len(matrix)
+        if self.rows > _MERGE_ROWS:
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self.parts:
+            return
+        matrix, n, start_sum, busy, end_sum, min_ready = (
+            np.concatenate(part) for part in zip(*self.parts, strict=True)
+        )
+        width = matrix.shape[1]
+        rows = np.ascontiguousarray(matrix).view(np.dtype((np.void, 8 * width))).ravel()
+        unique, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        starts = np.flatnonzero(np.diff(inverse[order], prepend=-1))
+        self.parts = [
+            (
+                matrix[first],
+                np.add.reduceat(n[order], starts),
+                np.add.reduceat(start_sum[order], starts),
+                np.add.reduceat(busy[order], starts),
+                np.add.reduceat(end_sum[order], starts),
+                np.minimum.reduceat(min_ready[order], starts),
+            )
+        ]
+        self.rows = len(unique)
+
+    def finish(self, group: str, writes: int) -> list[tuple]:
+        """The compact rows, in _compact's columns."""
+        self._merge()
+        if not self.parts:
+            return []
+        matrix, n, start_sum, busy, end_sum, min_ready = self.parts[0]
+        flags = {-1: None, 0: False, 1: True}
+        rows = []
+        for key, count, starts, busy_rows, ends, ready in zip(
+            matrix.tolist(), n.tolist(), start_sum.tolist(), busy.tolist(), end_sum.tolist(),
+            min_ready.tolist(), strict=True,
+        ):  # fmt: skip
+            longs = [None if v == NULL else v for v in key]
+            rows.append(
+                (
+                    group,
+                    *[flags[v] for v in key[:4]],
+                    None if key[4] < 0 else STATES[key[4]],
+                    flags[key[5]],
+                    flags[key[6]],
+                    longs[7 : 7 + writes],
+                    *longs[7 + writes :],
+                    count,
+                    starts if busy_rows else None,
+                    ends if busy_rows else None,
+                    None if ready == _MISSING else ready,
+                )
+            )
+        return rows
+
+
+class BusiestSeconds:
+    """Each rate's count per second of the horizon, for its busiest second per bucket (the
+    rate half of :func:`retrysim.tables.peaks.bucket_changes`: deliveries and retries at a
+    delivery's start, commit-log writes at their moments, before the horizon)."""
+
+    RATES = 3
+
+    def __init__(self, horizon_ms: int, bucket_ms: int) -> None:
+        self.horizon, self.bucket_ms = horizon_ms, bucket_ms
+        self.seconds = -(-horizon_ms // 1000)
+        self.counts = np.zeros((self.RATES, self.seconds), dtype=np.int64)
+
+    def add(self, rows: Attempts, writes: list[np.ndarray]) -> None:
+        starts = (rows.started == 1) & (rows.start < self.horizon)
+        retries = starts & (rows.retry == 1)
+        moments = np.concatenate([t[t != NULL] for t in writes])
+        for rate, at in enumerate((rows.start[starts], rows.start[retries], moments)):
+            self.counts[rate] += np.bincount(at // 1000, minlength=self.seconds)
+
+    def by_bucket(self) -> dict[int, tuple[int, int, int]]:
+        """bucket -> the busiest second's count of each rate, for the buckets with any
+        second in which a delivery started or a write happened."""
+        present = np.flatnonzero(self.counts[0] + self.counts[2])
+        if not len(present):
+            return {}
+        buckets = present * 1000 // self.bucket_ms
+        starts = np.flatnonzero(np.diff(buckets, prepend=-1))
+        highest = np.maximum.reduceat(self.counts[:, present], starts, axis=1)
+        return {
+            int(bucket): tuple(int(v) for v in column)
+            for bucket, column in zip(buckets[starts], highest.T, strict=True)
+        }
