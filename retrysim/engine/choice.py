@@ -36,8 +36,8 @@ from retrysim.engine.sequential import (
     key_count,
     read_heartbeats,
     retry_owner_attempts,
-    sequential_attempts,
     units_of,
+    write_sequential_attempts,
 )
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
@@ -196,13 +196,12 @@ def _run_sequential(
     began = time.monotonic()
     partitions = max(spark.sparkContext.defaultParallelism, min(keys, 200))
     path = os.path.join(staging, "attempts", f"engine={ENGINE_SEQUENTIAL}", "round=00000")
-    # up to 200 partitions balance the keys; their files are the attempts table's, so they
-    # are written as one file per core (each task runs its partitions' keys in turn)
+    # up to 200 partitions balance the keys; each task writes its keys' rows as files of the
+    # attempts table
     heartbeats = os.path.join(staging, "heartbeats")
     sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    attempts = sequential_attempts(spark, specs, per_lane, partitions, heartbeats, sums, split)
     with _watching(heartbeats, keys, say):
-        attempts.coalesce(spark.sparkContext.defaultParallelism).write.parquet(path)
+        write_sequential_attempts(spark, specs, per_lane, partitions, path, heartbeats, sums, split)
     beats = read_heartbeats(heartbeats)
     if split:
         keys += len(split)
@@ -218,7 +217,7 @@ def _run_sequential(
         folder = os.path.dirname(path)
         count = spark.read.parquet(folder).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
-    return sums.value
+    return {group: part for group, part in sums.value.items() if part.complete}
 
 
 def in_units(

@@ -22,9 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark import TaskContext
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from retrysim.model.behavior import CONSUME_SUCCESS, RECONSUME_LATER, DrawCache, ListenerModel
 from retrysim.model.policy import Policy, Step, next_reconsume_times
@@ -41,7 +45,8 @@ from retrysim.model.topology import Units
 from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior, Workload
-from retrysim.tables.key_peaks import GroupSummer
+from retrysim.store.sinks import remove_tree
+from retrysim.tables.key_peaks import COUNTS, PEAKS, SHARES, GroupSummer
 from retrysim.tables.schemas import STAGE, STAGE_ARROW
 from retrysim.tables.writes import pops_of
 
@@ -734,12 +739,10 @@ def sequential_attempts(
     (``mapInArrow``), which the compiled loop builds without pandas.
 
     Where whole groups are fewer than the cores, each is simulated by several tasks at once
-    (:func:`output_parts`), each writing the rows of its share of the messages: the loop
-    is cheap next to Spark's Parquet writer, one per task, and the key's rows are the same
-    in every task, so all cores write."""
-    whole = [s for s in specs if s.group not in per_lane | split]
-    parts = output_parts(spark.sparkContext.defaultParallelism, whole)
-    tasks = _tasks(specs, per_lane, split, parts)
+    (:func:`output_parts`), each keeping every ``parts``-th batch of the rows: the loop is
+    cheap next to encoding its rows, and they are the same in every task, so all cores
+    write (and the first two sum up the group's rows, a share each)."""
+    tasks, positions = _stage_tasks(spark, specs, per_lane, partitions, split)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -747,8 +750,103 @@ def sequential_attempts(
                 task = tasks[position]
                 yield from _simulate_one(specs[task.spec], task, position, heartbeats, sums)
 
-    positions = spark.range(len(tasks), numPartitions=max(1, min(partitions, len(tasks))))
     return positions.mapInArrow(run, STAGE)
+
+
+def write_sequential_attempts(
+    spark: SparkSession,
+    specs: list[KeySpec],
+    per_lane: set[str],
+    partitions: int,
+    folder: str,
+    heartbeats: str | None = None,
+    sums: Accumulator | None = None,
+    split: set[str] = frozenset(),
+) -> int:
+    """:func:`sequential_attempts`' rows as Parquet files in ``folder``, one per core
+    (``part-<n>.parquet``, each task running its keys in turn), written by the tasks
+    themselves; returns the row count.
+
+    Spark's writer takes the rows through Arrow into the JVM and encodes them again there:
+    at 3M rows about 12 CPU-seconds, three times the simulation's. Here each task encodes
+    its rows with pyarrow (STAGE_ARROW's types are the ones Spark writes and reads back)
+    into a folder of its own attempt, and returns the file's name; the driver moves the
+    files of the attempts Spark kept (one per task) into ``folder`` and removes the rest,
+    so a failed or speculative attempt leaves nothing behind, as with Spark's committer.
+    The folder must be one every executor and the driver see (as for Spark's writer)."""
+    tasks, positions = _stage_tasks(spark, specs, per_lane, partitions, split)
+    attempts_dir = os.path.join(folder, "_attempts")
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        path = os.path.join(
+            attempts_dir, str(context.taskAttemptId()), f"part-{context.partitionId():05d}.parquet"
+        )
+
+        def rows() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for position in batch.column(0).to_pylist():
+                    task = tasks[position]
+                    yield from _simulate_one(specs[task.spec], task, position, heartbeats, sums)
+
+        count = write_rows(rows(), path)
+        written = [{"path": path, "rows": count}] if count else []
+        yield pa.RecordBatch.from_pylist(written, schema=_WRITTEN_ARROW)
+
+    cores = spark.sparkContext.defaultParallelism
+    try:
+        written = positions.coalesce(cores).mapInArrow(run, _WRITTEN).collect()
+        os.makedirs(folder, exist_ok=True)
+        for row in written:
+            os.replace(row["path"], os.path.join(folder, os.path.basename(row["path"])))
+    finally:
+        remove_tree(attempts_dir)
+    return sum(row["rows"] for row in written)
+
+
+# what each task of write_sequential_attempts wrote
+_WRITTEN = StructType([StructField("path", StringType()), StructField("rows", LongType())])
+_WRITTEN_ARROW = to_arrow_schema(_WRITTEN)
+ROW_GROUP_ROWS = 500_000  # rows per Parquet row group (Spark's 128 MB blocks, about)
+
+
+def write_rows(batches: Iterator[pa.RecordBatch], path: str) -> int:
+    """Write ``batches`` (STAGE_ARROW) as one Parquet file at ``path``, in row groups of
+    about ROW_GROUP_ROWS, as Spark's writer would (snappy); no rows, no file. Returns the
+    row count."""
+    writer, pending, held, count = None, [], 0, 0
+    try:
+        for batch in batches:
+            pending.append(batch)
+            held += batch.num_rows
+            if held >= ROW_GROUP_ROWS:
+                writer = writer or _parquet_writer(path)
+                writer.write_table(pa.Table.from_batches(pending), row_group_size=held)
+                count, pending, held = count + held, [], 0
+        if held:
+            writer = writer or _parquet_writer(path)
+            writer.write_table(pa.Table.from_batches(pending), row_group_size=held)
+            count += held
+    finally:
+        if writer is not None:
+            writer.close()
+    return count
+
+
+def _parquet_writer(path: str) -> pq.ParquetWriter:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return pq.ParquetWriter(path, STAGE_ARROW, compression="snappy")
+
+
+def _stage_tasks(
+    spark: SparkSession, specs: list[KeySpec], per_lane: set[str], partitions: int, split: set[str]
+) -> tuple[list[_Task], DataFrame]:
+    """The event-by-event stage's tasks, and its input: their positions, spread evenly."""
+    whole = [s for s in specs if s.group not in per_lane | split]
+    parts = output_parts(spark.sparkContext.defaultParallelism, whole)
+    tasks = _tasks(specs, per_lane, split, parts)
+    positions = spark.range(len(tasks), numPartitions=max(1, min(partitions, len(tasks))))
+    return tasks, positions
 
 
 def retry_owner_attempts(
@@ -815,6 +913,14 @@ def output_parts(cores: int, whole: list[KeySpec]) -> int:
     return max(1, min(MOST_OUTPUT_PARTS, cores // len(whole))) if whole else 1
 
 
+def _shares(task: _Task) -> frozenset[str]:
+    """What a task sums up of its whole group (retrysim.tables.key_peaks): all of it alone,
+    else the first two of its parts one share each (each part simulates all of the rows)."""
+    if task.parts == 1:
+        return SHARES
+    return {0: frozenset({PEAKS}), 1: frozenset({COUNTS})}.get(task.part, frozenset())
+
+
 def _simulate_one(
     spec: KeySpec,
     task: _Task,
@@ -823,27 +929,30 @@ def _simulate_one(
     sums: Accumulator | None,
     imports: pd.DataFrame | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """A task's rows, or with ``task.parts`` > 1 those of the messages whose id is its
-    part modulo the parts; part 0 beats the key's heartbeat and sums up all of a whole
-    group's rows."""
+    """A task's rows, or with ``task.parts`` > 1 every ``parts``-th batch of them from its
+    ``part`` on (every task makes the same batches of the same rows); part 0 beats the key's
+    heartbeat, and parts 0 and 1 sum up a whole group's rows."""
     msg_ids, queue_ids, born = messages_np(spec.workload, spec.group, spec.seed, task.lane)
     heartbeat = Heartbeat(heartbeats if task.part == 0 else None, heartbeat_id, spec.horizon_ms)
     batches = simulate_key(
         spec, msg_ids, queue_ids, born, heartbeat, arrow=True, unit=task.unit, imports=imports
     )
     whole = task.lane is None and task.unit is None
-    if whole and sums is not None and task.part == 0:
+    shares = _shares(task)
+    if whole and sums is not None and shares:
         summer = GroupSummer(
-            spec.group, spec.horizon_ms, spec.load_bucket_ms, spec.shared, pops_of(spec.policy)
+            spec.group,
+            spec.horizon_ms,
+            spec.load_bucket_ms,
+            spec.shared,
+            pops_of(spec.policy),
+            shares,
         )
         batches = map(summer.add, batches)
     else:
         summer = None
-    for batch in batches:
-        if task.parts > 1:
-            mine = batch.column("msg_id").to_numpy() % task.parts == task.part
-            batch = batch.filter(pa.array(mine))
-        if batch.num_rows:
+    for index, batch in enumerate(batches):
+        if index % task.parts == task.part and batch.num_rows:
             yield batch
     if summer is not None:
         sums.add({spec.group: summer.finish()})

@@ -211,32 +211,15 @@ class CompactCounter:
                 np.where(waited & (rows.ready != NULL), rows.ready, _MISSING),
             )
         )
-        self.rows += len(matrix)
+        self.parts.append(_grouped(*self.parts.pop()))  # a batch's few kinds of rows
+        self.rows += len(self.parts[-1][0])
         if self.rows > _MERGE_ROWS:
             self._merge()
 
     def _merge(self) -> None:
-        if not self.parts:
-            return
-        matrix, n, start_sum, busy, end_sum, min_ready = (
-            np.concatenate(part) for part in zip(*self.parts, strict=True)
-        )
-        width = matrix.shape[1]
-        rows = np.ascontiguousarray(matrix).view(np.dtype((np.void, 8 * width))).ravel()
-        unique, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-        order = np.argsort(inverse, kind="stable")
-        starts = np.flatnonzero(np.diff(inverse[order], prepend=-1))
-        self.parts = [
-            (
-                matrix[first],
-                np.add.reduceat(n[order], starts),
-                np.add.reduceat(start_sum[order], starts),
-                np.add.reduceat(busy[order], starts),
-                np.add.reduceat(end_sum[order], starts),
-                np.minimum.reduceat(min_ready[order], starts),
-            )
-        ]
-        self.rows = len(unique)
+        if self.parts:
+            self.parts = [_grouped(*(np.concatenate(p) for p in zip(*self.parts, strict=True)))]
+            self.rows = len(self.parts[0][0])
 
     def finish(self, group: str, writes: int) -> list[tuple]:
         """The compact rows, in _compact's columns."""
@@ -267,6 +250,45 @@ class CompactCounter:
                 )
             )
         return rows
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # a 64-bit odd constant (the golden ratio's)
+
+
+def _unique_rows(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the rows of an int64 ``matrix``: the index of one row of each kind, and each
+    row's kind. Rows are told apart by a 64-bit hash of their values, and every row is then
+    compared with its kind's row: equal hashes of different rows (never seen) fall back to
+    sorting the rows' bytes, so the grouping is exact either way."""
+    hashed = np.zeros(len(matrix), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for column in matrix.T:
+            hashed = (hashed ^ column.view(np.uint64)) * _MIX
+            hashed ^= hashed >> np.uint64(29)
+    _, first, kind = np.unique(hashed, return_index=True, return_inverse=True)
+    if not (matrix[first][kind] == matrix).all():
+        width = matrix.shape[1]
+        rows = np.ascontiguousarray(matrix).view(np.dtype((np.void, 8 * width))).ravel()
+        _, first, kind = np.unique(rows, return_index=True, return_inverse=True)
+    return first, kind.ravel()
+
+
+def _grouped(
+    matrix: np.ndarray, n: np.ndarray, start_sum: np.ndarray, busy: np.ndarray,
+    end_sum: np.ndarray, min_ready: np.ndarray,
+) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """Compact rows (keys, counts and sums) with equal keys added up."""
+    first, kind = _unique_rows(matrix)
+    kinds = len(first)
+
+    def total(values: np.ndarray) -> np.ndarray:
+        out = np.zeros(kinds, dtype=np.int64)
+        np.add.at(out, kind, values)
+        return out
+
+    lowest = np.full(kinds, _MISSING, dtype=np.int64)
+    np.minimum.at(lowest, kind, min_ready)
+    return matrix[first], total(n), total(start_sum), total(busy), total(end_sum), lowest
 
 
 class BusiestSeconds:

@@ -12,7 +12,7 @@ the stage's accumulator. tests/tables/test_key_peaks.py holds them equal to the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 import numpy as np
@@ -30,32 +30,75 @@ from retrysim.tables.summary import PERCENTILES
 _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
 
 
+# What a task sums up of a whole group (each over all of its rows): the peaks (the gauges,
+# each instance's, the times to settle) and the counts (the load's compact rows, the
+# busiest seconds, the dead letters). Where several tasks simulate the group, the first two
+# take one share each, so neither waits for the other's work.
+PEAKS, COUNTS = "peaks", "counts"
+SHARES = frozenset({PEAKS, COUNTS})
+
+
 @dataclass(frozen=True)
 class GroupSums:
-    """One group's rows for staging: ``changes`` as ``bucket_changes`` (bucket, level,
-    group, the GAUGES' totals, longest_wait, their rises, the RATES' busiest seconds),
-    ``instances`` as ``instance_changes`` (None unless asked for), ``ttc``/``ttd`` as
-    ``times_to_settle``, ``compact`` as the load's ``compact_attempts``, and how many of its
-    attempts moved a message to the DLQ."""
+    """One group's rows for staging, from the ``shares`` summed up so far: of PEAKS,
+    ``gauges`` as the gauge half of ``bucket_changes`` (bucket, level, group, the GAUGES'
+    totals, longest_wait, their rises), ``instances`` as ``instance_changes`` (None unless
+    asked for) and ``ttc``/``ttd`` as ``times_to_settle``; of COUNTS, ``busiest`` (bucket ->
+    the RATES' busiest seconds), ``compact`` as the load's ``compact_attempts`` and how many
+    of its attempts moved a message to the DLQ."""
 
     group: str
-    changes: list[tuple]
-    instances: list[tuple] | None
-    ttc: list[float] | None
-    ttd: list[float] | None
-    compact: list[tuple]
-    dead_letters: int
+    shares: frozenset[str]
+    gauges: tuple[tuple, ...] = ()
+    instances: tuple[tuple, ...] | None = None
+    ttc: list[float] | None = None
+    ttd: list[float] | None = None
+    busiest: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    compact: tuple[tuple, ...] = ()
+    dead_letters: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.shares == SHARES
+
+    @property
+    def changes(self) -> list[tuple]:
+        """``bucket_changes``' rows: the gauges' with the busiest seconds of their bucket
+        (level 0 rows; null where no delivery started and nothing was written)."""
+        busiest = dict(self.busiest)
+        none = (None,) * BusiestSeconds.RATES
+        return [
+            (*row, *(busiest.get(row[0], none) if row[1] == ALL_LEVELS else none))
+            for row in self.gauges
+        ]
+
+    def merged(self, other: GroupSums) -> GroupSums:
+        """These sums with ``other``'s shares (the same group's, from another task)."""
+        peaks = other if PEAKS in other.shares else self
+        counts = other if COUNTS in other.shares else self
+        return GroupSums(
+            self.group,
+            self.shares | other.shares,
+            peaks.gauges,
+            peaks.instances,
+            peaks.ttc,
+            peaks.ttd,
+            counts.busiest,
+            counts.compact,
+            counts.dead_letters,
+        )
 
 
 class GroupSumsParam(AccumulatorParam):
-    """Accumulates {group: GroupSums}; a group comes from one task (a retried task's sums
-    replace its earlier attempt's, the same values)."""
+    """Accumulates {group: GroupSums}, merging the shares of a group's tasks (a retried
+    task's sums replace its earlier attempt's, the same values)."""
 
     def zero(self, value: dict) -> dict:
         return {}
 
     def addInPlace(self, value1: dict, value2: dict) -> dict:
-        value1.update(value2)
+        for group, sums in value2.items():
+            value1[group] = value1[group].merged(sums) if group in value1 else sums
         return value1
 
 
@@ -75,10 +118,12 @@ class GroupSummer:
         bucket_ms: int,
         per_instance: bool,
         pop: tuple[int, bool] | None = None,
+        shares: frozenset[str] = SHARES,
     ) -> None:
         """``pop``: the group's pop settings (retrysim.tables.writes.pop_settings), if it
-        pops."""
+        pops; ``shares``: what to sum up (PEAKS, COUNTS)."""
         self.group, self.horizon, self.bucket_ms, self.pop = group, horizon_ms, bucket_ms, pop
+        self.shares = shares
         self.buckets = -(-horizon_ms // bucket_ms)
         self.longest_wait = np.full(self.buckets, -1, dtype=np.int64)
         self.moments: list[tuple[np.ndarray, ...]] = []
@@ -91,10 +136,16 @@ class GroupSummer:
     def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Take ``batch``'s moments; returns the batch, to pass it on."""
         rows = Attempts(batch)
-        writes = rows.write_times(self.pop, self.horizon)
-        self.writes = len(writes)
-        self.compact.add(rows, writes)
-        self.busiest.add(rows, writes)
+        if COUNTS in self.shares:
+            writes = rows.write_times(self.pop, self.horizon)
+            self.writes = len(writes)
+            self.compact.add(rows, writes)
+            self.busiest.add(rows, writes)
+        if PEAKS in self.shares:
+            self._add_peaks(batch, rows)
+        return batch
+
+    def _add_peaks(self, batch: pa.RecordBatch, rows: Attempts) -> None:
         ready, start, processing, end = rows.ready, rows.start, rows.processing, rows.end
         settled, waited_until = rows.settled, rows.waited_until
         level, batch_size = rows.delay_level, rows.batch_size
@@ -170,7 +221,6 @@ class GroupSummer:
         for kind in (COMMIT, DLQ):
             kept = _equals(batch, "result_state", kind) & (settled != _NULL) & (born != _NULL)
             self.settled[kind].append(settled[kept] - born[kept])
-        return batch
 
     def _add_instance_moments(
         self, batch, ready, start, waited, started, share, freed, frees_at_end, busy
@@ -202,15 +252,25 @@ class GroupSummer:
                 )
 
     def finish(self) -> GroupSums:
-        return GroupSums(
-            group=self.group,
-            changes=self._gauge_rows(),
-            instances=None if self.instance_moments is None else self._instance_rows(),
-            ttc=_percentiles(self.settled[COMMIT]),
-            ttd=_percentiles(self.settled[DLQ]),
-            compact=self.compact.finish(self.group, self.writes),
-            dead_letters=sum(len(part) for part in self.settled[DLQ]),
-        )
+        sums = GroupSums(self.group, self.shares)
+        if PEAKS in self.shares:
+            instances = None if self.instance_moments is None else self._instance_rows()
+            sums = replace(
+                sums,
+                gauges=tuple(self._gauge_rows()),
+                instances=None if instances is None else tuple(instances),
+                ttc=_percentiles(self.settled[COMMIT]),
+                ttd=_percentiles(self.settled[DLQ]),
+            )
+        if COUNTS in self.shares:
+            compact = self.compact.finish(self.group, self.writes)
+            sums = replace(
+                sums,
+                busiest=tuple(self.busiest.by_bucket().items()),
+                compact=tuple(compact),
+                dead_letters=sum(row[-4] for row in compact if row[5] == DLQ),
+            )
+        return sums
 
     def _gauge_rows(self) -> list[tuple]:
         if not self.moments:
@@ -219,8 +279,6 @@ class GroupSummer:
         self.moments = []
         runs = _Runs(t, level, self.bucket_ms)
         totals, rises = zip(*(runs.total_and_rise(change) for change in changes), strict=True)
-        busiest = self.busiest.by_bucket()
-        no_rates = (None,) * BusiestSeconds.RATES
         rows = []
         for i, (bucket, at_level) in enumerate(zip(runs.bucket, runs.key, strict=True)):
             wait = self.longest_wait[bucket] if at_level == ALL_LEVELS else -1
@@ -232,7 +290,6 @@ class GroupSummer:
                     *[int(total[i]) for total in totals],
                     int(wait) if wait >= 0 else None,
                     *[int(rise[i]) for rise in rises],
-                    *(busiest.get(int(bucket), no_rates) if at_level == ALL_LEVELS else no_rates),
                 )
             )
         return rows
