@@ -16,6 +16,7 @@ from retrysim.tables.groups import literal_map
 from retrysim.tables.schemas import (
     DEAD_LETTERS,
     data_schema,
+    local_rows,
     select_schema,
 )
 
@@ -31,7 +32,7 @@ def dead_letters_from_attempts(
     quiet = sorted(name for name, sums in (known or {}).items() if not sums.dead_letters)
     if quiet:
         if not {group.name for group in scenario.groups} - set(quiet):
-            return attempts.sparkSession.createDataFrame([], data_schema(DEAD_LETTERS))
+            return local_rows(attempts.sparkSession, [], data_schema(DEAD_LETTERS))
         attempts = attempts.where(~F.col("group").isin(*quiet))
     origin = literal_map({g.name: g.source_topic for g in scenario.groups})
     replays = attempts.where(F.col("ready_reason") == F.lit(READY_REPLAYED)).select(

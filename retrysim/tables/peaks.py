@@ -31,6 +31,7 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.schemas import local_rows
 from retrysim.tables.writes import write_times
 
 if TYPE_CHECKING:
@@ -285,7 +286,7 @@ def with_known(
         return compute(attempts)
     computed = compute(attempts.where(~F.col("group").isin(*sorted(held))))
     rows = [row for name in sorted(held) for row in held[name]]
-    given = attempts.sparkSession.createDataFrame(rows, computed.schema)
+    given = local_rows(attempts.sparkSession, rows, computed.schema)
     return given.unionByName(computed) if set(groups) - set(held) else given
 
 

@@ -7,6 +7,7 @@ types are a contract checked in one place. Every table is partitioned by ``run_i
 
 from __future__ import annotations
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -320,12 +321,29 @@ def schema_columns(schema: StructType) -> list[Column]:
     return [F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields]
 
 
+def local_rows(spark: SparkSession, rows: list[tuple], schema: StructType) -> DataFrame:
+    """``rows`` (values in ``schema``'s order) as a DataFrame of ``schema``, handed to the
+    JVM as an Arrow table. PySpark's ``createDataFrame`` of Python rows runs them through a
+    Python worker when the plan runs (a run's first one takes seconds to start, on the
+    critical path of staging); many rows as literals make a plan slow to analyse."""
+    arrow = to_arrow_schema(schema)
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.fields]
+    table = pa.Table.from_arrays(
+        [
+            pa.array(list(column), type=field.type)
+            for column, field in zip(columns, arrow, strict=True)
+        ],
+        schema=arrow,
+    )
+    return spark.createDataFrame(table)
+
+
 def literal_rows(spark: SparkSession, rows: list[tuple], schema: StructType) -> DataFrame:
     """``rows`` as a DataFrame of ``schema``, built from literals in the JVM. PySpark's
     ``createDataFrame`` sends local rows through a Python worker, and a run's first one takes
     a second to start, on the critical path of staging."""
     if not rows:
-        return spark.createDataFrame([], schema)
+        return local_rows(spark, rows, schema)
     structs = [
         F.struct(
             *[
