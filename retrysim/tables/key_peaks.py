@@ -31,7 +31,7 @@ _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
 
 
 # What a task sums up of a whole group (each over all of its rows): the peaks (the gauges,
-# each instance's, the times to settle) and the counts (the load's compact rows, the
+# each instance's) and the counts (the times to settle, the load's compact rows, the
 # busiest seconds, the dead letters). Where several tasks simulate the group, the first two
 # take one share each, so neither waits for the other's work.
 PEAKS, COUNTS = "peaks", "counts"
@@ -42,10 +42,10 @@ SHARES = frozenset({PEAKS, COUNTS})
 class GroupSums:
     """One group's rows for staging, from the ``shares`` summed up so far: of PEAKS,
     ``gauges`` as the gauge half of ``bucket_changes`` (bucket, level, group, the GAUGES'
-    totals, longest_wait, their rises), ``instances`` as ``instance_changes`` (None unless
-    asked for) and ``ttc``/``ttd`` as ``times_to_settle``; of COUNTS, ``busiest`` (bucket ->
-    the RATES' busiest seconds), ``compact`` as the load's ``compact_attempts`` and how many
-    of its attempts moved a message to the DLQ."""
+    totals, longest_wait, their rises) and ``instances`` as ``instance_changes`` (None
+    unless asked for); of COUNTS, ``ttc``/``ttd`` as ``times_to_settle``, ``busiest``
+    (bucket -> the RATES' busiest seconds), ``compact`` as the load's ``compact_attempts``
+    and how many of its attempts moved a message to the DLQ."""
 
     group: str
     shares: frozenset[str]
@@ -81,8 +81,8 @@ class GroupSums:
             self.shares | other.shares,
             peaks.gauges,
             peaks.instances,
-            peaks.ttc,
-            peaks.ttd,
+            counts.ttc,
+            counts.ttd,
             counts.busiest,
             counts.compact,
             counts.dead_letters,
@@ -141,14 +141,18 @@ class GroupSummer:
             self.writes = len(writes)
             self.compact.add(rows, writes)
             self.busiest.add(rows, writes)
+            born = ints(batch, "born_ms")
+            for kind in (COMMIT, DLQ):
+                kept = _equals(batch, "result_state", kind) & (rows.settled != _NULL)
+                kept &= born != _NULL
+                self.settled[kind].append(rows.settled[kept] - born[kept])
         if PEAKS in self.shares:
             self._add_peaks(batch, rows)
         return batch
 
     def _add_peaks(self, batch: pa.RecordBatch, rows: Attempts) -> None:
         ready, start, processing, end = rows.ready, rows.start, rows.processing, rows.end
-        settled, waited_until = rows.settled, rows.waited_until
-        level, batch_size = rows.delay_level, rows.batch_size
+        waited_until, level, batch_size = rows.waited_until, rows.delay_level, rows.batch_size
         started = start != _NULL
         waited = ~started | (start > ready)
         waits_retry = _equals(batch, "end_state", WAITING_RETRY)
@@ -217,10 +221,6 @@ class GroupSummer:
             self._add_instance_moments(
                 batch, ready, start, waited, started, share, freed, frees_at_end, busy
             )
-        born = ints(batch, "born_ms")
-        for kind in (COMMIT, DLQ):
-            kept = _equals(batch, "result_state", kind) & (settled != _NULL) & (born != _NULL)
-            self.settled[kind].append(settled[kept] - born[kept])
 
     def _add_instance_moments(
         self, batch, ready, start, waited, started, share, freed, frees_at_end, busy
@@ -259,13 +259,13 @@ class GroupSummer:
                 sums,
                 gauges=tuple(self._gauge_rows()),
                 instances=None if instances is None else tuple(instances),
-                ttc=_percentiles(self.settled[COMMIT]),
-                ttd=_percentiles(self.settled[DLQ]),
             )
         if COUNTS in self.shares:
             compact = self.compact.finish(self.group, self.writes)
             sums = replace(
                 sums,
+                ttc=_percentiles(self.settled[COMMIT]),
+                ttd=_percentiles(self.settled[DLQ]),
                 busiest=tuple(self.busiest.by_bucket().items()),
                 compact=tuple(compact),
                 dead_letters=sum(row[-4] for row in compact if row[5] == DLQ),
@@ -329,7 +329,7 @@ class _Runs:
     def __init__(self, t: np.ndarray, key: np.ndarray, bucket_ms: int) -> None:
         # stable: each batch's moments of one kind come in time order, runs a merge sort
         # takes whole (three times faster than a quicksort here)
-        self.order = np.argsort((key.astype(np.int64) << _T_BITS) | t, kind="stable")
+        self.order = _order_by(key.astype(np.int64), t)
         self.t = t[self.order]
         keys = key[self.order]
         buckets = self.t // bucket_ms
@@ -371,6 +371,25 @@ class _Runs:
             per_run = np.add.reduceat(sign * to_end, self.starts)
             area = [a + share * int(s) for a, s in zip(area, per_run.tolist(), strict=True)]
         return area
+
+
+def _order_by(key: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The stable argsort of the moments by (key, t): a sort of the values with each one's
+    position packed into its low bits, about twice as fast as the indirect sort it gives
+    (which it falls back to where the three do not fit in 63 bits)."""
+    count = len(t)
+    if not count:
+        return np.empty(0, dtype=np.int64)
+    index_bits = max(1, (count - 1).bit_length())
+    t_bits = max(1, int(t.max()).bit_length())
+    if (
+        int(t.min()) < 0
+        or int(key.min()) < 0
+        or (int(key.max()).bit_length() + t_bits + index_bits > 63)
+    ):
+        return np.argsort((key << _T_BITS) | t, kind="stable")
+    packed = (((key << t_bits) | t) << index_bits) | np.arange(count, dtype=np.int64)
+    return np.sort(packed, kind="stable") & ((1 << index_bits) - 1)
 
 
 def _percentiles(parts: list[np.ndarray]) -> list[float] | None:

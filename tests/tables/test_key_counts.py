@@ -51,3 +51,14 @@ def test_equal_keys_add_up_their_counts_and_sums():
         (1, 2): (2, 40, 2, 55, 20),
         (3, key_counts.NULL): (1, 0, 0, 0, key_counts._MISSING),
     }
+
+
+@pytest.mark.parametrize("keys", [4, 1 << 12])  # the second does not fit in 63 bits: argsort
+def test_moments_order_as_a_stable_argsort(keys):
+    from retrysim.tables.key_peaks import _T_BITS, _order_by
+
+    rng = np.random.default_rng(5)
+    key = rng.integers(0, keys, 20_000).astype(np.int64)
+    t = rng.integers(0, 50, 20_000).astype(np.int64) * ((1 << (_T_BITS - 1)) // 50)
+    expected = np.argsort((key << _T_BITS) | t, kind="stable")
+    assert (_order_by(key, t) == expected).all()
