@@ -34,7 +34,7 @@ from retrysim.store.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choos
 from retrysim.tables.schemas import TABLE_SETS
 from retrysim.tables.staging import derived_for_lean, runs_row, stage_tables, write_parquet
 
-QUIET_S = 10.0  # the longest a run with progress goes without a line
+QUIET_S = 8.0  # a run with progress says a line at least this often (plus a second)
 
 
 @contextmanager

@@ -262,7 +262,7 @@ def _instances(numbers: tuple[int, ...]) -> str:
     return f"instance{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
 
 
-HEARTBEAT_EVERY_S = 8.0  # within runner.QUIET_S: the heartbeat is the stage's line
+HEARTBEAT_EVERY_S = 6.0  # within runner.QUIET_S: the heartbeat is the stage's line
 
 
 @contextmanager
