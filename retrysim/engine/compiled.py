@@ -582,11 +582,17 @@ def _arrivals(k, msg_ids, queue_ids, born, count):
             run = order[p:q].copy()
             order[p:q] = run[np.argsort(msg_ids[run], kind="mergesort")]
         p = q
-    order = order[np.argsort(instance[order], kind="mergesort")]
     starts = np.zeros(k[K_INSTANCES] + 1, np.int64)
     for p in range(count):
         starts[instance[p] + 1] += 1
-    return eligible, instance, order, np.cumsum(starts)
+    starts = np.cumsum(starts)
+    # grouped by instance, each group in the order above: a counting sort (stable, linear)
+    grouped = np.empty(count, np.int64)
+    fill = starts[:-1].copy()
+    for p in order:
+        grouped[fill[instance[p]]] = p
+        fill[instance[p]] += 1
+    return eligible, instance, grouped, starts
 
 
 _PENDING = (READY,) + (NULL,) * 14
@@ -1205,7 +1211,7 @@ def simulate_compiled(
     "Units"), fed the retries ``imports`` (a frame of the deliveries other units' rows
     lead to, as :func:`retrysim.engine.rounds.next_frontier` gives them)."""
     policy, behavior = spec.policy, spec.behavior
-    order = np.lexsort((msg_ids, born))
+    order = _publish_order(born, msg_ids)
     msg_ids, queue_ids, born = msg_ids[order], queue_ids[order], born[order]
     count = int(np.searchsorted(born, spec.horizon_ms))
     model = ListenerModel(behavior)
@@ -1248,6 +1254,24 @@ def simulate_compiled(
             yield _batch(out, rows, spec.group, names)
     if heartbeat is not None:
         heartbeat.beat(spec.horizon_ms, int(deliveries), own, own, done=True)
+
+
+def _publish_order(born: np.ndarray, msg_ids: np.ndarray) -> np.ndarray:
+    """The messages' positions in (born_ms, msg_id) order. Where the ids ascend already (as
+    messages_np makes them), a sort of each born time with its position packed into the
+    low bits, more than twice as fast as a lexsort at 30M messages."""
+    count = len(born)
+    index_bits = max(1, (count - 1).bit_length())
+    ascending = count < 2 or bool((np.diff(msg_ids) > 0).all())
+    if (
+        not ascending
+        or not count
+        or born.min() < 0
+        or int(born.max()).bit_length() + index_bits > 63
+    ):
+        return np.lexsort((msg_ids, born))
+    packed = np.sort((born << index_bits) | np.arange(count, dtype=np.int64))
+    return packed & ((1 << index_bits) - 1)
 
 
 def _import_slots(policy: Policy, imports, msg_ids: np.ndarray, names: pa.Array) -> np.ndarray:

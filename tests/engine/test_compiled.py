@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from reference.strategies import scenarios
 
 from retrysim.engine.choice import in_units
-from retrysim.engine.compiled import _uniform
+from retrysim.engine.compiled import _publish_order, _uniform
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import (
     MOST_OUTPUT_PARTS,
@@ -294,3 +294,13 @@ def test_which_groups_run_in_units():
     assert in_units(specs, set(), 0, MOST_OUTPUT_PARTS + 1) == {"wide"}
     assert in_units(specs, set(), 6001) == set()  # too few messages
     assert in_units(specs, {"wide"}, 0) == {"busy"}  # per lane: never
+
+
+@pytest.mark.parametrize("ids", ["ascending", "shuffled"])  # shuffled: the lexsort
+def test_messages_take_publish_order(ids):
+    rng = np.random.default_rng(9)
+    born = rng.integers(0, 500, 5_000).astype(np.int64)  # many ties
+    msg_ids = np.arange(5_000, dtype=np.int64) * 3
+    if ids == "shuffled":
+        msg_ids = rng.permutation(msg_ids)
+    assert (_publish_order(born, msg_ids) == np.lexsort((msg_ids, born))).all()
