@@ -162,7 +162,7 @@ class CompactCounter:
     def __init__(self, bucket_ms: int) -> None:
         self.bucket_ms = bucket_ms
         self.parts: list[tuple[np.ndarray, ...]] = []
-        self.rows = 0
+        self.rows = self.merged = 0  # rows held; rows after the last merge
 
     def add(self, rows: Attempts, writes: list[np.ndarray]) -> None:
         b = self.bucket_ms
@@ -192,9 +192,13 @@ class CompactCounter:
             ),
             rows.batch_size,
             np.where(has_next, rows.delay_level, NULL),
-            np.where(
-                has_next & (rows.reconsume_times != NULL),
-                np.minimum(rows.reconsume_times + 1, RETRY_NUMBER_CAP),
+            np.where(  # least() skips a null: a null reconsume_times gives the cap
+                has_next,
+                np.where(
+                    rows.reconsume_times == NULL,
+                    RETRY_NUMBER_CAP,
+                    np.minimum(rows.reconsume_times + 1, RETRY_NUMBER_CAP),
+                ),
                 NULL,
             ),
         ]
@@ -213,13 +217,13 @@ class CompactCounter:
         )
         self.parts.append(_grouped(*self.parts.pop()))  # a batch's few kinds of rows
         self.rows += len(self.parts[-1][0])
-        if self.rows > _MERGE_ROWS:
+        if self.rows > max(_MERGE_ROWS, 2 * self.merged):  # geometric: never quadratic
             self._merge()
 
     def _merge(self) -> None:
         if self.parts:
             self.parts = [_grouped(*(np.concatenate(p) for p in zip(*self.parts, strict=True)))]
-            self.rows = len(self.parts[0][0])
+            self.rows = self.merged = len(self.parts[0][0])
 
     def finish(self, group: str, writes: int) -> list[tuple]:
         """The compact rows, in _compact's columns."""
@@ -292,33 +296,41 @@ def _grouped(
 
 
 class BusiestSeconds:
-    """Each rate's count per second of the horizon, for its busiest second per bucket (the
-    rate half of :func:`retrysim.tables.peaks.bucket_changes`: deliveries and retries at a
-    delivery's start, commit-log writes at their moments, before the horizon)."""
+    """Each rate's count per second with any, for its busiest second per bucket (the rate
+    half of :func:`retrysim.tables.peaks.bucket_changes`: deliveries and retries at a
+    delivery's start, commit-log writes at their moments, before the horizon). Kept
+    sparse, a few rows per second that has any, as Spark's groupBy keeps them: a horizon
+    of a year has 31.6M seconds."""
 
     RATES = 3
 
     def __init__(self, horizon_ms: int, bucket_ms: int) -> None:
         self.horizon, self.bucket_ms = horizon_ms, bucket_ms
-        self.seconds = -(-horizon_ms // 1000)
-        self.counts = np.zeros((self.RATES, self.seconds), dtype=np.int64)
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []  # (second x RATES + rate, count)
 
     def add(self, rows: Attempts, writes: list[np.ndarray]) -> None:
         starts = (rows.started == 1) & (rows.start < self.horizon)
         retries = starts & (rows.retry == 1)
         moments = np.concatenate([t[t != NULL] for t in writes])
         for rate, at in enumerate((rows.start[starts], rows.start[retries], moments)):
-            self.counts[rate] += np.bincount(at // 1000, minlength=self.seconds)
+            keys, counts = np.unique(at // 1000 * self.RATES + rate, return_counts=True)
+            self.parts.append((keys, counts.astype(np.int64)))
 
     def by_bucket(self) -> dict[int, tuple[int, int, int]]:
         """bucket -> the busiest second's count of each rate, for the buckets with any
         second in which a delivery started or a write happened."""
-        present = np.flatnonzero(self.counts[0] + self.counts[2])
-        if not len(present):
+        if not self.parts:
             return {}
-        buckets = present * 1000 // self.bucket_ms
+        keys, counts = (np.concatenate(part) for part in zip(*self.parts, strict=True))
+        keys, kind = np.unique(keys, return_inverse=True)
+        totals = np.zeros(len(keys), dtype=np.int64)
+        np.add.at(totals, kind.ravel(), counts)
+        seconds, at = np.unique(keys // self.RATES, return_inverse=True)
+        per_second = np.zeros((self.RATES, len(seconds)), dtype=np.int64)
+        per_second[keys % self.RATES, at.ravel()] = totals
+        buckets = seconds * 1000 // self.bucket_ms
         starts = np.flatnonzero(np.diff(buckets, prepend=-1))
-        highest = np.maximum.reduceat(self.counts[:, present], starts, axis=1)
+        highest = np.maximum.reduceat(per_second, starts, axis=1)
         return {
             int(bucket): tuple(int(v) for v in column)
             for bucket, column in zip(buckets[starts], highest.T, strict=True)
