@@ -5,9 +5,11 @@ computes what staging would otherwise explode, shuffle and sort every attempt fo
 gauge's net change and rise per (bucket, level) (the gauge half of
 :func:`retrysim.tables.peaks.bucket_changes`), each instance's
 (:func:`retrysim.tables.peaks.instance_changes`) and the exact times to commit and to the
-DLQ (:func:`retrysim.tables.summary.times_to_settle`). The same moments and the same
+DLQ (:func:`retrysim.tables.summary.times_to_settle`), with the load's counts and the
+busiest seconds of :mod:`retrysim.tables.key_counts`. The same moments and the same
 arithmetic, in NumPy over the rows as they leave; a few rows per bucket go to the driver with
-the stage's accumulator. tests/tables/test_key_peaks.py holds them equal to the Spark passes.
+the stage's accumulator (two tasks that simulate the same group send a share each).
+tests/tables/test_key_peaks.py holds them equal to the Spark passes.
 """
 
 from __future__ import annotations
