@@ -44,6 +44,7 @@ from retrysim.scenario.units import human_ms
 from retrysim.store.sinks import remove_tree
 from retrysim.tables.key_peaks import GroupSums, GroupSumsParam
 from retrysim.tables.schemas import STAGE
+from retrysim.tables.writes import pops_of
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 # A group on a finite pool with at most this many messages is simulated event by event from
@@ -217,7 +218,10 @@ def _run_sequential(
         folder = os.path.dirname(path)
         count = spark.read.parquet(folder).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
-    return {group: part for group, part in sums.value.items() if part.complete}
+    # a 5.x pop group's busiest second of writes differed from Spark's in a random scenario
+    # (issue 23's note): its rows are summed up by Spark until the twin is fixed
+    pops = {spec.group for spec in specs if pops_of(spec.policy) is not None}
+    return {g: part for g, part in sums.value.items() if part.complete and g not in pops}
 
 
 def in_units(
