@@ -22,8 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.accumulators import AccumulatorParam
 
-from retrysim.model.states import COMMIT, DLQ, WAITING_RETRY
-from retrysim.scenario import limits
+from retrysim.model.states import COMMIT, DLQ
 from retrysim.tables.key_counts import NULL as _NULL
 from retrysim.tables.key_counts import Attempts, BusiestSeconds, CompactCounter, ints
 from retrysim.tables.peaks import ALL_LEVELS, GAUGES, THREAD_UNITS
@@ -155,11 +154,10 @@ class GroupSummer:
     def _add_peaks(self, batch: pa.RecordBatch, rows: Attempts) -> None:
         ready, start, processing, end = rows.ready, rows.start, rows.processing, rows.end
         waited_until, level, batch_size = rows.waited_until, rows.delay_level, rows.batch_size
-        started = start != _NULL
+        started = rows.started == 1
         waited = ~started | (start > ready)
-        waits_retry = _equals(batch, "end_state", WAITING_RETRY)
-        scheduled = waits_retry & _equals(batch, "end_topic", limits.SCHEDULE_TOPIC)
-        busy = started & (processing != _NULL) & (processing > 0)
+        # Attempts' three-valued flags, true only where Spark's when() takes them
+        waits_retry, scheduled, busy = rows.waits_retry == 1, rows.scheduled == 1, rows.busy == 1
         # Spark's FLOOR(1.0E12 / CAST(batch_size AS DOUBLE)), as a long
         share = np.where(
             busy, np.floor(THREAD_UNITS / np.maximum(batch_size, 1).astype(np.float64)), 0
