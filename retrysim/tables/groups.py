@@ -31,10 +31,11 @@ GROUPS = nullable_schema(
 )
 
 
-def groups_df(spark: SparkSession, scenario: Scenario) -> DataFrame:
-    """One row per group: message count, size, source topic, the threads its tables count
-    (``pool``: every instance's; a broadcasting group's tables follow one instance), delay
-    levels, threads per instance and how many instances can get work."""
+def group_rows(scenario: Scenario) -> list[tuple]:
+    """One row per group in :data:`GROUPS`' columns: message count, size, source topic, the
+    threads its tables count (``pool``: every instance's; a broadcasting group's tables
+    follow one instance), delay levels, threads per instance and how many instances can get
+    work."""
     table = scenario.broker.message_delay_level
     rows = []
     for g in scenario.groups:
@@ -52,4 +53,9 @@ def groups_df(spark: SparkSession, scenario: Scenario) -> DataFrame:
                 topology.assignable_instances,
             )
         )
-    return literal_rows(spark, rows, GROUPS)
+    return rows
+
+
+def groups_df(spark: SparkSession, scenario: Scenario) -> DataFrame:
+    """:func:`group_rows` as a small frame."""
+    return literal_rows(spark, group_rows(scenario), GROUPS)

@@ -326,16 +326,20 @@ def local_rows(spark: SparkSession, rows: list[tuple], schema: StructType) -> Da
     JVM as an Arrow table. PySpark's ``createDataFrame`` of Python rows runs them through a
     Python worker when the plan runs (a run's first one takes seconds to start, on the
     critical path of staging); many rows as literals make a plan slow to analyse."""
+    return spark.createDataFrame(arrow_table(rows, schema))
+
+
+def arrow_table(rows: list[tuple], schema: StructType) -> pa.Table:
+    """``rows`` (values in ``schema``'s order) as an Arrow table of ``schema``'s types."""
     arrow = to_arrow_schema(schema)
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in schema.fields]
-    table = pa.Table.from_arrays(
+    return pa.Table.from_arrays(
         [
             pa.array(list(column), type=field.type)
             for column, field in zip(columns, arrow, strict=True)
         ],
         schema=arrow,
     )
-    return spark.createDataFrame(table)
 
 
 def literal_rows(spark: SparkSession, rows: list[tuple], schema: StructType) -> DataFrame:

@@ -22,6 +22,7 @@ from retrysim.scenario.loading import scenario_json
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.dead_letters import dead_letters_from_attempts
+from retrysim.tables.from_sums import small_tables
 from retrysim.tables.instances import changes_of_shared_groups, instance_load_from
 from retrysim.tables.key_peaks import GroupSums
 from retrysim.tables.load import compact_attempts, load_from_attempts, retries_by_level
@@ -73,6 +74,12 @@ def stage_tables(
 
     def load_and_summary() -> pd.DataFrame:
         began = time.monotonic()
+        summed = small_tables(scenario, engines, known)
+        if summed is not None:
+            summed.write(path)
+            tables = "load, instance_load and summary"
+            say(f"  staged {tables} from the groups' sums ({time.monotonic() - began:.1f}s)")
+            return summed.retries
         # four scans of every attempt that need nothing else: at once
         compact, times, changes, per_instance = run_together(
             [
