@@ -24,6 +24,23 @@ DEFAULT_TABLE_MS = (
 )  # fmt: skip
 
 
+# A 4.x group simulated whole by the compiled loop that reaches most of what the tables
+# sum up: three instances by queue with two retry queues, a full pool, timeouts, failed
+# send-backs, the producer fallback's dead letters, an outage, the schedule topic's levels
+# (a delay table of five), and work left at a 100 s horizon.
+BUSY_GROUP: dict[str, Any] = {
+    "name": "busy", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 2,
+    "consumers": {"instances": 3, "threads": 2}, "retry_queue_nums": 2,
+    "consume_timeout": "1s",
+    "workload": {"messages": 2500, "over": "80s", "queues": 4},
+    "behavior": {"fail_probability": 0.2,
+                 "processing_time": {"dist": "lognormal", "mean": "80ms", "p99": "900ms"},
+                 "outages": [{"start": "20s", "end": "40s", "fail_probability": 0.9}],
+                 "send_back_failure_probability": 0.1,
+                 "send_back_fallback_probability": 0.1},
+}  # fmt: skip
+
+
 def group(name: str, **overrides: Any) -> dict[str, Any]:
     """A rocketmq4.concurrently group with one message at t=0 and zero processing time."""
     base: dict[str, Any] = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 from chispa import assert_df_equality
+from support import BUSY_GROUP
 
 from retrysim.engine.choice import lanes_are_independent
 from retrysim.engine.rounds import group_plans, key_specs
@@ -19,23 +20,11 @@ from retrysim.tables.load import load_from_attempts, retries_by_level
 from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, data_schema, local_rows
 from retrysim.tables.summary import summary_from
 
-_SLOW = {"dist": "lognormal", "mean": "80ms", "p99": "900ms"}
 SCENARIO = {
     "name": "summed", "seed": 11, "horizon": "100s", "load_bucket": "10s",
     "broker": {"message_delay_level": "1s 5s 10s 30s 1m"},
     "groups": [
-        {   # three instances by queue, two retry queues: each instance's own rows; a full
-            # pool, timeouts, failed send-backs, the fallback's dead letters, the schedule
-            # topic's levels, the horizon
-            "name": "busy", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 2,
-            "consumers": {"instances": 3, "threads": 2}, "retry_queue_nums": 2,
-            "consume_timeout": "1s",
-            "workload": {"messages": 2500, "over": "80s", "queues": 4},
-            "behavior": {"fail_probability": 0.2, "processing_time": _SLOW,
-                         "outages": [{"start": "20s", "end": "40s", "fail_probability": 0.9}],
-                         "send_back_failure_probability": 0.1,
-                         "send_back_fallback_probability": 0.1},
-        },
+        BUSY_GROUP,  # each of its three instances' own rows
         {   # more instances than queues: one idles
             "name": "idle", "flavor": "rocketmq4.concurrently",
             "consumers": {"instances": 3, "threads": 4},

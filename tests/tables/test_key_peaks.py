@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from chispa import assert_df_equality
+from support import BUSY_GROUP
 
 from retrysim.engine.choice import lanes_are_independent
 from retrysim.engine.rounds import group_plans, key_specs
@@ -22,22 +23,11 @@ from retrysim.tables.load import compact_attempts
 from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.summary import times_to_settle
 
-_SLOW = {"dist": "lognormal", "mean": "80ms", "p99": "900ms"}
 SCENARIO = {
     "name": "whole-groups", "seed": 7, "horizon": "100s", "load_bucket": "10s",
     "broker": {"message_delay_level": "1s 5s 10s 30s 1m"},
     "groups": [
-        {   # compiled: three instances by queue, a full pool, timeouts, failed send-backs,
-            # the producer fallback, an outage, the schedule topic's levels, the horizon
-            "name": "busy", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 2,
-            "consumers": {"instances": 3, "threads": 2}, "retry_queue_nums": 2,
-            "consume_timeout": "1s",
-            "workload": {"messages": 2500, "over": "80s", "queues": 4},
-            "behavior": {"fail_probability": 0.2, "processing_time": _SLOW,
-                         "outages": [{"start": "20s", "end": "40s", "fail_probability": 0.9}],
-                         "send_back_failure_probability": 0.1,
-                         "send_back_fallback_probability": 0.1},
-        },
+        BUSY_GROUP,  # compiled: three instances by queue, a full pool
         {   # the Python loop: batches of up to four share a thread
             "name": "batched", "flavor": "rocketmq4.concurrently",
             "consume_message_batch_max_size": 4,
