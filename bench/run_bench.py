@@ -387,6 +387,8 @@ def _timeline(lines: list[Line], sampler: MemorySampler, wall_s: float) -> dict:
     staging = committed = finished = validating = validated = None
     event_start = event_end = previous = None
     for line in lines:
+        if line.text.startswith("retrysim:   ... "):
+            continue  # runner.never_quiet's reminder names the phase, but does not start it
         match = ROUND_RE.search(line.text)
         if match:
             elapsed = float(match.group(4))
