@@ -31,8 +31,8 @@ from retrysim.store import views
 from retrysim.store.lease import acquire_lease
 from retrysim.store.recovery import publish_run, recover
 from retrysim.store.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
-from retrysim.tables.schemas import TABLE_SETS
-from retrysim.tables.staging import derived_for_lean, runs_row, stage_tables, write_parquet
+from retrysim.tables.schemas import RUNS, TABLE_SETS, data_schema, write_rows
+from retrysim.tables.staging import derived_for_lean, runs_row, stage_tables
 
 QUIET_S = 8.0  # a run with progress says a line at least this often (plus a second)
 
@@ -173,8 +173,9 @@ def simulate(
             written = TABLE_SETS[tables]
             staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)
             rows = {
-                status: write_parquet(
-                    runs_row(spark, scenario, run_id, started_at, rounds, status, tables),
+                status: write_rows(
+                    [runs_row(spark, scenario, run_id, started_at, rounds, status, tables)],
+                    data_schema(RUNS),
                     os.path.join(staging, "tables", f"runs-{status}"),
                 )
                 for status in (STATUS_PUBLISHING, STATUS_COMPLETE)

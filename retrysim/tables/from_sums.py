@@ -19,14 +19,12 @@ its thread's time is a fraction, which Spark sums in its own order).
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import NamedTuple
 
 import pandas as pd
-import pyarrow.parquet as pq
 
 from retrysim.model.policy import policy_for
 from retrysim.model.states import COMMIT, DISCARD, DLQ
@@ -36,7 +34,7 @@ from retrysim.tables.groups import GROUPS, group_rows
 from retrysim.tables.instances import shared_groups
 from retrysim.tables.key_peaks import GroupSums
 from retrysim.tables.peaks import ALL_LEVELS, GAUGES, RATES, THREAD_UNITS
-from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, arrow_table, data_schema
+from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, data_schema, write_rows
 from retrysim.tables.summary import PERCENTILES
 
 _COUNTS = ("deliveries", "first_deliveries", "retries", "commits", "dlq", "discards",
@@ -99,10 +97,8 @@ class SmallTables:
             ("summary", self.summary, SUMMARY),
         ):
             columns = data_schema(schema)
-            table = arrow_table([tuple(r[c] for c in columns.fieldNames()) for r in rows], columns)
-            os.makedirs(paths[name], exist_ok=True)
-            pq.write_table(
-                table, os.path.join(paths[name], "part-00000.parquet"), compression="snappy"
+            write_rows(
+                [tuple(r[c] for c in columns.fieldNames()) for r in rows], columns, paths[name]
             )
 
 

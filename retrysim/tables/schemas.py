@@ -7,7 +7,10 @@ types are a contract checked in one place. Every table is partitioned by ``run_i
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -358,3 +361,12 @@ def literal_rows(spark: SparkSession, rows: list[tuple], schema: StructType) -> 
         for row in rows
     ]
     return spark.range(0, 1, numPartitions=1).select(F.inline(F.array(*structs)))
+
+
+def write_rows(rows: list[tuple], schema: StructType, folder: str) -> str:
+    """``rows`` as one Parquet file in ``folder`` (pyarrow), as a table is staged: a run's
+    few rows need no Spark job. Returns the folder."""
+    os.makedirs(folder, exist_ok=True)
+    table = arrow_table(rows, schema)
+    pq.write_table(table, os.path.join(folder, "part-00000.parquet"), compression="snappy")
+    return folder

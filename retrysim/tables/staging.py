@@ -27,7 +27,7 @@ from retrysim.tables.instances import changes_of_shared_groups, instance_load_fr
 from retrysim.tables.key_peaks import GroupSums
 from retrysim.tables.load import compact_attempts, load_from_attempts, retries_by_level
 from retrysim.tables.peaks import bucket_changes
-from retrysim.tables.schemas import ATTEMPTS, RUNS, SCHEMAS, TABLE_ORDER, data_schema, literal_rows
+from retrysim.tables.schemas import ATTEMPTS, SCHEMAS, TABLE_ORDER, data_schema
 from retrysim.tables.summary import summary_from, times_to_settle
 from retrysim.tables.transitions import transitions_from_attempts
 from retrysim.version import __version__
@@ -165,8 +165,9 @@ def runs_row(
     rounds: int,
     status: str = STATUS_COMPLETE,
     tables: str = "full",
-) -> DataFrame:
-    row = (
+) -> tuple:
+    """The run's ``runs`` row, in the staged table's columns (``run_id`` is its partition)."""
+    return (
         scenario.name,
         scenario.seed,
         scenario_json(scenario),
@@ -178,4 +179,3 @@ def runs_row(
         rounds,
         tables,
     )
-    return literal_rows(spark, [row], data_schema(RUNS))
