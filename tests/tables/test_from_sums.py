@@ -37,6 +37,13 @@ SCENARIO = {
             "workload": {"messages": 300, "over": "30s", "queues": 2},
             "behavior": {"fail_probability": 0.2, "processing_time": "150ms"},
         },
+        {   # the event-by-event loop in Python: poison dead-lettered, then replayed
+            "name": "replayed", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 1,
+            "consumers": {"instances": 1, "threads": 2},
+            "workload": {"messages": 200, "over": "10s", "queues": 2},
+            "behavior": {"poison_fraction": 0.2, "processing_time": "50ms"},
+            "replay": {"at": "40s", "rate": "10/s", "poison_fixed": True},
+        },
         {   # 5.x: one instance, its own pool; no delay table
             "name": "popped", "flavor": "rocketmq5.simple", "invisible_duration": "10s",
             "consumers": {"instances": 1, "threads": 2},
@@ -86,6 +93,7 @@ def test_the_small_tables_are_the_spark_passes_over_the_same_attempts(spark, sim
     by_group = {row["group"]: row for row in summary.collect()}
     assert by_group["idle"]["idle_instances"] == 1 and by_group["broadcast"]["discards"] > 0
     assert by_group["busy"]["dlq"] > 0 and by_group["busy"]["max_schedule_backlog"] > 0
+    assert by_group["replayed"]["replayed"] > 0 and by_group["replayed"]["commits"] == 200
 
     for rows, expected, schema in (
         (summed.load, load, LOAD),
