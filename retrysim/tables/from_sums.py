@@ -33,13 +33,11 @@ from retrysim.scenario.spec import Scenario
 from retrysim.tables.groups import GROUPS, group_rows
 from retrysim.tables.instances import shared_groups
 from retrysim.tables.key_peaks import GroupSums
+from retrysim.tables.load import LOAD_COUNTS, LOAD_GAUGES
 from retrysim.tables.peaks import ALL_LEVELS, GAUGES, RATES, THREAD_UNITS
 from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, data_schema, write_rows
 from retrysim.tables.summary import PERCENTILES
 
-_COUNTS = ("deliveries", "first_deliveries", "retries", "commits", "dlq", "discards",
-           "commitlog_writes", "replays")  # fmt: skip
-_LOAD_GAUGES = ("inflight", "waiting_retry", "ready_backlog")
 _SETTLED = {COMMIT: "commits", DLQ: "dlq", DISCARD: "discards"}
 
 
@@ -143,7 +141,7 @@ def _load_rows(
     """load_from_attempts of one group."""
     bucket_ms = scenario.load_bucket
     buckets = -(-scenario.horizon // bucket_ms)
-    per_bucket = {name: [0] * buckets for name in (*_COUNTS, *_LOAD_GAUGES)}
+    per_bucket = {name: [0] * buckets for name in (*LOAD_COUNTS, *LOAD_GAUGES)}
     schedule: dict[tuple[int, int], int] = defaultdict(int)  # (level, bucket) -> change
     busy_ms = [0] * buckets  # integers: every busy row is a single message's request
     first_ready: dict[int, int] = {}  # bucket before the start -> the earliest waited Ready
@@ -196,22 +194,21 @@ def _load_rows(
         if row.min_waited_ready is not None:  # _oldest_ready
             before = (row.b_start if row.b_start is not None else buckets) - 1
             if 0 <= before < buckets:
-                earliest = first_ready.get(before, row.min_waited_ready)
-                first_ready[before] = min(earliest, row.min_waited_ready)
+                ready = row.min_waited_ready
+                first_ready[before] = min(first_ready.get(before, ready), ready)
 
     peaks = {c["bucket"]: c for c in changes if c["level"] == ALL_LEVELS}
     backlogs = _schedule_backlog(group["levels"], buckets, schedule, changes)
     pool = group["pool"]
-    ends = dict.fromkeys((*_LOAD_GAUGES, "threads_busy"), 0)
+    ends = dict.fromkeys((*LOAD_GAUGES, "threads_busy"), 0)
     oldest = [None] * buckets  # the suffix minimum of first_ready
     for bucket in reversed(range(buckets)):
-        later = oldest[bucket + 1] if bucket + 1 < buckets else None
-        here = first_ready.get(bucket)
-        oldest[bucket] = here if later is None else later if here is None else min(here, later)
+        candidates = [first_ready.get(bucket), oldest[bucket + 1] if bucket + 1 < buckets else None]
+        oldest[bucket] = _smallest(candidates)
     rows = []
     for bucket in range(buckets):
         peak = peaks.get(bucket, {})
-        for gauge in _LOAD_GAUGES:
+        for gauge in LOAD_GAUGES:
             ends[gauge] += per_bucket[gauge][bucket]
         ends["threads_busy"] += peak.get("threads_busy_total") or 0
         end_ms = (bucket + 1) * bucket_ms
@@ -219,7 +216,7 @@ def _load_rows(
         age = (
             end_ms - oldest[bucket] if oldest[bucket] is not None and oldest[bucket] < end_ms else 0
         )
-        highest = {g: _bucket_maximum(ends[g], peak, g) for g in (*_LOAD_GAUGES, "threads_busy")}
+        highest = {g: _bucket_maximum(ends[g], peak, g) for g in (*LOAD_GAUGES, "threads_busy")}
         threads_busy_max = _round6(highest["threads_busy"] / float(THREAD_UNITS))
         writes = per_bucket["commitlog_writes"][bucket]
         rows.append(
@@ -227,14 +224,14 @@ def _load_rows(
                 "group": group["group"],
                 "bucket_start_ms": bucket * bucket_ms,
                 "bucket_ms": bucket_ms,
-                **{name: per_bucket[name][bucket] for name in _COUNTS},
-                **{gauge: ends[gauge] for gauge in _LOAD_GAUGES},
+                **{name: per_bucket[name][bucket] for name in LOAD_COUNTS},
+                **{gauge: ends[gauge] for gauge in LOAD_GAUGES},
                 "commitlog_bytes": writes * group["size_bytes"],
                 "schedule_backlog": backlogs[bucket][0],
                 "busy_thread_ms": busy,
                 "utilization": None if pool is None else busy / (pool * bucket_ms),
                 "oldest_ready_age_ms": age,
-                **{f"{gauge}_max": highest[gauge] for gauge in _LOAD_GAUGES},
+                **{f"{gauge}_max": highest[gauge] for gauge in LOAD_GAUGES},
                 "schedule_backlog_max": backlogs[bucket][1],
                 "utilization_max": None if pool is None else threads_busy_max / pool,
                 "oldest_ready_age_ms_max": max(age, peak.get("longest_wait") or 0),
@@ -270,8 +267,7 @@ def _schedule_backlog(
 
 def _alone(load: list[dict]) -> list[dict]:
     """instances._from_load: a group with one instance that can get work has the load's rows."""
-    columns = ("group", "bucket_start_ms", "bucket_ms", "deliveries", "ready_backlog",
-               "ready_backlog_max", "busy_thread_ms", "utilization", "utilization_max")  # fmt: skip
+    columns = [c for c in data_schema(INSTANCE_LOAD).fieldNames() if c != "consumer_instance"]
     return [{"consumer_instance": 0, **{c: row[c] for c in columns}} for row in load]
 
 
@@ -295,7 +291,6 @@ def _instance_rows(scenario: Scenario, group: dict, changes: tuple[tuple, ...]) 
             entered = threads_busy - threads_total
             area = entered * bucket_ms + int(change.get("threads_busy_area") or 0)
             busy = _round6(_thread_ms(area))
-            change = {**change, "ready_backlog_total": change.get("ready_backlog_total") or 0}
             highest = _bucket_maximum(threads_busy, change, "threads_busy")
             highest = _round6(highest / float(THREAD_UNITS))
             rows.append(
@@ -362,9 +357,9 @@ def _summary_row(
         "messages": messages,
         **counted,
         "pending": messages - counted["commits"] - counted["dlq"] - counted["discards"],
-        "amplification": counted["deliveries"] / messages if messages else None,
+        "amplification": counted["deliveries"] / messages,
         "commitlog_writes": writes,
-        "write_amplification": writes / messages if messages else None,
+        "write_amplification": writes / messages,
         "max_ready_backlog": max(r["ready_backlog_max"] for r in load),
         "max_waiting_retry": max(r["waiting_retry_max"] for r in load),
         "max_inflight": max(r["inflight_max"] for r in load),
@@ -385,6 +380,12 @@ def _largest(values) -> float | int | None:
     """SQL's max: nulls skipped, null when there is nothing else."""
     present = [v for v in values if v is not None]
     return max(present) if present else None
+
+
+def _smallest(values) -> int | None:
+    """SQL's min: nulls skipped, null when there is nothing else."""
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
 
 
 def _run_maxima(changes: list[dict]) -> dict:
@@ -432,7 +433,7 @@ def _retries(compact: dict[str, list[_Compact]]) -> pd.DataFrame:
         for row in rows:
             if row.retry_number is not None:
                 counted[row.group, row.retry_level, row.retry_number] += row.n
-    keys = sorted(counted, key=lambda k: (k[0], k[2], -1 if k[1] is None else k[1]))
+    keys = sorted(counted, key=lambda k: (k[0], k[2], k[1] is not None, k[1] or 0))  # nulls first
     frame = pd.DataFrame(
         [(*key, counted[key]) for key in keys],
         columns=["group", "delay_level", "retry", "retries"],

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 # Retries by retry number are counted up to this number; later ones share the last bar
 # (an orderly poison message can retry thousands of times).
 RETRY_NUMBER_CAP = 24
-_COUNTS = (
+LOAD_COUNTS = (
     "deliveries",
     "first_deliveries",
     "retries",
@@ -65,7 +65,7 @@ _COUNTS = (
     "commitlog_writes",
     "replays",
 )
-_GAUGES = ("inflight", "waiting_retry", "ready_backlog")
+LOAD_GAUGES = ("inflight", "waiting_retry", "ready_backlog")
 _COMPACT_WRITES = 8  # the position of b_writes in a compact row (group, 7 keys before it)
 
 
@@ -309,7 +309,7 @@ def load_from_attempts(
     compact = compact if compact is not None else compact_attempts(attempts, scenario)
     changes = changes if changes is not None else bucket_changes(attempts, scenario)
     events = _events(compact).where(F.col("bucket") < buckets)
-    names = (*_COUNTS, *_GAUGES)
+    names = (*LOAD_COUNTS, *LOAD_GAUGES)
     per_bucket = events.groupBy("group", "bucket").agg(
         *[F.sum(F.when(F.col("kind") == F.lit(n), F.col("amount"))).alias(n) for n in names]
     )
@@ -335,7 +335,7 @@ def load_from_attempts(
         "group",
         "bucket",
         "longest_wait",
-        *[f"{gauge}_{part}" for gauge in (*_GAUGES, busy) for part in ("total", "rise")],
+        *[f"{gauge}_{part}" for gauge in (*LOAD_GAUGES, busy) for part in ("total", "rise")],
     )
     filled = (
         grid.join(per_bucket, ["group", "bucket"], "left")
@@ -347,7 +347,7 @@ def load_from_attempts(
     )
     bucket_end = (F.col("bucket") + 1) * F.lit(bucket_ms)
     oldest_ready = F.min("min_ready").over(after)
-    ends = {gauge: F.sum(gauge).over(upto) for gauge in _GAUGES}
+    ends = {gauge: F.sum(gauge).over(upto) for gauge in LOAD_GAUGES}
     ends[busy] = F.sum(f"{busy}_total").over(upto)
 
     def maximum(gauge: str) -> Column:
@@ -374,7 +374,7 @@ def load_from_attempts(
             }
         ).withColumns(
             {
-                **{f"{gauge}_max": maximum(gauge) for gauge in _GAUGES},
+                **{f"{gauge}_max": maximum(gauge) for gauge in LOAD_GAUGES},
                 "utilization_max": threads_busy_max / F.col("pool"),
                 "oldest_ready_age_ms_max": F.greatest(
                     F.col("oldest_ready_age_ms"), F.coalesce(F.col("longest_wait"), F.lit(0))
