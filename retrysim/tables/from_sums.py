@@ -3,7 +3,7 @@
 When every group of a run was summed up where it was simulated
 (:mod:`retrysim.tables.key_peaks`), the Spark passes that build ``load``, ``instance_load``
 and ``summary`` read nothing but those sums: a few rows per bucket and kind of delivery. On
-a new JVM their twenty-odd small jobs cost seconds of planning and code generation for
+a new JVM their forty-odd small jobs cost seconds of planning and code generation for
 milliseconds of work (the default scenario: about 7 s of its staging). This module is their
 twin in Python integers, the same rows column for column
 (:func:`retrysim.tables.load.load_from_attempts`,
