@@ -77,8 +77,8 @@ def stage_tables(
         summed = small_tables(scenario, engines, known)
         if summed is not None:
             summed.write(path)
-            tables = "load, instance_load and summary"
-            say(f"  staged {tables} from the groups' sums ({time.monotonic() - began:.1f}s)")
+            took = time.monotonic() - began
+            say(f"  staged load, instance_load and summary from the groups' sums ({took:.1f}s)")
             return summed.retries
         # four scans of every attempt that need nothing else: at once
         compact, times, changes, per_instance = run_together(
