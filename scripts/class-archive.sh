@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The driver JVM's class archive (JDK class data sharing): a snapshot of the ~15,000 classes
+# a retrysim run loads (Spark SQL, Parquet, Janino, Hadoop), parsed and verified once, which
+# later JVMs map instead of loading each class from its jar again. It saves about 4 s of a
+# cold run's start and 8 CPU-seconds of class loading (docs/performance.md).
+#
+#   scripts/class-archive.sh          prints the archive's path for this JVM and venv,
+#                                     recording it first (a small run, ~40 s, once) if missing
+#
+# Called by bootstrap.sh; spark-submit.sh passes the path to the driver JVM. The archive is
+# keyed by everything it depends on (the java binary and version, the Spark jars and the
+# configuration folder on the class path), so a new JDK or pyspark records a new one. A JVM
+# that cannot use it (another class path, a changed jar) runs as without it. A recording
+# that fails is not retried for that key (build/jvm/<key>.failed; delete it to retry).
+# RETRYSIM_CLASS_ARCHIVE=off turns the archive off.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+[ "${RETRYSIM_CLASS_ARCHIVE:-}" != off ] || exit 0
+[ -z "${RETRYSIM_CLASS_ARCHIVE_RECORD:-}" ] || exit 0 # this is the recording run itself
+command -v java >/dev/null 2>&1 || exit 0
+SPARK_HOME="${SPARK_HOME:-$("$ROOT/.venv/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')}"
+DIR="$ROOT/build/jvm"
+key="$(
+  {
+    readlink -f "$(command -v java)"
+    java -version 2>&1
+    echo "$SPARK_HOME" "$ROOT/build/spark-conf"
+    ls -l --time-style=+%s "$SPARK_HOME/jars"
+  } | sha256sum | cut -c1-16
+)"
+archive="$DIR/spark-$key.jsa"
+if [ ! -f "$archive" ] && [ ! -f "$DIR/spark-$key.failed" ]; then
+  mkdir -p "$DIR"
+  exec 9>"$DIR/.lock"
+  if flock -n 9 && [ ! -f "$archive" ]; then
+    echo "retrysim: recording the JVM's class archive for faster starts (once, ~40 s)..." >&2
+    scratch="$(mktemp -d "$DIR/record.XXXXXX")"
+    if RETRYSIM_CLASS_ARCHIVE_RECORD="$scratch/classes.jsa" "$ROOT/spark-submit.sh" \
+      jobs/simulate.py --output "$scratch/out" --set groups.0.workload.messages=5000 \
+      >"$scratch/log" 2>&1 && [ -s "$scratch/classes.jsa" ]; then
+      mv -f "$scratch/classes.jsa" "$archive"
+      find "$DIR" -name 'spark-*.jsa' ! -path "$archive" -delete
+    else
+      cp "$scratch/log" "$DIR/spark-$key.failed"
+      echo "retrysim: the class archive could not be recorded (log: $DIR/spark-$key.failed);" \
+        "runs start without it" >&2
+    fi
+    rm -rf "$scratch"
+  fi
+  exec 9>&-
+fi
+[ ! -f "$archive" ] || echo "$archive"
