@@ -33,6 +33,7 @@ from retrysim.store.recovery import publish_run, recover
 from retrysim.store.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
 from retrysim.tables.schemas import RUNS, TABLE_SETS, data_schema, write_rows
 from retrysim.tables.staging import derived_for_lean, runs_row, stage_tables
+from retrysim.tables.task_tables import TASK_TABLES
 
 QUIET_S = 8.0  # a run with progress says a line at least this often (plus a second)
 
@@ -166,11 +167,12 @@ def simulate(
         began = time.monotonic()
         try:
             recover(output, say)
-            rounds, engines, sums = simulate_attempts(
-                spark, scenario, staging, say, tail_rows, small_group, unit_messages
-            )
-            say("staging tables ...")
             written = TABLE_SETS[tables]
+            rounds, engines, sums = simulate_attempts(
+                spark, scenario, staging, say, tail_rows, small_group, unit_messages,
+                tuple(table for table in TASK_TABLES if table in written),
+            )  # fmt: skip
+            say("staging tables ...")
             staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)
             rows = {
                 status: write_rows(

@@ -44,6 +44,7 @@ from retrysim.scenario.units import human_ms
 from retrysim.store.sinks import remove_tree
 from retrysim.tables.key_peaks import GroupSums, GroupSumsParam
 from retrysim.tables.schemas import STAGE
+from retrysim.tables.task_tables import TASK_TABLES_DIR
 from retrysim.tables.writes import pops_of
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
@@ -73,6 +74,7 @@ def simulate_attempts(
     tail_rows: int,
     small_group: int = SMALL_GROUP_MESSAGES,
     unit_messages: int | None = None,
+    task_tables: tuple[str, ...] = (),
 ) -> tuple[int, dict[str, str], dict[str, GroupSums]]:
     """Stage every group's attempts under ``staging/attempts/engine=...``: by rounds where
     that is exact, else event by event; returns the round count, each group's engine and
@@ -80,7 +82,10 @@ def simulate_attempts(
     pool with at most ``small_group`` messages runs event by event from the start; one
     simulated event by event in units (:func:`units_of`) with at least ``unit_messages``
     runs as its units (None: from :data:`UNIT_MESSAGES`, with more first-step units than
-    :data:`MOST_OUTPUT_PARTS` on more cores than that, else never)."""
+    :data:`MOST_OUTPUT_PARTS` on more cores than that, else never). When every group is
+    simulated whole in a task, those tasks also write the tables ``task_tables`` of
+    :data:`retrysim.tables.task_tables.TASK_TABLES` (dead letters only where nothing is
+    replayed) under ``staging/task_tables``, for staging to take as they are."""
     fewest_units = 1
     if unit_messages is None:  # only where units give more tasks than a whole group's parts
         wide = spark.sparkContext.defaultParallelism > MOST_OUTPUT_PARTS
@@ -113,7 +118,9 @@ def simulate_attempts(
         if plan.policy.sequential or plan.name in full or plan.name in from_start
     ]
     sums = (
-        _run_sequential(spark, scenario, sequential, staging, say, unit_messages, fewest_units)
+        _run_sequential(
+            spark, scenario, sequential, staging, say, unit_messages, fewest_units, task_tables
+        )
         if sequential
         else {}
     )
@@ -173,6 +180,7 @@ def _run_sequential(
     say: Progress,
     unit_messages: int,
     fewest_units: int = 1,
+    task_tables: tuple[str, ...] = (),
 ) -> dict[str, GroupSums]:
     """Simulate ``plans`` event by event, staging their attempts; a group in units
     (:func:`units_of`) with at least ``unit_messages`` messages and ``fewest_units`` units
@@ -201,8 +209,16 @@ def _run_sequential(
     # attempts table
     heartbeats = os.path.join(staging, "heartbeats")
     sums = spark.sparkContext.accumulator({}, GroupSumsParam())
+    everyone = {plan.name for plan in plans} == {group.name for group in scenario.groups}
+    if not everyone or per_lane or split:
+        task_tables = ()  # staging makes them in Spark, for every group
+    elif any(plan.policy.replay is not None for plan in plans):
+        task_tables = tuple(table for table in task_tables if table != "dead_letters")
+    made = (os.path.join(staging, TASK_TABLES_DIR), task_tables) if task_tables else None
     with _watching(heartbeats, keys, say):
-        write_sequential_attempts(spark, specs, per_lane, partitions, path, heartbeats, sums, split)
+        write_sequential_attempts(
+            spark, specs, per_lane, partitions, path, heartbeats, sums, split, made
+        )
     beats = read_heartbeats(heartbeats)
     if split:
         keys += len(split)

@@ -48,6 +48,8 @@ from retrysim.scenario.spec import Behavior, Workload
 from retrysim.store.sinks import remove_tree
 from retrysim.tables.key_peaks import COUNTS, PEAKS, SHARES, GroupSummer
 from retrysim.tables.schemas import STAGE, STAGE_ARROW
+from retrysim.tables.task_tables import ARROW as TASK_TABLE_ARROW
+from retrysim.tables.task_tables import TaskTableWriter, messages_of
 from retrysim.tables.writes import pops_of
 
 OUTPUT_CHUNK_ROWS = 100_000
@@ -762,6 +764,7 @@ def write_sequential_attempts(
     heartbeats: str | None = None,
     sums: Accumulator | None = None,
     split: set[str] = frozenset(),
+    task_tables: tuple[str, tuple[str, ...]] | None = None,
 ) -> int:
     """:func:`sequential_attempts`' rows as Parquet files in ``folder``, one per core
     (``part-<n>.parquet``, each task running its keys in turn), written by the tasks
@@ -773,39 +776,69 @@ def write_sequential_attempts(
     into a folder of its own attempt, and returns the file's name; the driver moves the
     files of the attempts Spark kept (one per task) into ``folder`` and removes the rest,
     so a failed or speculative attempt leaves nothing behind, as with Spark's committer.
-    The folder must be one every executor and the driver see (as for Spark's writer)."""
+    The folder must be one every executor and the driver see (as for Spark's writer).
+
+    ``task_tables`` (a folder, table names): the tasks that simulate a whole group also
+    write those of its tables (:mod:`retrysim.tables.task_tables`) into ``<folder>/<table>``
+    the same way; each table's folder is there afterwards, with at least one file."""
     tasks, positions = _stage_tasks(spark, specs, per_lane, partitions, split)
     attempts_dir = os.path.join(folder, "_attempts")
+    tables_dir, tables = task_tables or (None, ())
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
-        path = os.path.join(
-            attempts_dir, str(context.taskAttemptId()), f"part-{context.partitionId():05d}.parquet"
-        )
+        name = f"part-{context.partitionId():05d}.parquet"
+        attempt = str(context.taskAttemptId())
+        path = os.path.join(attempts_dir, attempt, name)
+        derived = TaskTableWriter(os.path.join(attempts_dir, attempt), name, tables)
 
         def rows() -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for position in batch.column(0).to_pylist():
                     task = tasks[position]
-                    yield from _simulate_one(specs[task.spec], task, position, heartbeats, sums)
+                    spec = specs[task.spec]
+                    whole = task.lane is None and task.unit is None
+                    for chunk in _simulate_one(spec, task, position, heartbeats, sums):
+                        if whole:
+                            derived.add_attempts(chunk, spec.topic)
+                        yield chunk
+                    if whole and "messages" in tables:
+                        made = messages_of(
+                            spec.workload, spec.group, spec.topic, spec.seed, task.part, task.parts
+                        )
+                        derived.write("messages", made)
 
         count = write_rows(rows(), path)
-        written = [{"path": path, "rows": count}] if count else []
+        written = [{"table": "attempts", "path": path, "rows": count}] if count else []
+        written += [
+            {"table": table, "path": path, "rows": count} for table, path, count in derived.close()
+        ]
         yield pa.RecordBatch.from_pylist(written, schema=_WRITTEN_ARROW)
 
     cores = spark.sparkContext.defaultParallelism
     try:
         written = positions.coalesce(cores).mapInArrow(run, _WRITTEN).collect()
-        os.makedirs(folder, exist_ok=True)
+        into = {"attempts": folder} | {t: os.path.join(tables_dir, t) for t in tables}
+        for target in into.values():
+            os.makedirs(target, exist_ok=True)
         for row in written:
-            os.replace(row["path"], os.path.join(folder, os.path.basename(row["path"])))
+            os.replace(row["path"], os.path.join(into[row["table"]], os.path.basename(row["path"])))
+        for table in tables:
+            if not os.listdir(into[table]):  # no rows anywhere: a file with the columns
+                pq.write_table(
+                    TASK_TABLE_ARROW[table].empty_table(),
+                    os.path.join(into[table], "part-00000.parquet"),
+                )
     finally:
         remove_tree(attempts_dir)
-    return sum(row["rows"] for row in written)
+    return sum(row["rows"] for row in written if row["table"] == "attempts")
 
 
 # what each task of write_sequential_attempts wrote
-_WRITTEN = StructType([StructField("path", StringType()), StructField("rows", LongType())])
+_WRITTEN = StructType(
+    [StructField(name, kind) for name, kind in (("table", StringType()), ("path", StringType()),
+                                                ("rows", LongType()))]
+)  # fmt: skip
 _WRITTEN_ARROW = to_arrow_schema(_WRITTEN)
 ROW_GROUP_ROWS = 500_000  # rows per Parquet row group (Spark's 128 MB blocks, about)
 

@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Protocol
 
@@ -102,8 +103,14 @@ class DeltaRsSink:
         partition = root / f"{PARTITION_COLUMN}={run_id}"
         partition.mkdir(parents=True, exist_ok=True)
         actions = []
+        # a name of its own for every file published: a staged name (part-00000.parquet of a
+        # runs row, of a table pyarrow wrote) recurs, and a file moved onto a path that an
+        # earlier version lists would change under its readers (the runs table's publishing
+        # row, replaced in place by the complete row, read as a broken file by a concurrent
+        # run's reader of the earlier version)
+        token = uuid.uuid4().hex[:16]
         for source in sorted(Path(staged).glob("*.parquet")):
-            target = partition / source.name
+            target = partition / f"{token}-{source.name}"
             os.replace(source, target)
             actions.append(_add_action(target, root, run_id))
         schema = arrow_schema(ALL_SCHEMAS[table])

@@ -29,6 +29,7 @@ from retrysim.tables.load import compact_attempts, load_from_attempts, retries_b
 from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.schemas import ATTEMPTS, SCHEMAS, TABLE_ORDER, data_schema
 from retrysim.tables.summary import summary_from, times_to_settle
+from retrysim.tables.task_tables import TASK_TABLES_DIR
 from retrysim.tables.transitions import transitions_from_attempts
 from retrysim.version import __version__
 
@@ -106,16 +107,21 @@ def stage_tables(
         stage("summary", lambda: summary.coalesce(1))
         return retries_by_level(attempts, compact)
 
-    work = [
-        load_and_summary,
-        lambda: stage(
-            "dead_letters", lambda: dead_letters_from_attempts(attempts, scenario, known)
-        ),
-    ]
-    if "messages" in written:
-        work.insert(0, lambda: stage("messages", lambda: all_messages(spark, scenario)))
-    if "transitions" in written:
-        work.insert(0, lambda: stage("transitions", lambda: transitions_from_attempts(attempts)))
+    made_in_tasks = os.path.join(staging, TASK_TABLES_DIR)
+    builds = {
+        "dead_letters": lambda: dead_letters_from_attempts(attempts, scenario, known),
+        "messages": lambda: all_messages(spark, scenario),
+        "transitions": lambda: transitions_from_attempts(attempts),
+    }
+    work = [load_and_summary]
+    for name in ("dead_letters", "messages", "transitions"):
+        if name not in written:
+            continue
+        if os.path.isdir(os.path.join(made_in_tasks, name)):
+            os.replace(os.path.join(made_in_tasks, name), path[name])
+            say(f"  staged {name} (as the event-by-event stage wrote them)")
+        else:
+            work.insert(0, lambda name=name: stage(name, builds[name]))
     retries = run_together(work)[work.index(load_and_summary)]
     say(f"  staged {len(written) - 1} tables ({time.monotonic() - began:.1f}s)")
     return {name: folder for name, folder in path.items() if name in written}, retries

@@ -1,0 +1,163 @@
+"""The messages, transitions and dead letters of a group simulated whole in a task, made by
+that task beside its attempts (pyarrow), instead of by three Spark jobs in staging.
+
+On a new JVM those jobs cost seconds of planning, code generation and JIT for what is, per
+row, a few column copies: the default scenario staged them in about 4 s of its 20. Each is
+a twin of the Spark derivation, and each is checked by the invariant check as the Spark
+tables were: the transitions' digest against the attempts' own derivation, the messages'
+and dead letters' links against the attempts' chains (retrysim.checks.digests), so a twin
+that differs fails the run rather than publishing a wrong table.
+``tests/tables/test_task_tables.py`` holds them equal to the Spark derivations.
+
+- :func:`transitions_of`: :func:`retrysim.tables.transitions.transitions_from_attempts`;
+- :func:`messages_of`: :func:`retrysim.model.workload.messages_df` (through
+  :func:`~retrysim.model.workload.messages_np`, bit for bit);
+- :func:`dead_letters_of`: :func:`retrysim.tables.dead_letters.dead_letters_from_attempts`
+  for a group that replays nothing (a replay's row may be in another task's share).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from retrysim.model.states import DLQ, INFLIGHT, READY, WAITING_RETRY
+from retrysim.model.workload import Workload, messages_np
+from retrysim.tables.schemas import DEAD_LETTERS, MESSAGES, TRANSITIONS, data_schema
+from retrysim.tables.transitions import REASON_DELIVERED, SEQ_PER_DELIVERY
+
+TASK_TABLES = ("messages", "transitions", "dead_letters")
+TASK_TABLES_DIR = "task_tables"  # under a run's staging folder: <table>/<files>
+ARROW = {
+    "messages": to_arrow_schema(data_schema(MESSAGES)),
+    "transitions": to_arrow_schema(data_schema(TRANSITIONS)),
+    "dead_letters": to_arrow_schema(data_schema(DEAD_LETTERS)),
+}
+
+
+def _filled(value, rows: int, kind: pa.DataType) -> pa.Array:
+    return pa.nulls(rows, kind) if value is None else pa.array(np.full(rows, value), kind)
+
+
+def transitions_of(attempts: pa.RecordBatch) -> pa.Table:
+    """A batch of staged attempts' transitions (the table's data columns): per attempt its
+    Ready, its Inflight when it started, its end state when it ended, its leave after a
+    WaitingRetry when it left; ``seq = 4 * (delivery - 1) + k``."""
+    schema = ARROW["transitions"]
+    column = attempts.column
+    rows = attempts.num_rows
+    delivery = column("delivery").to_numpy(zero_copy_only=False)
+    first_seq = (delivery.astype(np.int32) - 1) * SEQ_PER_DELIVERY
+    no_level = pa.nulls(rows, pa.int32())
+    waiting = pc.equal(column("end_state"), WAITING_RETRY)
+    steps = [
+        (None, 1, _filled(READY, rows, pa.string()), "ready_ms", "source_topic", "queue_id",
+         no_level, column("ready_reason")),
+        (column("start_ms"), 2, _filled(INFLIGHT, rows, pa.string()), "start_ms",
+         "source_topic", "queue_id", no_level, _filled(REASON_DELIVERED, rows, pa.string())),
+        (column("end_state"), 3, column("end_state"), "end_ms", "end_topic", "end_queue_id",
+         pc.if_else(waiting, column("delay_level"), no_level), column("end_reason")),
+        (column("leave_state"), 4, column("leave_state"), "settled_ms", "leave_topic",
+         "leave_queue_id", no_level, column("leave_reason")),
+    ]  # fmt: skip
+    parts = []
+    for present, k, state, at_ms, topic, queue_id, level, reason in steps:
+        step = pa.table(
+            [
+                column("group"),
+                column("msg_id"),
+                column("delivery"),
+                pa.array(first_seq + k, pa.int32()),
+                state,
+                column(at_ms),
+                column(topic),
+                column(queue_id),
+                level,
+                reason,
+            ],
+            schema=schema,
+        )
+        parts.append(step if present is None else step.filter(pc.is_valid(present)))
+    return pa.concat_tables(parts)
+
+
+def dead_letters_of(attempts: pa.RecordBatch, origin_topic: str) -> pa.Table:
+    """A batch of staged attempts' dead letters (one per delivery that moved its message to
+    the DLQ), of a group that replays nothing."""
+    dead = pa.Table.from_batches([attempts]).filter(pc.equal(attempts.column("result_state"), DLQ))
+    rows = dead.num_rows
+    return pa.table(
+        [
+            dead.column("group"),
+            dead.column("msg_id"),
+            pc.coalesce(dead.column("leave_topic"), dead.column("end_topic")),
+            dead.column("settled_ms"),
+            dead.column("delivery"),
+            _filled(origin_topic, rows, pa.string()),
+            pa.nulls(rows, pa.int64()),
+        ],
+        schema=ARROW["dead_letters"],
+    )
+
+
+def messages_of(
+    workload: Workload, group: str, topic: str, seed: int, part: int = 0, parts: int = 1
+) -> pa.Table:
+    """Share ``part`` of ``parts`` (a contiguous range of ids) of a group's messages."""
+    msg_ids, queue_ids, born = messages_np(workload, group, seed)
+    low, high = (len(msg_ids) * part) // parts, (len(msg_ids) * (part + 1)) // parts
+    rows = high - low
+    return pa.table(
+        [
+            _filled(group, rows, pa.string()),
+            _filled(topic, rows, pa.string()),
+            pa.array(msg_ids[low:high], pa.int64()),
+            pa.array(queue_ids[low:high], pa.int32()),
+            pa.array(born[low:high], pa.int64()),
+            _filled(workload.size_bytes, rows, pa.int32()),
+        ],
+        schema=ARROW["messages"],
+    )
+
+
+class TaskTableWriter:
+    """One task's files of the :data:`TASK_TABLES` in ``tables`` (a table each), under
+    ``folder/<table>/<name>``: opened on their first rows, closed by :meth:`close`, which
+    returns (table, path, rows) of each file written."""
+
+    def __init__(self, folder: str, name: str, tables: tuple[str, ...] = TASK_TABLES) -> None:
+        self._paths = {table: os.path.join(folder, table, name) for table in tables}
+        self._writers: dict[str, pq.ParquetWriter] = {}
+        self._rows = dict.fromkeys(tables, 0)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return tuple(self._paths)
+
+    def write(self, table: str, rows: pa.Table) -> None:
+        if table not in self._paths or not rows.num_rows:
+            return
+        if table not in self._writers:
+            os.makedirs(os.path.dirname(self._paths[table]), exist_ok=True)
+            self._writers[table] = pq.ParquetWriter(
+                self._paths[table], ARROW[table], compression="snappy"
+            )
+        self._writers[table].write_table(rows)
+        self._rows[table] += rows.num_rows
+
+    def add_attempts(self, batch: pa.RecordBatch, origin_topic: str) -> None:
+        """The transitions and dead letters of a batch of a whole group's attempts."""
+        if "transitions" in self._paths:
+            self.write("transitions", transitions_of(batch))
+        if "dead_letters" in self._paths:
+            self.write("dead_letters", dead_letters_of(batch, origin_topic))
+
+    def close(self) -> list[tuple[str, str, int]]:
+        for writer in self._writers.values():
+            writer.close()
+        return [(table, self._paths[table], self._rows[table]) for table in self._writers]
