@@ -13,8 +13,7 @@ from retrysim.runner import never_quiet
 def test_a_heartbeat_is_read_back_and_a_finished_key_reports_its_horizon(tmp_path):
     folder = str(tmp_path / "beats")
     beat = Heartbeat(folder, 7, horizon_ms=600_000)
-    beat.last = -1e9  # as if the last beat were long ago
-    beat.beat(150_000, 1_234, first=1_000, messages=1_500)
+    beat.beat(150_000, 1_234, first=1_000, messages=1_500)  # the first: written at once
     assert read_heartbeats(folder) == [
         {"sim_ms": 150_000, "horizon_ms": 600_000, "deliveries": 1_234, "first": 1_000,
          "messages": 1_500}
