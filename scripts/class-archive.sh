@@ -35,7 +35,9 @@ if [ ! -f "$archive" ] && [ ! -f "$DIR/spark-$key.failed" ]; then
   if flock -n 9 && [ ! -f "$archive" ]; then
     echo "retrysim: recording the JVM's class archive for faster starts (once, ~40 s)..." >&2
     scratch="$(mktemp -d "$DIR/record.XXXXXX")"
-    if RETRYSIM_CLASS_ARCHIVE_RECORD="$scratch/classes.jsa" "$ROOT/spark-submit.sh" \
+    # the launcher's own settings (the archive is for them: an empty SPARK_CONF_DIR, which a
+    # calling spark-submit.sh has exported already)
+    if env -u SPARK_CONF_DIR RETRYSIM_CLASS_ARCHIVE_RECORD="$scratch/classes.jsa" "$ROOT/spark-submit.sh" \
       jobs/simulate.py --output "$scratch/out" --set groups.0.workload.messages=5000 \
       >"$scratch/log" 2>&1 && [ -s "$scratch/classes.jsa" ]; then
       mv -f "$scratch/classes.jsa" "$archive"
