@@ -24,12 +24,12 @@ if [ -z "${SPARK_CONF_DIR:-}" ]; then
   own_conf=1
   export SPARK_CONF_DIR="$ROOT/build/spark-conf"
   mkdir -p "$SPARK_CONF_DIR"
-  SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }-Dlog4j2.configurationFile=$ROOT/conf/spark/log4j2.properties"
+  SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }\"-Dlog4j2.configurationFile=$ROOT/conf/spark/log4j2.properties\""
   if [ -n "${RETRYSIM_CLASS_ARCHIVE_RECORD:-}" ]; then
-    SPARK_SUBMIT_OPTS+=" -XX:ArchiveClassesAtExit=$RETRYSIM_CLASS_ARCHIVE_RECORD"
+    SPARK_SUBMIT_OPTS+=" \"-XX:ArchiveClassesAtExit=$RETRYSIM_CLASS_ARCHIVE_RECORD\""
   else
-    archive="$("$ROOT/scripts/class-archive.sh")"
-    [ -z "$archive" ] || SPARK_SUBMIT_OPTS+=" -XX:SharedArchiveFile=$archive -Xlog:cds=off -Xlog:cds+dynamic=off"
+    archive="$("$ROOT/scripts/class-archive.sh" || true)" # a failure: no archive, same run
+    [ -z "$archive" ] || SPARK_SUBMIT_OPTS+=" \"-XX:SharedArchiveFile=$archive\" -Xlog:cds=off -Xlog:cds+dynamic=off"
   fi
   export SPARK_SUBMIT_OPTS
 fi

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The driver JVM's class archive (JDK class data sharing): a snapshot of the ~15,000 classes
 # a retrysim run loads (Spark SQL, Parquet, Janino, Hadoop), parsed and verified once, which
-# later JVMs map instead of loading each class from its jar again. It saves about 4 s of a
-# cold run's start and 8 CPU-seconds of class loading (docs/performance.md).
+# later JVMs map instead of loading each class from its jar again. It saves about 2 s of a
+# cold start and 8 CPU-seconds of a run (docs/performance.md).
 #
 #   scripts/class-archive.sh          prints the archive's path for this JVM and venv,
 #                                     recording it first (a small run, ~40 s, once) if missing
 #
-# Called by bootstrap.sh; spark-submit.sh passes the path to the driver JVM. The archive is
-# keyed by everything it depends on (the java binary and version, the Spark jars and the
-# configuration folder on the class path), so a new JDK or pyspark records a new one. A JVM
-# that cannot use it (another class path, a changed jar) runs as without it. A recording
+# Called by spark-submit.sh, which passes the path to the driver JVM, and by run-tests.sh.
+# The archive is keyed by everything it depends on (the java binary Spark runs and its
+# version, the Spark jars, the configuration folder on the class path, this script), so a
+# new JDK or pyspark records a new one. A JVM that cannot use it (another class path, a
+# changed jar) runs as without it, and so does a launch when this script fails. A recording
 # that fails is not retried for that key (build/jvm/<key>.failed; delete it to retry).
 # RETRYSIM_CLASS_ARCHIVE=off turns the archive off.
 set -euo pipefail
@@ -22,8 +23,10 @@ SPARK_HOME="${SPARK_HOME:-$("$ROOT/.venv/bin/python" -c 'import os, pyspark; pri
 DIR="$ROOT/build/jvm"
 key="$(
   {
-    readlink -f "$(command -v java)"
-    java -version 2>&1
+    java="${JAVA_HOME:+$JAVA_HOME/bin/}java" # the one spark-class runs
+    readlink -f "$(command -v "$java")"
+    "$java" -version 2>&1
+    cat "${BASH_SOURCE[0]}"
     echo "$SPARK_HOME" "$ROOT/build/spark-conf"
     ls -l --time-style=+%s "$SPARK_HOME/jars"
   } | sha256sum | cut -c1-16
@@ -37,8 +40,9 @@ if [ ! -f "$archive" ] && [ ! -f "$DIR/spark-$key.failed" ]; then
     scratch="$(mktemp -d "$DIR/record.XXXXXX")"
     # the launcher's own settings (the archive is for them: an empty SPARK_CONF_DIR, which a
     # calling spark-submit.sh has exported already)
-    if env -u SPARK_CONF_DIR RETRYSIM_CLASS_ARCHIVE_RECORD="$scratch/classes.jsa" "$ROOT/spark-submit.sh" \
-      jobs/simulate.py --output "$scratch/out" --set groups.0.workload.messages=5000 \
+    if env -u SPARK_CONF_DIR -u MASTER RETRYSIM_CLASS_ARCHIVE_RECORD="$scratch/classes.jsa" \
+      "$ROOT/spark-submit.sh" jobs/simulate.py --master 'local[*]' --output "$scratch/out" \
+      --set groups.0.workload.messages=5000 \
       >"$scratch/log" 2>&1 && [ -s "$scratch/classes.jsa" ]; then
       mv -f "$scratch/classes.jsa" "$archive"
       find "$DIR" -name 'spark-*.jsa' ! -path "$archive" -delete
