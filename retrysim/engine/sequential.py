@@ -47,8 +47,8 @@ from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior, Workload
 from retrysim.store.sinks import remove_tree
 from retrysim.tables.key_peaks import COUNTS, PEAKS, SHARES, GroupSummer
-from retrysim.tables.schemas import STAGE, STAGE_ARROW
-from retrysim.tables.task_tables import ARROW as TASK_TABLE_ARROW
+from retrysim.tables.schemas import SCHEMAS, STAGE, STAGE_ARROW, data_schema
+from retrysim.tables.schemas import write_rows as write_small_rows
 from retrysim.tables.task_tables import TaskTableWriter, messages_of
 from retrysim.tables.writes import pops_of
 
@@ -57,9 +57,8 @@ _FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (mode
 # A _FREE event's payload: the id of a released lane (>= 0), or a thread of instance i (-1 - i).
 _COLUMNS = STAGE.fieldNames()
 _NO_STEP = (None,) * 11
-HEARTBEAT_S = (
-    2.0  # how often a key's task tells the driver how far it got (the watcher reads every 6 s)
-)
+# how often a key's task tells the driver how far it got (the driver's watcher reads every 6 s)
+HEARTBEAT_S = 2.0
 _CLOCK_EVERY = 4096  # loop turns between looks at the clock
 
 
@@ -801,13 +800,15 @@ def write_sequential_attempts(
                     task = tasks[position]
                     spec = specs[task.spec]
                     whole = task.lane is None and task.unit is None
-                    for chunk in _simulate_one(spec, task, position, heartbeats, sums):
+                    messages = messages_np(spec.workload, spec.group, spec.seed, task.lane)
+                    for chunk in _simulate_one(spec, task, position, heartbeats, sums, messages):
                         if whole:
                             derived.add_attempts(chunk, spec.topic)
                         yield chunk
                     if whole and "messages" in tables:
+                        size = spec.workload.size_bytes
                         made = messages_of(
-                            spec.workload, spec.group, spec.topic, spec.seed, task.part, task.parts
+                            messages, spec.group, spec.topic, size, task.part, task.parts
                         )
                         derived.write("messages", made)
 
@@ -828,10 +829,7 @@ def write_sequential_attempts(
             os.replace(row["path"], os.path.join(into[row["table"]], os.path.basename(row["path"])))
         for table in tables:
             if not os.listdir(into[table]):  # no rows anywhere: a file with the columns
-                pq.write_table(
-                    TASK_TABLE_ARROW[table].empty_table(),
-                    os.path.join(into[table], "part-00000.parquet"),
-                )
+                write_small_rows([], data_schema(SCHEMAS[table]), into[table])
     finally:
         remove_tree(attempts_dir)
     return sum(row["rows"] for row in written if row["table"] == "attempts")
@@ -913,7 +911,7 @@ def retry_owner_attempts(
             task = tasks[int(position)]
             yield from _simulate_one(
                 specs[task.spec], task, (1 << 20) + int(position), heartbeats, None,
-                imports.dropna(subset=["msg_id"]),
+                imports=imports.dropna(subset=["msg_id"]),
             )  # fmt: skip
 
     return rows.repartition(len(tasks), "_key").mapInArrow(run, STAGE)
@@ -963,12 +961,16 @@ def _simulate_one(
     heartbeat_id: int,
     heartbeats: str | None,
     sums: Accumulator | None,
+    messages: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     imports: pd.DataFrame | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """A task's rows, or with ``task.parts`` > 1 every ``parts``-th batch of them from its
     ``part`` on (every task makes the same batches of the same rows); part 0 beats the key's
-    heartbeat, and parts 0 and 1 sum up a whole group's rows."""
-    msg_ids, queue_ids, born = messages_np(spec.workload, spec.group, spec.seed, task.lane)
+    heartbeat, and parts 0 and 1 sum up a whole group's rows. ``messages``: the key's
+    messages as :func:`~retrysim.model.workload.messages_np` makes them, if made already."""
+    if messages is None:
+        messages = messages_np(spec.workload, spec.group, spec.seed, task.lane)
+    msg_ids, queue_ids, born = messages
     heartbeat = Heartbeat(heartbeats if task.part == 0 else None, heartbeat_id, spec.horizon_ms)
     batches = simulate_key(
         spec, msg_ids, queue_ids, born, heartbeat, arrow=True, unit=task.unit, imports=imports

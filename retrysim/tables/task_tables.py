@@ -27,17 +27,12 @@ import pyarrow.parquet as pq
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from retrysim.model.states import DLQ, INFLIGHT, READY, WAITING_RETRY
-from retrysim.model.workload import Workload, messages_np
-from retrysim.tables.schemas import DEAD_LETTERS, MESSAGES, TRANSITIONS, data_schema
+from retrysim.tables.schemas import SCHEMAS, data_schema
 from retrysim.tables.transitions import REASON_DELIVERED, SEQ_PER_DELIVERY
 
 TASK_TABLES = ("messages", "transitions", "dead_letters")
 TASK_TABLES_DIR = "task_tables"  # under a run's staging folder: <table>/<files>
-ARROW = {
-    "messages": to_arrow_schema(data_schema(MESSAGES)),
-    "transitions": to_arrow_schema(data_schema(TRANSITIONS)),
-    "dead_letters": to_arrow_schema(data_schema(DEAD_LETTERS)),
-}
+ARROW = {table: to_arrow_schema(data_schema(SCHEMAS[table])) for table in TASK_TABLES}
 
 
 def _filled(value, rows: int, kind: pa.DataType) -> pa.Array:
@@ -106,10 +101,17 @@ def dead_letters_of(attempts: pa.RecordBatch, origin_topic: str) -> pa.Table:
 
 
 def messages_of(
-    workload: Workload, group: str, topic: str, seed: int, part: int = 0, parts: int = 1
+    messages: tuple[np.ndarray, np.ndarray, np.ndarray],
+    group: str,
+    topic: str,
+    size_bytes: int,
+    part: int = 0,
+    parts: int = 1,
 ) -> pa.Table:
-    """Share ``part`` of ``parts`` (a contiguous range of ids) of a group's messages."""
-    msg_ids, queue_ids, born = messages_np(workload, group, seed)
+    """Share ``part`` of ``parts`` (a contiguous range of ids) of a group's ``messages``, the
+    ``msg_id``, ``queue_id`` and ``born_ms`` that :func:`~retrysim.model.workload.messages_np`
+    made for its simulation."""
+    msg_ids, queue_ids, born = messages
     low, high = (len(msg_ids) * part) // parts, (len(msg_ids) * (part + 1)) // parts
     rows = high - low
     return pa.table(
@@ -119,7 +121,7 @@ def messages_of(
             pa.array(msg_ids[low:high], pa.int64()),
             pa.array(queue_ids[low:high], pa.int32()),
             pa.array(born[low:high], pa.int64()),
-            _filled(workload.size_bytes, rows, pa.int32()),
+            _filled(size_bytes, rows, pa.int32()),
         ],
         schema=ARROW["messages"],
     )
