@@ -12,8 +12,9 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; 
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test,bench]" >&2
-  echo "retrysim: compiling the event engine (numba, cached in ~/.cache/numba; ~20 s once)..." >&2
-  "$VENV/bin/python" -c "from retrysim.engine.compiled import warm_up; warm_up()" >&2
+  echo "retrysim: compiling the event engine and the check's hashes (numba, cached in ~/.cache/numba; ~40 s once)..." >&2
+  "$VENV/bin/python" -c "from retrysim.engine.compiled import warm_up; warm_up()
+from retrysim.checks.spark_hash import warm_up; warm_up()" >&2
   echo "$want" > "$STAMP"
   echo "retrysim: environment ready." >&2
 fi

@@ -17,6 +17,7 @@ broken chain with probability about 2^-64).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -139,17 +140,22 @@ def pop_groups(runs: DataFrame) -> DataFrame | None:
     """Per run and group whose deliveries are 5.x pops: its pop settings
     (:func:`retrysim.tables.writes.pop_settings`) and the run's horizon, from each run's
     stored scenario (one small row per run reaches the driver); None if no group pops."""
+    configs = runs.select(PARTITION_COLUMN, "config_json").distinct().collect()
+    rows = pop_rows((run[PARTITION_COLUMN], run["config_json"]) for run in configs)
+    return runs.sparkSession.createDataFrame(rows, _POP_GROUPS) if rows else None
+
+
+def pop_rows(configs: Iterable[tuple[str, str | None]]) -> list[tuple]:
+    """:func:`pop_groups`' rows from (run id, stored scenario) pairs."""
     rows = []
-    for run in runs.select(PARTITION_COLUMN, "config_json").distinct().collect():
+    for run, config in configs:
         try:
-            scenario = scenario_from_json(run["config_json"])
+            scenario = scenario_from_json(config)
         except ScenarioError:
             continue  # no scenario, no pops: what the tables count is checked as it is
         for group, settings in pop_settings(scenario).items():
-            rows.append((run[PARTITION_COLUMN], group, *settings, scenario.horizon))
-    if not rows:
-        return None
-    return runs.sparkSession.createDataFrame(rows, _POP_GROUPS)
+            rows.append((run, group, *settings, scenario.horizon))
+    return rows
 
 
 def _pop_writes() -> list[Column]:

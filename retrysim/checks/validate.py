@@ -29,8 +29,10 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from retrysim.checks import counts, digests, invariants
+from retrysim.checks import files as file_passes
 from retrysim.checks import rows as row_checks
 from retrysim.checks.invariants import INVARIANTS, Invariant
+from retrysim.checks.spark_hash import range_digest
 from retrysim.store import views
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, data_schema
@@ -220,7 +222,11 @@ def _examples(frame: DataFrame, names: list[str], limit: int) -> dict[str, list[
 # --------------------------------------------------------------------------- entry points
 
 
-def validate_tables(tables: dict[str, DataFrame], transitions_derived: bool = False) -> Report:
+def validate_tables(
+    tables: dict[str, DataFrame],
+    transitions_derived: bool = False,
+    files: dict[str, dict[str, str]] | None = None,
+) -> Report:
     """Check every invariant over ``tables`` (the eight tables, each with its ``run_id``
     column, any number of runs). Scans without a shuffle of the rows, run at once,
     reduce them to a few rows per run and group (digests and counts); only when a chain
@@ -229,8 +235,9 @@ def validate_tables(tables: dict[str, DataFrame], transitions_derived: bool = Fa
     only for a broken invariant. ``transitions_derived``: the
     transitions are the attempts' own derivation (a lean run's), equal to it by
     construction, so their digest is not computed (it would explode the attempts to prove
-    nothing)."""
-    groups, runs, ends = _fast_counts(tables, transitions_derived)
+    nothing). ``files``: the tables as staged Parquet folders (run -> table -> folder), whose
+    passes then run in Python tasks (:mod:`retrysim.checks.files`)."""
+    groups, runs, ends = _fast_counts(tables, transitions_derived, files)
     row_by_row = not all(_chains_whole(values) for values in groups.values())
     if row_by_row:
         # a chain is broken somewhere: check every delivery against its neighbours
@@ -272,11 +279,15 @@ def validate_tables(tables: dict[str, DataFrame], transitions_derived: bool = Fa
 
 
 def _fast_counts(
-    tables: dict[str, DataFrame], transitions_derived: bool = False
+    tables: dict[str, DataFrame],
+    transitions_derived: bool = False,
+    files: dict[str, dict[str, str]] | None = None,
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, dict[str, Any]], DataFrame]:
     """Per run and group, every count of the passes that shuffle no rows: the digests, the
     sums summary and load must match, the chain digests; per run, its runs rows. Also the
-    load's end per group, which the row-by-row pass needs."""
+    load's end per group, which the row-by-row pass needs. ``files`` (run -> table -> staged
+    folder): the passes over those tables run in Python tasks instead
+    (:mod:`retrysim.checks.files`), with the same results."""
     load = counts.load_counts(tables["load"])
     ends = load.select(*invariants.GROUP, "load_end_ms")
     parts: dict[str, Callable[[], DataFrame]] = {
@@ -294,15 +305,31 @@ def _fast_counts(
         parts["instances"] = lambda: counts.instance_counts(tables["instance_load"])
     if not transitions_derived:
         parts["transitions"] = lambda: digests.transition_digest(tables["transitions"])
+    from_files = _from_files(files, parts) if files else set()
+    spark = tables["load"].sparkSession
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     runs: dict[str, dict[str, Any]] = {}
-    _collect_parts(parts, groups, runs)
+    _collect_parts(
+        {name: build for name, build in parts.items() if name not in from_files},
+        groups,
+        runs,
+        in_tasks=lambda: (
+            file_passes.file_counts(
+                spark, files, from_files, {run: not transitions_derived for run in files}
+            )
+            if from_files
+            else []
+        ),
+    )
     later: dict[str, Callable[[], DataFrame]] = {}
     if any(values.get("replayed_takes") for values in groups.values()):
         later["born"] = lambda: digests.replayed_born_mismatches(tables)
     ranges = _id_ranges(groups)
-    if ranges:
-        later["range"] = lambda: digests.id_range_digest(tables["messages"].sparkSession, ranges)
+    if ranges and files:
+        for key, (low, high) in ranges.items():
+            groups[key].update(range_digest(low, high))
+    elif ranges:
+        later["range"] = lambda: digests.id_range_digest(spark, ranges)
     _collect_parts(later, groups, runs)
     for values in groups.values():
         if _ids_once(values):
@@ -311,6 +338,21 @@ def _fast_counts(
         # ids that are not one range: the exact count, a shuffle of the message keys
         _collect_parts({"ids": lambda: digests.message_ids(tables["messages"])}, groups, runs)
     return groups, runs, ends
+
+
+def _from_files(files: dict[str, dict[str, str]], parts: dict[str, Any]) -> set[str]:
+    """The passes of ``parts`` whose table every run has as staged files, but the attempts'
+    transitions of a run with 5.x pops (their commit-log writes are Spark's rule alone)."""
+    covered = {
+        name
+        for name in parts
+        if name in file_passes.PASS_TABLES
+        and all(file_passes.PASS_TABLES[name] in tables for tables in files.values())
+    }
+    configs = file_passes.run_configs(files)
+    if digests.pop_rows((run, config) for run, found in configs.items() for config in found):
+        covered.discard("derived")
+    return covered
 
 
 def _id_ranges(
@@ -336,23 +378,36 @@ def _collect_parts(
     parts: dict[str, Callable[[], DataFrame]],
     groups: dict[tuple[str, str], dict[str, Any]],
     runs: dict[str, dict[str, Any]],
+    in_tasks: Callable[[], list[tuple[str, str, Any, dict[str, Any]]]] | None = None,
 ) -> None:
     """Collect the per-group (and per-run) rows of ``parts`` (each built by its function)
     into ``groups`` and ``runs``, each part built and run as a job of its own in a thread,
     all at once: each is analysed and planned while the others run (on a new JVM, one union
     of them all took about 3 s to plan before its first task, and building the parts one
     after another before running any took about 3.4 s of the default scenario's 10.9), and
-    a core one part leaves idle takes another's tasks."""
-    if not parts:
+    a core one part leaves idle takes another's tasks. ``in_tasks``: one more job, whose rows
+    are (pass, run, group, values) (:func:`retrysim.checks.files.file_counts`)."""
+    work = [lambda build=build: build().collect() for build in parts.values()]
+    if in_tasks is not None:
+        work.append(in_tasks)
+    if not work:
         return
-    collected = run_together([lambda build=build: build().collect() for build in parts.values()])
-    for name, rows in zip(parts, collected, strict=True):
+    collected = run_together(work)
+    for name, rows in zip(parts, collected, strict=False):
         for row in rows:
             values = {key: value for key, value in row.asDict().items() if value is not None}
             if name == "runs":
                 runs[row[PARTITION_COLUMN]] = values
             else:
                 groups.setdefault((row[PARTITION_COLUMN], row["group"]), {}).update(values)
+    for name, run, group, values in collected[-1] if in_tasks is not None else []:
+        keys = (
+            {PARTITION_COLUMN: run} if name == "runs" else {PARTITION_COLUMN: run, "group": group}
+        )
+        if name == "runs":
+            runs[run] = {**keys, **values}
+        else:
+            groups.setdefault((run, group), {}).update({**keys, **values})
 
 
 def _digest_of(v: dict[str, Any], *prefixes: str) -> tuple[int, int, int]:
@@ -459,7 +514,9 @@ def check_staged(
     """Validate a staged run; raise :class:`ValidationError` naming what broke."""
     began = time.monotonic()
     tables = staged_tables(spark, staged, run_id, derived)
-    report = validate_tables(tables, transitions_derived="transitions" in (derived or {}))
+    report = validate_tables(
+        tables, transitions_derived="transitions" in (derived or {}), files={run_id: staged}
+    )
     if not report.ok:
         raise ValidationError(run_id, report)
     how = " (row by row: the chain digests disagreed)" if report.row_by_row else ""

@@ -16,16 +16,14 @@ request, with a fast path for first deliveries, and runs a group's units (docs/m
 per queue. Replays and a round run's frontier stay with the Python loop. A loop is a
 generator: a key's rows leave in chunks, and between chunks it reports how far it got for
 the heartbeat. numba caches the compiled code on disk, keyed by the source
-(``_BySourceLocator``), so only the first run on a machine pays the compilation (about
+(:mod:`retrysim.engine.numba_cache`), so only the first run on a machine pays the compilation (about
 40 s for both loops; setup does it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
-import os
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -33,11 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit, types
-from numba.core import config as numba_config
-from numba.core.caching import CacheImpl, _CacheLocator
-from numba.misc.appdirs import AppDirs
 from numba.typed import Dict, List
 
+from retrysim.engine.numba_cache import cache_by_source
 from retrysim.model import behavior as listener
 from retrysim.model import rng, states
 from retrysim.model.behavior import ListenerModel, _Dist
@@ -47,46 +43,7 @@ from retrysim.scenario import limits
 from retrysim.scenario.loading import load_scenario
 from retrysim.tables.schemas import STAGE, STAGE_ARROW
 
-# --------------------------------------------------------------------------- the disk cache
-
-_DIGEST = hashlib.sha256(__loader__.get_data(__file__)).hexdigest()[:16]
-
-
-class _BySourceLocator(_CacheLocator):
-    """numba's disk cache for this module, keyed by a digest of its source instead of its
-    path and modification time: on a cluster the module is imported from the ``--py-files``
-    zip that Spark copies into every application's folder, and a path-keyed cache would
-    compile the loops again (about 40 s) in every application on every worker. The cache
-    lives in numba's folder (``NUMBA_CACHE_DIR``, else the user's cache folder)."""
-
-    def __init__(self, py_func, py_file) -> None:
-        self._lineno = py_func.__code__.co_firstlineno
-        base = numba_config.CACHE_DIR or AppDirs(appname="numba", appauthor=False).user_cache_dir
-        self._path = os.path.join(base, "retrysim", _DIGEST)
-
-    def get_cache_path(self) -> str:
-        return self._path
-
-    def get_source_stamp(self) -> str:
-        return _DIGEST
-
-    def get_disambiguator(self) -> str:
-        return str(self._lineno)
-
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        if py_func.__module__ != __name__:
-            return None
-        locator = cls(py_func, py_file)
-        try:
-            locator.ensure_cache_path()
-        except OSError:  # not writable: numba's own locators take over
-            return None
-        return locator
-
-
-if not any(c.__name__ == _BySourceLocator.__name__ for c in CacheImpl._locator_classes):
-    CacheImpl._locator_classes.insert(0, _BySourceLocator)
+cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 
 # --------------------------------------------------------------------------- string codes
 

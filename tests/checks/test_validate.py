@@ -476,13 +476,6 @@ SCENARIO = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def real_run(spark, tmp_path_factory):
-    output = str(tmp_path_factory.mktemp("validate") / "out")
-    retrysim.runner.simulate(spark, build_scenario(SCENARIO), output=output, run_id="real")
-    return output
-
-
 def test_validator_passes_on_a_real_run(spark, real_run):
     report = validate_output(spark, real_run)
     assert report.ok, report.format()

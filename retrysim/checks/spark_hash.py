@@ -1,0 +1,230 @@
+"""Spark's ``xxhash64`` in numba, bit for bit, over columns of a batch.
+
+The check's passes over staged files (:mod:`retrysim.checks.files`) hash the same values as
+its Spark expressions, and the digests of both sides must agree: a row's hash is
+``F.xxhash64`` of its values in order, a null value skipped (XXH64.hashLong, hashInt and
+hashUnsafeBytes, as Spark runs them; a boolean is hashed as the int 0 or 1), with
+:func:`retrysim.checks.invariants.transition_hash`'s null mask as a last int.
+tests/checks/test_files.py holds every pass built on it to Spark's results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+
+from retrysim.engine.numba_cache import cache_by_source
+from retrysim.model import rng
+
+cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
+
+_P1, _P2, _P3 = np.uint64(rng._P1), np.uint64(rng._P2), np.uint64(rng._P3)
+_P4, _P5 = np.uint64(rng._P4), np.uint64(rng._P5)
+_LONG_SEED_ADD = np.uint64((rng._P5 + 8) & rng._MASK64)
+_INT_SEED_ADD = np.uint64((rng._P5 + 4) & rng._MASK64)
+LOW32 = np.uint64(0xFFFFFFFF)
+_SPARK_SEED = 42  # xxhash64's seed in Spark
+
+
+@njit(cache=True, inline="always")
+def _rotl(value, bits):
+    return (value << np.uint64(bits)) | (value >> np.uint64(64 - bits))
+
+
+@njit(cache=True, inline="always")
+def _fmix(value):
+    value ^= value >> np.uint64(33)
+    value *= _P2
+    value ^= value >> np.uint64(29)
+    value *= _P3
+    return value ^ (value >> np.uint64(32))
+
+
+@njit(cache=True, inline="always")
+def _round(acc, lane):
+    return _rotl(acc + lane * _P2, 31) * _P1
+
+
+@njit(cache=True, inline="always")
+def _word(data, at, width):
+    """The little-endian word of ``width`` bytes at ``at``."""
+    word = np.uint64(0)
+    for j in range(width):
+        word |= np.uint64(data[at + j]) << np.uint64(8 * j)
+    return word
+
+
+@njit(cache=True)
+def _mix_longs(acc, values, valid):
+    """XXH64.hashLong of each valid value into its row's running hash (``values``: uint64)."""
+    for i in range(acc.size):
+        if valid[i]:
+            h = acc[i] + _LONG_SEED_ADD
+            h ^= _rotl(values[i] * _P2, 31) * _P1
+            acc[i] = _fmix(_rotl(h, 27) * _P1 + _P4)
+
+
+@njit(cache=True)
+def _mix_ints(acc, values, valid):
+    """XXH64.hashInt (the int's 32 bits, zero-extended; ``values``: uint64)."""
+    for i in range(acc.size):
+        if valid[i]:
+            h = acc[i] + _INT_SEED_ADD
+            h ^= (values[i] & LOW32) * _P1
+            acc[i] = _fmix(_rotl(h, 23) * _P2 + _P3)
+
+
+@njit(cache=True)
+def _mix_bytes(seed, data, start, end):
+    """XXH64.hashUnsafeBytes of ``data[start:end]`` (a UTF8String's bytes)."""
+    length = end - start
+    at = start
+    if length >= 32:
+        v1 = seed + _P1 + _P2
+        v2 = seed + _P2
+        v3 = seed
+        v4 = seed - _P1
+        while at <= end - 32:
+            v1 = _round(v1, _word(data, at, 8))
+            v2 = _round(v2, _word(data, at + 8, 8))
+            v3 = _round(v3, _word(data, at + 16, 8))
+            v4 = _round(v4, _word(data, at + 24, 8))
+            at += 32
+        h = _rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)
+        for lane in (v1, v2, v3, v4):
+            h ^= _round(np.uint64(0), lane)
+            h = h * _P1 + _P4
+    else:
+        h = seed + _P5
+    h += np.uint64(length)
+    while at <= end - 8:
+        h ^= _round(np.uint64(0), _word(data, at, 8))
+        h = _rotl(h, 27) * _P1 + _P4
+        at += 8
+    if at + 4 <= end:
+        h ^= _word(data, at, 4) * _P1
+        h = _rotl(h, 23) * _P2 + _P3
+        at += 4
+    while at < end:
+        h ^= np.uint64(data[at]) * _P5
+        h = _rotl(h, 11) * _P1
+        at += 1
+    return _fmix(h)
+
+
+@njit(cache=True)
+def _mix_strings(acc, offsets, data, valid):
+    for i in range(acc.size):
+        if valid[i]:
+            acc[i] = _mix_bytes(acc[i], data, offsets[i], offsets[i + 1])
+
+
+@njit(cache=True)
+def _mix_string(acc, data, valid):
+    """The same string (``data``) into every valid row."""
+    for i in range(acc.size):
+        if valid[i]:
+            acc[i] = _mix_bytes(acc[i], data, 0, data.size)
+
+
+@njit(cache=True)
+def _range_digest(low, high):
+    """Rows, and the sums of the high and low halves, of xxhash64(id) for id in low..high."""
+    hi = np.int64(0)
+    lo = np.int64(0)
+    for value in range(low, high + 1):
+        h = np.uint64(_SPARK_SEED) + _LONG_SEED_ADD
+        h ^= _rotl(np.uint64(value) * _P2, 31) * _P1
+        h = _fmix(_rotl(h, 27) * _P1 + _P4)
+        hi += np.int64(h >> np.uint64(32))
+        lo += np.int64(h & LOW32)
+    return high - low + 1, hi, lo
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass
+class Value:
+    """A column as Spark sees it in an expression: its type (``long``, ``int`` or ``str``),
+    its values (uint64 bits; for a string, Arrow's offsets and bytes, or one constant's bytes)
+    and which rows are not null."""
+
+    kind: str
+    valid: np.ndarray
+    bits: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+    data: np.ndarray | None = None
+    constant: bool = False
+
+    def mix_into(self, acc: np.ndarray) -> None:
+        if self.kind == "long":
+            _mix_longs(acc, self.bits, self.valid)
+        elif self.kind == "int":
+            _mix_ints(acc, self.bits, self.valid)
+        elif self.constant:
+            _mix_string(acc, self.data, self.valid)
+        else:
+            _mix_strings(acc, self.offsets, self.data, self.valid)
+
+    def where(self, condition: np.ndarray) -> Value:
+        """``F.when(condition, value)``: null where ``condition`` is not true."""
+        return Value(self.kind, self.valid & condition, self.bits, self.offsets, self.data,
+                     self.constant)  # fmt: skip
+
+
+def number(kind: str, values: np.ndarray, valid: np.ndarray | None = None) -> Value:
+    values = np.asarray(values, dtype=np.int64)
+    present = np.ones(values.size, bool) if valid is None else valid
+    return Value(kind, present, bits=values.view(np.uint64))
+
+
+def constant(kind: str, value, rows: int, valid: np.ndarray | None = None) -> Value:
+    present = np.ones(rows, bool) if valid is None else valid
+    if kind == "str":
+        data = np.frombuffer(value.encode("utf-8"), dtype=np.uint8)
+        return Value("str", present, data=data, constant=True)
+    return number(kind, np.full(rows, int(value), dtype=np.int64), present)
+
+
+def null(kind: str, rows: int) -> Value:
+    return Value(kind, np.zeros(rows, bool), bits=np.zeros(rows, np.uint64),
+                 offsets=np.zeros(rows + 1, np.int32), data=np.zeros(0, np.uint8))  # fmt: skip
+
+
+def spark_hash(values: list[Value], rows: int, null_mask: bool = True) -> np.ndarray:
+    """``F.xxhash64(*values)`` (with :func:`retrysim.checks.invariants.transition_hash`'s null
+    mask as a last int when ``null_mask``), as uint64 bits."""
+    acc = np.full(rows, _SPARK_SEED, dtype=np.uint64)
+    mask = np.zeros(rows, dtype=np.int64)
+    for bit, value in enumerate(values):
+        value.mix_into(acc)
+        mask |= (~value.valid).astype(np.int64) << bit
+    if null_mask:
+        _mix_ints(acc, mask.view(np.uint64), np.ones(rows, bool))
+    return acc
+
+
+def range_digest(low: int, high: int) -> dict[str, int]:
+    """:func:`retrysim.checks.digests.id_range_digest` of one group, in a loop that holds no
+    ids (``range_*``)."""
+    rows, hi, lo = _range_digest(np.int64(low), np.int64(high))
+    return {"range_rows": int(rows), "range_hash_hi": int(hi), "range_hash_lo": int(lo)}
+
+
+def warm_up() -> None:
+    """Compile the kernels (or load them from numba's cache on disk) on a few values of each
+    kind: setup runs it once, so that no Spark task pays the compilation."""
+    rows = 3
+    values = [number("long", np.arange(rows)), number("int", np.arange(rows)),
+              constant("str", "warm", rows), null("str", rows)]  # fmt: skip
+    strings = pa.array(["a", None, "b" * 40])
+    buffers = strings.buffers()
+    valid = strings.is_valid().to_numpy(zero_copy_only=False)
+    offsets, data = np.frombuffer(buffers[1], np.int32), np.frombuffer(buffers[2], np.uint8)
+    values.append(Value("str", valid, offsets=offsets, data=data))
+    spark_hash(values, rows)
+    range_digest(0, 1)
