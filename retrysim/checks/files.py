@@ -26,11 +26,13 @@ false, and an aggregate ignores nulls.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +61,10 @@ from retrysim.model.states import (
     REASON_SEND_BACK_FALLBACK,
     WAITING_RETRY,
 )
+from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
+from retrysim.scenario.loading import scenario_from_json
+from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.schemas import SCHEMAS, data_schema
 from retrysim.tables.transitions import REASON_DELIVERED, SEQ_PER_DELIVERY
@@ -70,6 +75,8 @@ PASS_TABLES = {"load": "load", "summary": "summary", "derived": "attempts",
                "runs": "runs", "instances": "instance_load",
                "transitions": "transitions"}  # fmt: skip
 BATCH_ROWS = 1 << 19
+# A lean run's messages are not staged: the tasks make them again from its scenario.
+GENERATED = "<made again from the run's scenario>"
 
 # --------------------------------------------------------------------------- Arrow columns
 
@@ -661,6 +668,7 @@ class Task:
     passes: tuple[str, ...]
     row_groups: tuple[int, ...] | None = None
     rows: int = 0
+    ids: tuple[str, int, int] | None = None  # generated messages: group, first id, end
 
 
 @dataclass(frozen=True)
@@ -671,13 +679,14 @@ class Context:
     horizons: dict[str, int | None]
     ends: dict[str, dict[object, int]]
     hashed: dict[str, bool]
+    configs: dict[str, str | None] = dataclasses.field(default_factory=dict)
 
 
 def run_task(task: Task, context: Context) -> Iterator[tuple[str, str, object, dict]]:
     """The rows of one task: (pass, run, group, aggregates)."""
     kinds = _kinds(data_schema(SCHEMAS[task.table]))
     horizon = context.horizons.get(task.run)
-    if task.row_groups is None:
+    if task.table in _WHOLE_TABLES:
         table = _read_folder(task.path, kinds)
         whole = {"load": load_pass, "instance_load": instance_pass, "summary": summary_pass}
         if task.table == "runs":
@@ -686,7 +695,11 @@ def run_task(task: Task, context: Context) -> Iterator[tuple[str, str, object, d
         for name, group, values in whole[task.table](table, kinds):
             yield name, task.run, group, values
         return
-    for record_batch in _batches(task.path, task.row_groups, kinds):
+    if task.ids is not None:
+        batches = [_generated_messages(context.configs[task.run], *task.ids)]
+    else:
+        batches = _batches(task.path, task.row_groups, kinds)
+    for record_batch in batches:
         batch = Batch(record_batch, kinds)
         if task.table == "attempts":
             ends = context.ends.get(task.run, {})
@@ -700,6 +713,30 @@ def run_task(task: Task, context: Context) -> Iterator[tuple[str, str, object, d
             found = dead_letter_pass(batch)
         for name, group, values in found:
             yield name, task.run, group, values
+
+
+@lru_cache(maxsize=4)
+def _scenario(config: str) -> Scenario:
+    return scenario_from_json(config)
+
+
+def _generated_messages(config: str, group: str, low: int, high: int) -> pa.Table:
+    """A lean run's messages ``low`` to ``high`` of ``group``, made again from the run's
+    scenario by :func:`retrysim.model.workload.messages_np`, which tests hold bit for bit to
+    the Spark derivation readers see (:func:`retrysim.model.workload.messages_df`)."""
+    scenario = _scenario(config)
+    found = next(g for g in scenario.groups if g.name == group)
+    ids, queue_ids, born = messages_np(found.workload, group, scenario.seed,
+                                       msg_ids=np.arange(low, high, dtype=np.int64))  # fmt: skip
+    rows = high - low
+    return pa.table({
+        "group": pa.repeat(group, rows),
+        "topic": pa.repeat(found.source_topic, rows),
+        "msg_id": pa.array(ids, pa.int64()),
+        "queue_id": pa.array(queue_ids, pa.int32()),
+        "born_ms": pa.array(born, pa.int64()),
+        "size_bytes": pa.repeat(pa.scalar(found.workload.size_bytes, pa.int32()), rows),
+    })  # fmt: skip
 
 
 def runs_pass(table: pa.Table) -> Iterator[tuple[str, dict]]:
@@ -763,6 +800,7 @@ def _shares(tasks: list[Task], cores: int) -> list[list[Task]]:
 def plan_tasks(files: dict[str, dict[str, str]], passes: set[str]) -> list[Task]:
     """The shares of the stage: ``files`` run -> table -> staged folder; ``passes``: the
     passes to compute. Big files are split by row groups, biggest first."""
+    configs = {run: found[-1] if found else None for run, found in run_configs(files).items()}
     by_table: dict[str, list[str]] = defaultdict(list)
     for name in passes:
         by_table[PASS_TABLES[name]].append(name)
@@ -773,6 +811,9 @@ def plan_tasks(files: dict[str, dict[str, str]], passes: set[str]) -> list[Task]
                 continue
             if table in _WHOLE_TABLES:
                 tasks.append((0, Task(run, table, tables[table], tuple(sorted(wanted)))))
+                continue
+            if tables[table] == GENERATED:
+                tasks += [(task.rows, task) for task in _generated_tasks(run, configs[run])]
                 continue
             for path in _parquet_files(tables[table]):
                 meta = pq.ParquetFile(path).metadata
@@ -789,6 +830,18 @@ def plan_tasks(files: dict[str, dict[str, str]], passes: set[str]) -> list[Task]
                     tasks.append((rows, Task(run, table, path, tuple(sorted(wanted)),
                                              tuple(share), rows)))  # fmt: skip
     return [task for _, task in sorted(tasks, key=lambda item: -item[0])]
+
+
+def _generated_tasks(run: str, config: str | None) -> list[Task]:
+    """A lean run's messages, made again in the tasks: each group's ids in shares."""
+    tasks = []
+    for group in _scenario(config).groups if config else ():
+        count = group.workload.messages
+        for low in range(0, count, _SPLIT_ROWS):
+            high = min(low + _SPLIT_ROWS, count)
+            tasks.append(Task(run, "messages", GENERATED, ("messages",), rows=high - low,
+                              ids=(group.name, low, high)))  # fmt: skip
+    return tasks
 
 
 def run_configs(files: dict[str, dict[str, str]]) -> dict[str, list[str | None]]:
@@ -815,7 +868,8 @@ def context_of(files: dict[str, dict[str, str]], hashed: dict[str, bool]) -> Con
                 for _, group, values in load_pass(load, _LOAD_KINDS)
                 if "load_end_ms" in values
             }
-    return Context(horizons, ends, hashed)
+    configs = {run: found[-1] if found else None for run, found in run_configs(files).items()}
+    return Context(horizons, ends, hashed, configs)
 
 
 _LOAD_KINDS = {"group": "str", "bucket_start_ms": "long", "bucket_ms": "long",

@@ -514,8 +514,11 @@ def check_staged(
     """Validate a staged run; raise :class:`ValidationError` naming what broke."""
     began = time.monotonic()
     tables = staged_tables(spark, staged, run_id, derived)
+    files = dict(staged)
+    if "messages" in (derived or {}):
+        files["messages"] = file_passes.GENERATED
     report = validate_tables(
-        tables, transitions_derived="transitions" in (derived or {}), files={run_id: staged}
+        tables, transitions_derived="transitions" in (derived or {}), files={run_id: files}
     )
     if not report.ok:
         raise ValidationError(run_id, report)

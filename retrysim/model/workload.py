@@ -53,13 +53,19 @@ def messages_df(spark: SparkSession, group: Group, seed: int) -> DataFrame:
 
 
 def messages_np(
-    workload: Workload, group: str, seed: int, lane: int | None = None
+    workload: Workload,
+    group: str,
+    seed: int,
+    lane: int | None = None,
+    msg_ids: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`messages_df`'s ``msg_id``, ``queue_id`` and ``born_ms`` in NumPy, bit for bit
-    (the same double arithmetic), for the whole group or one of its queues (``lane``): a
-    task that simulates them event by event makes them itself, and no message crosses the
-    network."""
-    if lane is None:
+    (the same double arithmetic), for the whole group, one of its queues (``lane``) or the
+    ids ``msg_ids``: a task that simulates them event by event makes them itself, and no
+    message crosses the network."""
+    if msg_ids is not None:
+        msg_ids = np.asarray(msg_ids, dtype=np.int64)
+    elif lane is None:
         msg_ids = np.arange(workload.messages, dtype=np.int64)
     else:
         msg_ids = np.arange(lane, workload.messages, workload.queues, dtype=np.int64)

@@ -110,6 +110,13 @@ def test_every_pass_gives_sparks_values_on_a_real_run(spark, real):
     assert lean == []
 
 
+def test_a_lean_runs_messages_made_again_give_sparks_values(spark, real):
+    """A lean run stages no messages: the tasks make them from the run's scenario."""
+    tables, staged = real
+    lean = {run: {**found, "messages": file_passes.GENERATED} for run, found in staged.items()}
+    assert differences(spark, tables, lean, {"messages"}) == []
+
+
 def test_the_hand_made_broken_runs_give_sparks_values(spark, hand):
     assert differences(spark, *hand) == []
 
