@@ -17,7 +17,7 @@ broken chain with probability about 2^-64).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -178,7 +178,7 @@ def _pop_writes() -> list[Column]:
     return before(times, c("horizon_ms"))
 
 
-def attempt_chain_digest(tables: dict[str, DataFrame], ends: DataFrame) -> DataFrame:
+def attempt_chain_digest(tables: Mapping[str, DataFrame], ends: DataFrame) -> DataFrame:
     """The attempts' side of the chain digests (:func:`_attempt_links`) per run and group.
     A scan of its own: in the scan of :func:`derived_digest` the generated code grew past
     what the JVM compiles and Spark ran the stage ten times slower."""
@@ -367,7 +367,7 @@ def dead_letter_chain_digest(dead_letters: DataFrame) -> DataFrame:
     )
 
 
-def replayed_born_mismatches(tables: dict[str, DataFrame]) -> DataFrame:
+def replayed_born_mismatches(tables: Mapping[str, DataFrame]) -> DataFrame:
     """Replayed deliveries whose born_ms is not their message's, per run and group: the one
     link the dead letters cannot check (they do not carry born_ms). A join, run only when
     a group replays."""
@@ -380,7 +380,7 @@ def replayed_born_mismatches(tables: dict[str, DataFrame]) -> DataFrame:
     )
 
 
-def transition_mismatches(tables: dict[str, DataFrame]) -> DataFrame:
+def transition_mismatches(tables: Mapping[str, DataFrame]) -> DataFrame:
     """The transitions that differ from the attempts' derivation, as delivery rows with an
     ``attempts_transitions`` flag: rows the table has and the attempts do not give, and the
     other way round. Two shuffles: only run when :func:`transition_digest` disagreed."""

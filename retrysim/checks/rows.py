@@ -20,7 +20,7 @@ with reason ``replayed``; every path starts with Ready (``published``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import reduce
 from itertools import pairwise
 
@@ -262,7 +262,7 @@ _STEP_VALUES = ("t_ready_reason", "t_end_state", "t_last_state", "t_last_ms", "t
 _WIDE_VALUES = ("t_first_step", "t_last_step")
 
 
-def message_union(tables: dict[str, DataFrame], explain: bool = False) -> DataFrame:
+def message_union(tables: Mapping[str, DataFrame], explain: bool = False) -> DataFrame:
     """Messages, attempts (with their transitions as steps) and dead letters as rows of one
     frame, shuffled once by message: every pass below runs on it without another shuffle.
     A row carries only its own table's columns (the others null) and ``src``, which table
@@ -331,7 +331,7 @@ def _per_delivery(union: DataFrame, explain: bool = False) -> DataFrame:
 
 
 def delivery_rows(
-    tables: dict[str, DataFrame], ends: DataFrame, explain: bool = False
+    tables: Mapping[str, DataFrame], ends: DataFrame, explain: bool = False
 ) -> DataFrame:
     """One row per delivery (and per message born after the horizon, at delivery 1) with
     the previous delivery's last transition, the next one's Ready, the last replay so far,

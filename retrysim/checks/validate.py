@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -223,7 +223,7 @@ def _examples(frame: DataFrame, names: list[str], limit: int) -> dict[str, list[
 
 
 def validate_tables(
-    tables: dict[str, DataFrame],
+    tables: Mapping[str, DataFrame],
     transitions_derived: bool = False,
     files: dict[str, dict[str, str]] | None = None,
 ) -> Report:
@@ -237,11 +237,11 @@ def validate_tables(
     construction, so their digest is not computed (it would explode the attempts to prove
     nothing). ``files``: the tables as staged Parquet folders (run -> table -> folder), whose
     passes then run in Python tasks (:mod:`retrysim.checks.files`)."""
-    groups, runs, ends = _fast_counts(tables, transitions_derived, files)
+    groups, runs = _fast_counts(tables, transitions_derived, files)
     row_by_row = not all(_chains_whole(values) for values in groups.values())
     if row_by_row:
         # a chain is broken somewhere: check every delivery against its neighbours
-        checked = row_checks.checked_counts(row_checks.delivery_rows(tables, ends))
+        checked = row_checks.checked_counts(row_checks.delivery_rows(tables, _load_ends(tables)))
         _collect_parts({"checked": lambda: checked}, groups, runs)
     else:
         for values in groups.values():
@@ -255,7 +255,7 @@ def validate_tables(
     }
     if any(broken.values()):
         # the same rows with the texts, which take every step column: only now
-        explained = row_checks.delivery_rows(tables, ends, explain=True)
+        explained = row_checks.delivery_rows(tables, _load_ends(tables), explain=True)
         rows = {"delivery": explained, "message": row_checks.message_rows(explained)}
         for prefix, names in broken.items():
             if names:
@@ -279,24 +279,22 @@ def validate_tables(
 
 
 def _fast_counts(
-    tables: dict[str, DataFrame],
+    tables: Mapping[str, DataFrame],
     transitions_derived: bool = False,
     files: dict[str, dict[str, str]] | None = None,
-) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, dict[str, Any]], DataFrame]:
+) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, dict[str, Any]]]:
     """Per run and group, every count of the passes that shuffle no rows: the digests, the
     sums summary and load must match, the chain digests; per run, its runs rows. Also the
     load's end per group, which the row-by-row pass needs. ``files`` (run -> table -> staged
     folder): the passes over those tables run in Python tasks instead
     (:mod:`retrysim.checks.files`), with the same results."""
-    load = counts.load_counts(tables["load"])
-    ends = load.select(*invariants.GROUP, "load_end_ms")
     parts: dict[str, Callable[[], DataFrame]] = {
-        "load": lambda: load,
+        "load": lambda: counts.load_counts(tables["load"]),
         "summary": lambda: counts.summary_counts(tables["summary"]),
         "derived": lambda: digests.derived_digest(
             tables["attempts"], digests.pop_groups(tables["runs"]), hashed=not transitions_derived
         ),
-        "chains": lambda: digests.attempt_chain_digest(tables, ends),
+        "chains": lambda: digests.attempt_chain_digest(tables, _load_ends(tables)),
         "messages": lambda: digests.message_chain_digest(tables["messages"], tables["runs"]),
         "dead": lambda: digests.dead_letter_chain_digest(tables["dead_letters"]),
         "runs": lambda: counts.runs_counts(tables["runs"], STATUS_COMPLETE),
@@ -306,7 +304,6 @@ def _fast_counts(
     if not transitions_derived:
         parts["transitions"] = lambda: digests.transition_digest(tables["transitions"])
     from_files = _from_files(files, parts) if files else set()
-    spark = tables["load"].sparkSession
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     runs: dict[str, dict[str, Any]] = {}
     _collect_parts(
@@ -315,7 +312,10 @@ def _fast_counts(
         runs,
         in_tasks=lambda: (
             file_passes.file_counts(
-                spark, files, from_files, {run: not transitions_derived for run in files}
+                SparkSession.active(),
+                files,
+                from_files,
+                {run: not transitions_derived for run in files},
             )
             if from_files
             else []
@@ -329,7 +329,7 @@ def _fast_counts(
         for key, (low, high) in ranges.items():
             groups[key].update(range_digest(low, high))
     elif ranges:
-        later["range"] = lambda: digests.id_range_digest(spark, ranges)
+        later["range"] = lambda: digests.id_range_digest(SparkSession.active(), ranges)
     _collect_parts(later, groups, runs)
     for values in groups.values():
         if _ids_once(values):
@@ -337,7 +337,12 @@ def _fast_counts(
     if not all("distinct_messages" in values for values in groups.values()):
         # ids that are not one range: the exact count, a shuffle of the message keys
         _collect_parts({"ids": lambda: digests.message_ids(tables["messages"])}, groups, runs)
-    return groups, runs, ends
+    return groups, runs
+
+
+def _load_ends(tables: Mapping[str, DataFrame]) -> DataFrame:
+    """Each group's load end (``load_end_ms``), which the chains and row-by-row passes read."""
+    return counts.load_counts(tables["load"]).select(*invariants.GROUP, "load_end_ms")
 
 
 def _from_files(files: dict[str, dict[str, str]], parts: dict[str, Any]) -> set[str]:
@@ -415,10 +420,10 @@ def _digest_of(v: dict[str, Any], *prefixes: str) -> tuple[int, int, int]:
     return tuple(sum(v[f"{p}_{key}"] for p in prefixes) for key in _DIGESTED)
 
 
-def whole_chains(tables: dict[str, DataFrame]) -> dict[tuple[str, str], bool]:
+def whole_chains(tables: Mapping[str, DataFrame]) -> dict[tuple[str, str], bool]:
     """Per run and group, whether its chains are whole (:func:`_chains_whole`): when all
     are, :func:`validate_tables` needs no row-by-row pass."""
-    groups, _, _ = _fast_counts(tables)
+    groups, _ = _fast_counts(tables)
     return {key: _chains_whole(values) for key, values in groups.items()}
 
 
@@ -485,23 +490,47 @@ def _tally(
     return counts, examples
 
 
+class _Lazy(Mapping[str, DataFrame]):
+    """Tables built when first read: a check whose passes all run from the files never
+    plans a Spark read (each costs a cold driver tenths of a second)."""
+
+    def __init__(self, builders: dict[str, Callable[[], DataFrame]]) -> None:
+        self._builders = builders
+        self._built: dict[str, DataFrame] = {}
+
+    def __getitem__(self, name: str) -> DataFrame:
+        if name not in self._built:
+            self._built[name] = self._builders[name]()
+        return self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._builders)
+
+    def __len__(self) -> int:
+        return len(self._builders)
+
+
 def staged_tables(
     spark: SparkSession,
     staged: dict[str, str],
     run_id: str,
-    derived: dict[str, DataFrame] | None = None,
-) -> dict[str, DataFrame]:
-    """A run's staged Parquet tables (without run_id inside) as frames with their run_id;
-    ``derived`` gives the data frames of tables a lean run does not stage."""
-    frames = dict(derived or {})
-    frames.update(
+    derived: dict[str, Callable[[], DataFrame]] | None = None,
+) -> Mapping[str, DataFrame]:
+    """A run's staged Parquet tables (without run_id inside) as frames with their run_id,
+    each read when first used; ``derived`` builds the frames of tables a lean run does not
+    stage."""
+    builders = dict(derived or {})
+    for name, schema in SCHEMAS.items():
+        if name in staged:
+            builders[name] = lambda path=staged[name], schema=schema: spark.read.schema(
+                data_schema(schema)
+            ).parquet(path)
+    return _Lazy(
         {
-            name: spark.read.schema(data_schema(schema)).parquet(staged[name])
-            for name, schema in SCHEMAS.items()
-            if name in staged
+            name: lambda build=builders[name]: build().withColumn(PARTITION_COLUMN, F.lit(run_id))
+            for name in SCHEMAS
         }
     )
-    return {name: frames[name].withColumn(PARTITION_COLUMN, F.lit(run_id)) for name in SCHEMAS}
 
 
 def check_staged(
@@ -509,7 +538,7 @@ def check_staged(
     staged: dict[str, str],
     run_id: str,
     say: Callable[[str], None] = lambda _line: None,
-    derived: dict[str, DataFrame] | None = None,
+    derived: dict[str, Callable[[], DataFrame]] | None = None,
 ) -> Report:
     """Validate a staged run; raise :class:`ValidationError` naming what broke."""
     began = time.monotonic()
