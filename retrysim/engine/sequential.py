@@ -46,7 +46,7 @@ from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior, Workload
 from retrysim.store.sinks import remove_tree
-from retrysim.tables.key_peaks import COUNTS, PEAKS, SHARES, GroupSummer
+from retrysim.tables.key_peaks import COUNTS, PEAK_HALVES, SHARES, GroupSummer
 from retrysim.tables.schemas import SCHEMAS, STAGE, STAGE_ARROW, data_schema
 from retrysim.tables.schemas import write_rows as write_small_rows
 from retrysim.tables.task_tables import TaskTableWriter, messages_of
@@ -949,10 +949,13 @@ def output_parts(cores: int, whole: list[KeySpec]) -> int:
 
 def _shares(task: _Task) -> frozenset[str]:
     """What a task sums up of its whole group (retrysim.tables.key_peaks): all of it alone,
-    else the first two of its parts one share each (each part simulates all of the rows)."""
+    else the first two of its parts a share each (each part simulates all of the rows): the
+    peaks of the even buckets, and the counts with the peaks of the odd ones (the peaks'
+    sort is the larger share: at 3M messages 2 s against the counts' 0.2 s)."""
     if task.parts == 1:
         return SHARES
-    return {0: frozenset({PEAKS}), 1: frozenset({COUNTS})}.get(task.part, frozenset())
+    even, odd = (frozenset({half}) for half in PEAK_HALVES)
+    return {0: even, 1: odd | {COUNTS}}.get(task.part, frozenset())
 
 
 def _simulate_one(

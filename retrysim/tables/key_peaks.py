@@ -37,6 +37,9 @@ _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
 # take one share each, so neither waits for the other's work.
 PEAKS, COUNTS = "peaks", "counts"
 SHARES = frozenset({PEAKS, COUNTS})
+# The peaks of the even and of the odd buckets (a bucket's rows depend on its moments
+# alone): two tasks that simulate the same group split the peaks' sort, the larger share.
+PEAK_HALVES = ("peaks of even buckets", "peaks of odd buckets")
 
 
 @dataclass(frozen=True)
@@ -74,20 +77,49 @@ class GroupSums:
         ]
 
     def merged(self, other: GroupSums) -> GroupSums:
-        """These sums with ``other``'s shares (the same group's, from another task)."""
-        peaks = other if PEAKS in other.shares else self
+        """These sums with ``other``'s shares (the same group's, from another task; a
+        retried task's share replaces its earlier attempt's)."""
         counts = other if COUNTS in other.shares else self
+        shares = self.shares | other.shares
+        if PEAKS in shares or set(PEAK_HALVES) <= shares:
+            shares = (shares - set(PEAK_HALVES)) | {PEAKS}
+        gauges, instances = _peaks_of(self, other)
         return GroupSums(
             self.group,
-            self.shares | other.shares,
-            peaks.gauges,
-            peaks.instances,
+            shares,
+            gauges,
+            instances,
             counts.ttc,
             counts.ttd,
             counts.busiest,
             counts.compact,
             counts.dead_letters,
         )
+
+
+def _peaks_of(first: GroupSums, second: GroupSums) -> tuple[tuple, tuple | None]:
+    """The gauges' and instances' rows of two shares of a group: the whole peaks of one, or
+    both halves' rows in the order one task would give them."""
+    for sums in (second, first):
+        if PEAKS in sums.shares:
+            return sums.gauges, sums.instances
+    halves = (first.shares & set(PEAK_HALVES), second.shares & set(PEAK_HALVES))
+    if all(halves) and halves[0] != halves[1]:
+        gauges = tuple(sorted(first.gauges + second.gauges, key=_by_level))
+        if first.instances is None:
+            return gauges, None
+        both = first.instances + (second.instances or ())
+        return gauges, tuple(sorted(both, key=_by_instance))
+    chosen = second if halves[1] else first
+    return chosen.gauges, chosen.instances
+
+
+def _by_level(row: tuple) -> tuple[int, int]:
+    return row[1], row[0]  # (level, bucket): the order _Runs gives
+
+
+def _by_instance(row: tuple) -> tuple[int, int]:
+    return -1 if row[1] is None else row[1], row[0]
 
 
 class GroupSumsParam(AccumulatorParam):
@@ -122,9 +154,12 @@ class GroupSummer:
         shares: frozenset[str] = SHARES,
     ) -> None:
         """``pop``: the group's pop settings (retrysim.tables.writes.pop_settings), if it
-        pops; ``shares``: what to sum up (PEAKS, COUNTS)."""
+        pops; ``shares``: what to sum up (PEAKS or one of PEAK_HALVES, COUNTS)."""
         self.group, self.horizon, self.bucket_ms, self.pop = group, horizon_ms, bucket_ms, pop
         self.shares = shares
+        halves = [i for i, half in enumerate(PEAK_HALVES) if half in shares]
+        self.parity = halves[0] if halves else None  # the buckets this task's peaks cover
+        self.peaks = PEAKS in shares or self.parity is not None
         self.buckets = -(-horizon_ms // bucket_ms)
         self.longest_wait = np.full(self.buckets, -1, dtype=np.int64)
         self.moments: list[tuple[np.ndarray, ...]] = []
@@ -147,9 +182,15 @@ class GroupSummer:
                 kept = _equals(batch, "result_state", kind) & (rows.settled != _NULL)
                 kept &= born != _NULL
                 self.settled[kind].append(rows.settled[kept] - born[kept])
-        if PEAKS in self.shares:
+        if self.peaks:
             self._add_peaks(batch, rows)
         return batch
+
+    def _mine(self, at: np.ndarray) -> np.ndarray | bool:
+        """Which moments fall in the buckets this task's peaks cover."""
+        if self.parity is None:
+            return True
+        return (at // self.bucket_ms) % 2 == self.parity
 
     def _add_peaks(self, batch: pa.RecordBatch, rows: Attempts) -> None:
         ready, start, processing, end = rows.ready, rows.start, rows.processing, rows.end
@@ -198,7 +239,7 @@ class GroupSummer:
             (scheduled & (waited_until != _NULL), waited_until, level, {"schedule": -one}),
         )
         for when, at, at_level, changes in gauge_moments:
-            chosen = when & (at < self.horizon)
+            chosen = when & (at < self.horizon) & self._mine(at)
             if not chosen.any():
                 continue
             levels = np.broadcast_to(np.asarray(at_level, dtype=np.int64), chosen.shape)[chosen]
@@ -236,7 +277,7 @@ class GroupSummer:
             (frees_at_end, freed, 0, -share, 0),
             (busy & ~frees_at_end, freed, 0, -share, 0),
         ):
-            chosen = when & (at < until)
+            chosen = when & (at < until) & self._mine(at)
             threads = np.broadcast_to(threads, chosen.shape)
             ready_change = np.broadcast_to(ready_change, chosen.shape)
             chosen &= (threads != 0) | (ready_change != 0) | bool(delivered)
@@ -253,7 +294,7 @@ class GroupSummer:
 
     def finish(self) -> GroupSums:
         sums = GroupSums(self.group, self.shares)
-        if PEAKS in self.shares:
+        if self.peaks:
             instances = None if self.instance_moments is None else self._instance_rows()
             sums = replace(
                 sums,
