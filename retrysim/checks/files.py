@@ -215,6 +215,15 @@ def _groups(batch: Batch) -> Iterator[tuple[object, np.ndarray]]:
         yield None, indices == -1
 
 
+def _put(values: dict, key: str, got: np.ndarray, valid: np.ndarray, rows: np.ndarray, how,
+         cast=int) -> None:  # fmt: skip
+    """``values[key]``: ``how`` (np.sum, np.min, np.max) of a group's non-null values, as
+    Spark aggregates them; none (Spark's null, left out) when every value is null."""
+    chosen = got[rows & valid]
+    if chosen.size:
+        values[key] = cast(how(chosen))
+
+
 def _count(mask: np.ndarray, rows: np.ndarray) -> int:
     return int(np.count_nonzero(mask & rows))
 
@@ -549,12 +558,9 @@ def message_pass(batch: Batch, horizon: int | None) -> Iterator[tuple[str, objec
         values = {**digest_sums([(first, before_horizon)], "first", rows),
                   **digest_sums([(ids, everywhere)], "ids", rows),
                   "message_rows": int(rows.sum())}  # fmt: skip
-        some = rows & msg_valid
-        if some.any():
-            values["min_msg_id"] = int(msg_values[some].min())
-            values["max_msg_id"] = int(msg_values[some].max())
-        if (rows & size_valid).any():
-            values["size_bytes"] = int(size_values[rows & size_valid].max())
+        _put(values, "min_msg_id", msg_values, msg_valid, rows, np.min)
+        _put(values, "max_msg_id", msg_values, msg_valid, rows, np.max)
+        _put(values, "size_bytes", size_values, size_valid, rows, np.max)
         yield "messages", group, values
 
 
@@ -606,9 +612,7 @@ def load_pass(table: pa.Table, kinds: dict[str, str]) -> Iterator[tuple[str, obj
         if starts.size and widths.size:
             values["load_end_ms"] = int(starts.max()) + int(widths.max())
         for name in counts.LOAD_SUMS:
-            got, valid = batch.ints(name)
-            if (rows & valid).any():
-                values[f"load_{name}"] = int(got[rows & valid].sum())
+            _put(values, f"load_{name}", *batch.ints(name), rows, np.sum)
         last = np.flatnonzero(rows & start_valid)
         last = last[start[last] == starts.max()] if starts.size else last[:0]
         for gauge in counts.GAUGES:
@@ -616,25 +620,19 @@ def load_pass(table: pa.Table, kinds: dict[str, str]) -> Iterator[tuple[str, obj
             if last.size and valid[last[0]]:
                 values[f"load_end_{gauge}"] = int(got[last[0]])
             peak, peak_valid = batch.ints(f"{gauge}_max")
-            if (rows & peak_valid).any():
-                values[f"load_peak_{gauge}"] = int(peak[rows & peak_valid].max())
+            _put(values, f"load_peak_{gauge}", peak, peak_valid, rows, np.max)
             values[f"load_under_{gauge}"] = _count(peak_valid & valid & (peak < got), rows)
-        busy, busy_valid = batch.doubles("busy_thread_ms")
-        if (rows & busy_valid).any():
-            values["load_busy_thread_ms"] = float(busy[rows & busy_valid].sum())
+        _put(values, "load_busy_thread_ms", *batch.doubles("busy_thread_ms"), rows, np.sum, float)
         yield "load", group, values
 
 
 def instance_pass(table: pa.Table, kinds: dict[str, str]) -> Iterator[tuple[str, object, dict]]:
     batch = Batch(table, kinds)
-    deliveries, deliveries_valid = batch.ints("deliveries")
-    busy, busy_valid = batch.doubles("busy_thread_ms")
     for group, rows in _groups(batch):
         values: dict = {"instance_rows": int(rows.sum())}
-        if (rows & deliveries_valid).any():
-            values["instance_deliveries"] = int(deliveries[rows & deliveries_valid].sum())
-        if (rows & busy_valid).any():
-            values["instance_busy_thread_ms"] = float(busy[rows & busy_valid].sum())
+        _put(values, "instance_deliveries", *batch.ints("deliveries"), rows, np.sum)
+        busy = batch.doubles("busy_thread_ms")
+        _put(values, "instance_busy_thread_ms", *busy, rows, np.sum, float)
         yield "instances", group, values
 
 
@@ -643,14 +641,9 @@ def summary_pass(table: pa.Table, kinds: dict[str, str]) -> Iterator[tuple[str, 
     for group, rows in _groups(batch):
         values: dict = {"summary_rows": int(rows.sum())}
         for name in counts.SUMMARY_COLUMNS:
-            if kinds[name] == "double":
-                got, valid = batch.doubles(name)
-                cast = float
-            else:
-                got, valid = batch.ints(name)
-                cast = int
-            if (rows & valid).any():
-                values[f"s_{name}"] = cast(got[rows & valid].max())
+            double = kinds[name] == "double"
+            got = batch.doubles(name) if double else batch.ints(name)
+            _put(values, f"s_{name}", *got, rows, np.max, float if double else int)
         yield "summary", group, values
 
 
