@@ -11,8 +11,9 @@ from support import PROJECT
 
 PACKAGE = PROJECT / "retrysim"
 # Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
-# which only executors that run the compiled loop need).
-DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.compiled"}
+# which only executors that run the compiled loop and a check from staged files need).
+DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.compiled", "retrysim.checks.files",
+            "retrysim.checks.spark_hash"}  # fmt: skip
 FLAVOR_NAMES = (
     "rocketmq4.concurrently",
     "rocketmq4.orderly",

@@ -3,16 +3,17 @@
 :func:`retrysim.checks.validate.validate_tables` reduces a run's tables to a few numbers per
 run and group (digests and counts) before it compares them. Built as Spark expressions, those
 scans spend most of a cold run in the JVM's compiler (Catalyst's planning, Janino and the
-generated code of a few hundred expressions: about 10 of the default scenario's 14 s), for
+generated code of a few hundred expressions: about 7 of the default scenario's 14 s), for
 work that is a few vector operations per column. Here the same numbers come from one Spark
 stage whose tasks read the staged files with pyarrow (a file's row groups, a batch at a
 time: memory stays flat) and compute every pass with NumPy, hashing with numba kernels that
 give Spark's ``xxhash64`` bit for bit.
 
-The results are the Spark passes' results, value for value, so the two mix freely: a pass
-whose input is not a staged file (a lean run's messages, derived from the scenario), or whose
-rules live only in Spark (the 5.x pops' commit-log writes), stays in Spark, and the
-comparison on the driver does not know which side computed what. The row-by-row pass, which
+The results are the Spark passes' results, value for value (on a run with one runs row: a
+run with several fails ``runs_row`` either way), so the two mix freely: a pass whose rules
+live only in Spark (the 5.x pops' commit-log writes) stays in Spark, a lean run's messages,
+which it does not stage, are made again in the tasks from its scenario, and the comparison
+on the driver does not know which side computed what. The row-by-row pass, which
 runs only when a digest disagrees, and ``retrysim validate`` over published tables stay in
 Spark. tests/checks/test_files.py holds the two to equal outputs, on real runs of every
 flavor and on broken runs.
@@ -265,13 +266,13 @@ def _coalesce(*pairs: tuple) -> tuple[np.ndarray, np.ndarray]:
     return values, valid
 
 
-def _link(rows: int, kind, msg_id: Value, delivery: Value, rt: Value, ready: Value, born: Value,
+def _link(kind: Value, msg_id: Value, delivery: Value, rt: Value, ready: Value, born: Value,
           route: Value) -> np.ndarray:  # fmt: skip
     """:func:`retrysim.checks.digests._link`."""
-    return spark_hash([kind, msg_id, delivery, rt, ready, born, route], rows)
+    return spark_hash([kind, msg_id, delivery, rt, ready, born, route], kind.valid.size)
 
 
-def _reconsume_counts(rt: tuple, broker_rt: tuple, rows: int) -> Value:
+def _reconsume_counts(rt: tuple, broker_rt: tuple) -> Value:
     """:func:`retrysim.checks.digests._counts`: both counts as one long."""
     return number("long", rt[0] * (1 << 32) + broker_rt[0], rt[1] & broker_rt[1])
 
@@ -347,6 +348,8 @@ def attempt_passes(
     for group, rows in _groups(batch):
         if "derived" in want:
             values = {name: int(column[rows].sum()) for name, column in counted.items()}
+            if not (rows & delivery_valid).any():
+                del values["t_first_deliveries"]  # a sum of nulls: null in Spark
             if step_hashes is None:
                 values.update({"derived_rows": 0, "derived_hash_hi": 0, "derived_hash_lo": 0})
             else:
@@ -471,11 +474,10 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
     )
     msg_id, delivery = batch["msg_id"], batch["delivery"]
     take = _link(
-        n,
         number("int", kind),
         msg_id,
         delivery,
-        _reconsume_counts(rt, broker_rt, n),
+        _reconsume_counts(rt, broker_rt),
         number("long", ms["ready"][0], ms["ready"][1]),
         number("long", np.where(replayed, 0, a["born_ms"][0]), replayed | a["born_ms"][1]),
         number("long", np.where(replayed, 0, t_route.view(np.int64))),
@@ -489,11 +491,10 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
     )
     delivery_values, delivery_valid = batch.ints("delivery")
     offer = _link(
-        n,
         constant("int", _RETRY, n),
         msg_id,
         number("int", delivery_values + 1, delivery_valid),
-        _reconsume_counts(next_rt, next_broker_rt, n),
+        _reconsume_counts(next_rt, next_broker_rt),
         batch["next_ready_ms"],
         batch["born_ms"],
         number("long", next_route.view(np.int64)),
@@ -546,7 +547,7 @@ def message_pass(batch: Batch, horizon: int | None) -> Iterator[tuple[str, objec
          constant("int", 0, n)], n,
     )  # fmt: skip
     route_value = number("long", route.view(np.int64))
-    first = _link(n, constant("int", _FIRST, n), batch["msg_id"], constant("int", 1, n),
+    first = _link(constant("int", _FIRST, n), batch["msg_id"], constant("int", 1, n),
                   constant("long", 0, n), born, born, route_value)  # fmt: skip
     born_values, born_valid = batch.ints("born_ms")
     before_horizon = born_valid & (horizon is not None) & (born_values < (horizon or 0))
@@ -570,7 +571,7 @@ def dead_letter_pass(batch: Batch) -> Iterator[tuple[str, object, dict]]:
     dead = spark_hash([batch["msg_id"], batch["deliveries"], batch["dlq_at_ms"]], n)
     replayed = batch["replayed_at_ms"].valid
     zero = constant("long", 0, n)
-    replay = _link(n, constant("int", _REPLAY, n), batch["msg_id"],
+    replay = _link(constant("int", _REPLAY, n), batch["msg_id"],
                    number("int", deliveries_values + 1, deliveries_valid), zero,
                    batch["replayed_at_ms"], zero, zero)  # fmt: skip
     late = _before(batch.ints("replayed_at_ms"), batch.ints("dlq_at_ms"))
@@ -652,8 +653,11 @@ def summary_pass(table: pa.Table, kinds: dict[str, str]) -> Iterator[tuple[str, 
 
 @dataclass(frozen=True)
 class Task:
-    """One task's share: a pass over a file's row groups (``row_groups`` None: a whole
-    table, ``path`` its folder) of run ``run``."""
+    """One task's share of run ``run``: the ``passes`` over a file's ``row_groups`` (about
+    ``rows`` rows), over a whole small table (``path`` its folder, no row groups), or over
+    a lean run's messages ``ids`` (group, first id, end), made again (``path`` GENERATED).
+    A whole table is one task a run: its aggregates (firsts, lasts, distinct counts) are
+    not sums across tasks."""
 
     run: str
     table: str
@@ -666,8 +670,9 @@ class Task:
 
 @dataclass(frozen=True)
 class Context:
-    """What every task needs besides its files: per run, its horizon, its groups' load ends
-    and whether the attempts' transitions are hashed."""
+    """What every task needs besides its files: per run, its horizon, its groups' load ends,
+    whether the attempts' transitions are hashed, and its stored scenario (``configs``, for
+    the messages a lean run makes again)."""
 
     horizons: dict[str, int | None]
     ends: dict[str, dict[object, int]]
@@ -678,6 +683,8 @@ class Context:
 def run_task(task: Task, context: Context) -> Iterator[tuple[str, str, object, dict]]:
     """The rows of one task: (pass, run, group, aggregates)."""
     kinds = _kinds(data_schema(SCHEMAS[task.table]))
+    if task.table == "attempts":  # the columns the passes read, no more
+        kinds = {name: kinds[name] for name in ATTEMPT_COLUMNS}
     horizon = context.horizons.get(task.run)
     if task.table in _WHOLE_TABLES:
         table = _read_folder(task.path, kinds)
@@ -859,7 +866,7 @@ def context_of(files: dict[str, dict[str, str]], hashed: dict[str, bool]) -> Con
             ends[run] = {
                 group: values["load_end_ms"]
                 for _, group, values in load_pass(load, _LOAD_KINDS)
-                if "load_end_ms" in values
+                if "load_end_ms" in values and group is not None  # a join on null: no match
             }
     configs = {run: found[-1] if found else None for run, found in run_configs(files).items()}
     return Context(horizons, ends, hashed, configs)

@@ -160,6 +160,16 @@ class Value:
     data: np.ndarray | None = None
     constant: bool = False
 
+    def __post_init__(self) -> None:
+        # read-only views: Arrow's zero-copy arrays are read-only, and numba compiles a
+        # kernel for each combination of flags it is called with; one combination, warmed up
+        for name in ("valid", "bits", "offsets", "data"):
+            array = getattr(self, name)
+            if array is not None and array.flags.writeable:
+                array = array.view()
+                array.flags.writeable = False
+                setattr(self, name, array)
+
     def mix_into(self, acc: np.ndarray) -> None:
         if self.kind == "long":
             _mix_longs(acc, self.bits, self.valid)
@@ -204,7 +214,7 @@ def spark_hash(values: list[Value], rows: int, null_mask: bool = True) -> np.nda
         value.mix_into(acc)
         mask |= (~value.valid).astype(np.int64) << bit
     if null_mask:
-        _mix_ints(acc, mask.view(np.uint64), np.ones(rows, bool))
+        number("int", mask).mix_into(acc)
     return acc
 
 

@@ -29,10 +29,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from retrysim.checks import counts, digests, invariants
-from retrysim.checks import files as file_passes
 from retrysim.checks import rows as row_checks
 from retrysim.checks.invariants import INVARIANTS, Invariant
-from retrysim.checks.spark_hash import range_digest
 from retrysim.store import views
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, data_schema
@@ -284,10 +282,12 @@ def _fast_counts(
     files: dict[str, dict[str, str]] | None = None,
 ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, dict[str, Any]]]:
     """Per run and group, every count of the passes that shuffle no rows: the digests, the
-    sums summary and load must match, the chain digests; per run, its runs rows. Also the
-    load's end per group, which the row-by-row pass needs. ``files`` (run -> table -> staged
-    folder): the passes over those tables run in Python tasks instead
-    (:mod:`retrysim.checks.files`), with the same results."""
+    sums summary and load must match, the chain digests; per run, its runs rows. ``files``
+    (run -> table -> staged folder): the passes over those tables run in Python tasks
+    instead (:mod:`retrysim.checks.files`), with the same results."""
+    from retrysim.checks import files as file_passes  # numba: only a check from files needs it
+    from retrysim.checks.spark_hash import range_digest
+
     parts: dict[str, Callable[[], DataFrame]] = {
         "load": lambda: counts.load_counts(tables["load"]),
         "summary": lambda: counts.summary_counts(tables["summary"]),
@@ -348,6 +348,8 @@ def _load_ends(tables: Mapping[str, DataFrame]) -> DataFrame:
 def _from_files(files: dict[str, dict[str, str]], parts: dict[str, Any]) -> set[str]:
     """The passes of ``parts`` whose table every run has as staged files, but the attempts'
     transitions of a run with 5.x pops (their commit-log writes are Spark's rule alone)."""
+    from retrysim.checks import files as file_passes
+
     covered = {
         name
         for name in parts
@@ -503,6 +505,9 @@ class _Lazy(Mapping[str, DataFrame]):
             self._built[name] = self._builders[name]()
         return self._built[name]
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._builders  # without building it (Mapping's would)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._builders)
 
@@ -543,9 +548,11 @@ def check_staged(
     """Validate a staged run; raise :class:`ValidationError` naming what broke."""
     began = time.monotonic()
     tables = staged_tables(spark, staged, run_id, derived)
+    from retrysim.checks.files import GENERATED
+
     files = dict(staged)
     if "messages" in (derived or {}):
-        files["messages"] = file_passes.GENERATED
+        files["messages"] = GENERATED
     report = validate_tables(
         tables, transitions_derived="transitions" in (derived or {}), files={run_id: files}
     )

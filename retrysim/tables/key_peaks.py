@@ -44,7 +44,8 @@ PEAK_HALVES = ("peaks of even buckets", "peaks of odd buckets")
 
 @dataclass(frozen=True)
 class GroupSums:
-    """One group's rows for staging, from the ``shares`` summed up so far: of PEAKS,
+    """One group's rows for staging, from the ``shares`` summed up so far: of PEAKS (or
+    one of PEAK_HALVES: the rows of its buckets),
     ``gauges`` as the gauge half of ``bucket_changes`` (bucket, level, group, the GAUGES'
     totals, longest_wait, their rises) and ``instances`` as ``instance_changes`` (None
     unless asked for); of COUNTS, ``ttc``/``ttd`` as ``times_to_settle``, ``busiest``

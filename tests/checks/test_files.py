@@ -205,3 +205,18 @@ def test_the_range_digest_is_sparks(spark):
     assert range_digest(-3, 1000) == {
         key: frame[key] for key in ("range_rows", "range_hash_hi", "range_hash_lo")
     }
+
+
+def test_a_group_without_a_name_and_deliveries_without_numbers_give_sparks_values(
+    spark, real, tmp_path
+):
+    """A null group (Spark's join on it matches no load end) and a group whose deliveries
+    are all null (its first deliveries sum to null)."""
+    tables, _ = real
+    unnamed = F.when(F.col("group") == "fifo", F.lit(None)).otherwise(F.col("group"))
+    broken = {name: frame.withColumn("group", unnamed) for name, frame in tables.items()
+              if "group" in frame.columns}  # fmt: skip
+    broken["runs"] = tables["runs"]
+    no_number = F.when(F.col("group") == "cast", F.lit(None)).otherwise(F.col("delivery"))
+    broken["attempts"] = broken["attempts"].withColumn("delivery", no_number.cast("int"))
+    assert differences(spark, broken, stage(broken, str(tmp_path))) == []
