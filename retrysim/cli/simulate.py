@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from deltalake.exceptions import DeltaError
+
 from retrysim.cli.common import EXIT_OK, add_scenario_options, check_output, say
 from retrysim.engine.rounds import TAIL_ROWS
 from retrysim.engine.sizing import check_size
@@ -15,6 +17,7 @@ from retrysim.runner import check_run_id, simulate
 from retrysim.scenario.loading import load_scenario
 from retrysim.scenario.units import human_ms
 from retrysim.session import build_session
+from retrysim.store.sinks import run_rows
 from retrysim.tables.schemas import ALL_SCHEMAS, TABLE_SETS
 
 
@@ -67,7 +70,11 @@ def _non_negative(text: str) -> int:
 
 
 def _print_summary(result) -> None:
-    rows = result.summary.orderBy("group").collect()
+    try:
+        rows = run_rows(result.output, "summary", result.run_id)
+    except DeltaError:  # a table feature delta-rs cannot read (delta-spark's sink): Spark's
+        rows = [row.asDict() for row in result.summary.collect()]
+    rows.sort(key=lambda row: row["group"])
     say(f"run {result.run_id} finished in {result.elapsed_s:.1f}s over {result.rounds} rounds")
     for row in rows:
         say(

@@ -258,5 +258,14 @@ def read_table(
     )
 
 
+def run_rows(output: str, table: str, run_id: str) -> list[dict]:
+    """One run's rows of a small table (the summary), read by delta-rs on the driver: a run
+    just published is complete, and a Spark job to read a few rows costs a new JVM about a
+    second. Only for tables whose rows fit in the driver."""
+    snapshot = DeltaTable(table_path(output, table))
+    rows = snapshot.to_pyarrow_table(partitions=[(PARTITION_COLUMN, "=", run_id)])
+    return rows.select(ALL_SCHEMAS[table].fieldNames()).to_pylist()
+
+
 def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)

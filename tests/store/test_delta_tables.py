@@ -16,7 +16,7 @@ from chispa import assert_df_equality
 from support import group, scenario
 
 from retrysim import simulate
-from retrysim.store.sinks import DeltaSparkSink, delta_classes_available, read_table
+from retrysim.store.sinks import DeltaSparkSink, delta_classes_available, read_table, run_rows
 from retrysim.tables.schemas import SCHEMAS
 
 RUN = "mixed"
@@ -64,6 +64,15 @@ def test_delta_rs_and_spark_read_the_same_rows(spark, output, table):
     from_rs = spark.createDataFrame(arrow.select(by_spark.columns).to_pylist(), by_spark.schema)
     order = [c for c in by_spark.columns if c not in ("schedule_backlog", "config_json")]
     assert_df_equality(by_spark.orderBy(*order), from_rs.orderBy(*order), ignore_nullable=True)
+
+
+def test_a_runs_summary_read_on_the_driver_is_sparks(spark, output):
+    """What ``retrysim simulate`` prints: one run's summary rows by delta-rs, no Spark job."""
+    by_spark = read_table(spark, output, "summary").where(f"run_id = '{RUN}'")
+    rows = run_rows(output, "summary", RUN)
+    assert {row["run_id"] for row in rows} == {RUN} and len(rows) == 2
+    from_rs = spark.createDataFrame(rows, by_spark.schema)
+    assert_df_equality(by_spark, from_rs, ignore_row_order=True, ignore_nullable=True)
 
 
 def test_rerunning_a_run_id_replaces_its_rows(spark, output):
