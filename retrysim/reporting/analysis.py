@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.scenario.spec import Scenario
-from retrysim.store.sinks import read_table
+from retrysim.store.sinks import STATUS_COMPLETE, read_table, run_frame, run_rows
 from retrysim.tables.load import RETRY_NUMBER_CAP, retries_by_level
 from retrysim.tables.schemas import PARTITION_COLUMN
 
@@ -247,28 +247,29 @@ class RunData:
 def run_data(
     spark: SparkSession, output: str, run_id: str, retries: pd.DataFrame | None = None
 ) -> RunData | None:
-    """Read a run's aggregated data (None if there is no such run). ``retries``: the run's
-    :func:`retries_by_level`, when the caller counted them while staging the run."""
-
-    def rows(table: str) -> DataFrame:
-        return read_table(spark, output, table).where(F.col(PARTITION_COLUMN) == F.lit(run_id))
-
-    run = rows("runs").drop(PARTITION_COLUMN).first()
-    if run is None:
+    """Read a run's aggregated data (None if there is no such complete run). ``retries``:
+    the run's :func:`retries_by_level`, when the caller counted them while staging the run.
+    The small tables are read by delta-rs on the driver (four Spark jobs cost a new JVM
+    about 2 s at the end of a run); only the attempts, for the retries, go through Spark."""
+    runs = [row for row in run_rows(output, "runs", run_id) if row["status"] == STATUS_COMPLETE]
+    if not runs:
         return None
+    run = {key: value for key, value in runs[-1].items() if key != PARTITION_COLUMN}
+    if retries is None:
+        attempts = read_table(spark, output, "attempts")
+        retries = retries_by_level(attempts.where(F.col(PARTITION_COLUMN) == F.lit(run_id)))
+    instances = run_frame(output, "instance_load", run_id)
     return RunData(
         run_id=run_id,
-        run=run.asDict(),
+        run=run,
         config=json.loads(run["config_json"]),
         scenario=scenario_from_json(run["config_json"]),
-        summary=summary_frame(rows("summary")),
-        load=load_frame(rows("load")),
-        retries=retries if retries is not None else retries_by_level(rows("attempts")),
-        instances=_pandas(
-            rows("instance_load").select(
-                "group", "consumer_instance", "bucket_start_ms", "bucket_ms", "utilization"
-            )
-        ),
+        summary=summary_frame(run_frame(output, "summary", run_id)),
+        load=load_frame(run_frame(output, "load", run_id)),
+        retries=retries,
+        instances=instances[
+            ["group", "consumer_instance", "bucket_start_ms", "bucket_ms", "utilization"]
+        ],
     )
 
 

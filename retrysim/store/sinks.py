@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Protocol
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -259,12 +260,23 @@ def read_table(
 
 
 def run_rows(output: str, table: str, run_id: str) -> list[dict]:
-    """One run's rows of a small table (the summary), read by delta-rs on the driver: a run
-    just published is complete, and a Spark job to read a few rows costs a new JVM about a
-    second. Only for tables whose rows fit in the driver."""
-    snapshot = DeltaTable(table_path(output, table))
-    rows = snapshot.to_pyarrow_table(partitions=[(PARTITION_COLUMN, "=", run_id)])
-    return rows.select(ALL_SCHEMAS[table].fieldNames()).to_pylist()
+    """One run's rows of a small table (runs, summary, load), read by delta-rs on the
+    driver, whatever the run's status (the caller checks it): a Spark job to read a few rows
+    costs a new JVM about a second. Only for tables whose rows fit in the driver."""
+    return _run_arrow(output, table, run_id).to_pylist()
+
+
+def run_frame(output: str, table: str, run_id: str) -> pd.DataFrame:
+    """:func:`run_rows` as pandas (as Spark's ``toPandas`` gives them)."""
+    return _run_arrow(output, table, run_id).to_pandas()
+
+
+def _run_arrow(output: str, table: str, run_id: str) -> pa.Table:
+    path = table_path(output, table)
+    if not DeltaTable.is_deltatable(path):
+        return arrow_schema(ALL_SCHEMAS[table]).empty_table()
+    rows = DeltaTable(path).to_pyarrow_table(partitions=[(PARTITION_COLUMN, "=", run_id)])
+    return rows.select(ALL_SCHEMAS[table].fieldNames())
 
 
 def remove_tree(path: str) -> None:

@@ -59,7 +59,8 @@ _IMAGE = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+
 
 @pytest.fixture
 def driver_reads(spark, monkeypatch):
-    """Records every table the report reads and the columns of every frame it collects."""
+    """Records every table the report reads and the columns of every frame it collects (or
+    reads on the driver by delta-rs)."""
     tables: list[str] = []
     collected: list[tuple[str, ...]] = []
     frame = type(spark.range(1))  # the session's concrete DataFrame class
@@ -77,7 +78,21 @@ def driver_reads(spark, monkeypatch):
         collected.append(tuple(self.columns))
         return real_pandas(self)
 
+    def on_driver(real):
+        """A small table read by delta-rs on the driver: recorded with its columns."""
+
+        def read_small(output, table, run_id):
+            tables.append(table)
+            found = real(output, table, run_id)
+            columns = found.columns if hasattr(found, "columns") else found[0] if found else ()
+            collected.append(tuple(columns))
+            return found
+
+        return read_small
+
     monkeypatch.setattr(analysis, "read_table", read)
+    monkeypatch.setattr(analysis, "run_rows", on_driver(analysis.run_rows))
+    monkeypatch.setattr(analysis, "run_frame", on_driver(analysis.run_frame))
     monkeypatch.setattr(plan, "read_table", read)
     monkeypatch.setattr(frame, "collect", collect)
     monkeypatch.setattr(frame, "toPandas", to_pandas)
