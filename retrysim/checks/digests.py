@@ -27,6 +27,10 @@ from retrysim.checks.invariants import (
     DELIVERY,
     GROUP,
     HASHED,
+    LINK_FIRST,
+    LINK_ODD,
+    LINK_REPLAY,
+    LINK_RETRY,
     MSG,
     REASON_CODE,
     RETRY_REASONS,
@@ -195,10 +199,6 @@ def attempt_chain_digest(tables: Mapping[str, DataFrame], ends: DataFrame) -> Da
 
 # --------------------------------------------------------------------------- chains
 
-# The kinds of link into a delivery's Ready: from its message (published), from the
-# previous delivery's WaitingRetry (a retry) or from its dead letter (replayed).
-_FIRST, _RETRY, _REPLAY, _ODD = 1, 2, 3, 0
-
 
 def _counts(rt: Column, broker_rt: Column) -> Column:
     """A delivery's two reconsume counts as one long for a link (both 0: the number 0)."""
@@ -226,12 +226,12 @@ def _attempt_links() -> dict[str, Column]:
     code, why = STATE_CODE, REASON_CODE
     reason = c("t_ready_reason")
     kind = (
-        F.when(reason == why[READY_PUBLISHED], _FIRST)
-        .when(reason.isin(*[why[r] for r in RETRY_REASONS]), _RETRY)
-        .when(reason == why[READY_REPLAYED], _REPLAY)
-        .otherwise(_ODD)
+        F.when(reason == why[READY_PUBLISHED], LINK_FIRST)
+        .when(reason.isin(*[why[r] for r in RETRY_REASONS]), LINK_RETRY)
+        .when(reason == why[READY_REPLAYED], LINK_REPLAY)
+        .otherwise(LINK_ODD)
     )
-    replayed = kind == _REPLAY
+    replayed = kind == LINK_REPLAY
     no_route = F.lit(0)
     take = _link(
         kind,
@@ -247,7 +247,7 @@ def _attempt_links() -> dict[str, Column]:
         & (c("a_next_ready_ms") < c("horizon_ms"))
     )
     offer = _link(
-        F.lit(_RETRY),
+        F.lit(LINK_RETRY),
         c("delivery") + 1,
         _counts(c("a_next_rt"), c("a_next_broker_rt")),
         c("a_next_ready_ms"),
@@ -309,7 +309,7 @@ def message_chain_digest(messages: DataFrame, runs: DataFrame) -> DataFrame:
     c = F.col
     born = messages.join(F.broadcast(run_horizons(runs)), PARTITION_COLUMN, "left")
     route = transition_hash([c("topic"), c("queue_id"), F.lit(READY_PUBLISHED), F.lit(False)])
-    first = _link(F.lit(_FIRST), F.lit(1), F.lit(0), c("born_ms"), c("born_ms"), route)
+    first = _link(F.lit(LINK_FIRST), F.lit(1), F.lit(0), c("born_ms"), c("born_ms"), route)
     return born.groupBy(*GROUP).agg(
         *_digest_sums([F.when(c("born_ms") < c("horizon_ms"), first)], "first"),
         *_digest_sums([F.xxhash64(c("msg_id"))], "ids"),
@@ -356,7 +356,9 @@ def dead_letter_chain_digest(dead_letters: DataFrame) -> DataFrame:
     reached the DLQ."""
     c = F.col
     none = F.lit(0)
-    replay = _link(F.lit(_REPLAY), c("deliveries") + 1, F.lit(0), c("replayed_at_ms"), none, none)
+    replay = _link(
+        F.lit(LINK_REPLAY), c("deliveries") + 1, F.lit(0), c("replayed_at_ms"), none, none
+    )
     wrong = off_dlq_topic() | is_before(c("replayed_at_ms"), c("dlq_at_ms"))
     return dead_letters.groupBy(*GROUP).agg(
         *_digest_sums([_dead_link(c("deliveries"), c("dlq_at_ms"))], "dead"),

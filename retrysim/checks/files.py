@@ -27,7 +27,6 @@ false, and an aggregate ignores nulls.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections import defaultdict
@@ -42,7 +41,12 @@ import pyarrow.parquet as pq
 
 from retrysim.checks import counts
 from retrysim.checks.invariants import (
+    END_STATES,
     HASHED,
+    LINK_FIRST,
+    LINK_ODD,
+    LINK_REPLAY,
+    LINK_RETRY,
     REASON_CODE,
     RETRY_REASONS,
     STATE_CODE,
@@ -91,6 +95,7 @@ class Batch:
         self._columns = {name: batch.column(name) for name in batch.schema.names}
         self._kinds = kinds
         self._cache: dict[str, Value] = {}
+        self._encoded: dict[str, tuple[list, np.ndarray]] = {}
 
     def array(self, name: str) -> pa.Array:
         column = self._columns.get(name)
@@ -132,23 +137,28 @@ class Batch:
         column = self.array(name)
         return pc.fill_null(column, 0.0).to_numpy(zero_copy_only=False), _valid(column)
 
+    def encoded(self, name: str) -> tuple[list, np.ndarray]:
+        """A column's distinct values and each row's index among them (one past the last
+        where null), encoded once for every lookup of the column."""
+        if name not in self._encoded:
+            encoded = pc.dictionary_encode(self.array(name))
+            words = encoded.dictionary.to_pylist()
+            indices = pc.fill_null(encoded.indices, len(words)).to_numpy(zero_copy_only=False)
+            self._encoded[name] = words, indices
+        return self._encoded[name]
+
     def codes(self, name: str, mapping: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
         """A string column as ``mapping``'s codes (``lookup``: null where the string is null
         or not in ``mapping``)."""
-        column = self.array(name)
-        encoded = pc.dictionary_encode(column).combine_chunks() if isinstance(
-            column, pa.ChunkedArray) else pc.dictionary_encode(column)  # fmt: skip
-        words = encoded.dictionary.to_pylist()
+        words, indices = self.encoded(name)
         table = np.array([mapping.get(w, 0) for w in words] + [0], dtype=np.int64)
         known = np.array([w in mapping for w in words] + [False])
-        indices = pc.fill_null(encoded.indices, len(words)).to_numpy(zero_copy_only=False)
         return table[indices], known[indices]
 
     def equals(self, name: str, text: str) -> tuple[np.ndarray, np.ndarray]:
         """``col == text``: the answer, and where it is not null."""
         code, known = self.codes(name, {text: 1})
-        valid = _valid(self.array(name))
-        return known & (code == 1), valid
+        return known & (code == 1), self[name].valid
 
 
 _NO_BYTES = np.zeros(0, np.uint8)
@@ -207,13 +217,12 @@ def digest_sums(hashes: list[tuple[np.ndarray, np.ndarray]], prefix: str, rows: 
 
 
 def _groups(batch: Batch) -> Iterator[tuple[object, np.ndarray]]:
-    """Each group of the batch and its rows."""
-    encoded = pc.dictionary_encode(batch.array("group"))
-    indices = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-    for code, name in enumerate(encoded.dictionary.to_pylist()):
+    """Each group of the batch and its rows (None: the rows whose group is null)."""
+    words, indices = batch.encoded("group")
+    for code, name in enumerate(words):
         yield name, indices == code
-    if (indices == -1).any():
-        yield None, indices == -1
+    if (indices == len(words)).any():
+        yield None, indices == len(words)
 
 
 def _put(values: dict, key: str, got: np.ndarray, valid: np.ndarray, rows: np.ndarray, how,
@@ -234,11 +243,7 @@ def _count(mask: np.ndarray, rows: np.ndarray) -> int:
 _CODE = STATE_CODE
 _WHY = REASON_CODE
 _STEP_NAMES = ("ready", "start", "end", "leave")
-_EXPECTED = {"ready": (READY,), "start": (INFLIGHT,), "end": (COMMIT, WAITING_RETRY, DLQ, DISCARD),
-             "leave": (DLQ, DISCARD)}  # fmt: skip
-_RULE_BITS = {name: 1 << i for i, name in enumerate(("illegal", "off_step", "path_backwards",
-              "mismatch", "attempt_backwards", "unrouted"))}  # fmt: skip
-_FIRST, _RETRY, _REPLAY, _ODD = 1, 2, 3, 0  # digests' kinds of link
+_EXPECTED = {"ready": (READY,), "start": (INFLIGHT,), "end": END_STATES, "leave": (DLQ, DISCARD)}
 ATTEMPT_COLUMNS = ("group", "msg_id", "delivery", "reconsume_times", "broker_reconsume_times",
                    "source_topic", "queue_id", "ready_ms", "start_ms", "end_ms", "result_state",
                    "delay_level", "next_ready_ms", "settled_ms", "ready_reason", "end_state",
@@ -278,11 +283,10 @@ def _reconsume_counts(rt: tuple, broker_rt: tuple) -> Value:
 
 
 def attempt_passes(
-    batch: Batch, horizons: dict[str, int], ends: dict[object, int], hashed: bool, want: set[str]
+    batch: Batch, horizon: int | None, ends: dict[object, int], hashed: bool, want: set[str]
 ) -> Iterator[tuple[str, object, dict]]:
     """The ``derived`` and ``chains`` passes over a batch of attempts (``want`` says which;
-    ``horizons``: the batch's run's horizon under the key ``run``; ``ends``: each group's load
-    end), per group."""
+    ``horizon``: its run's; ``ends``: each group's load end), per group."""
     n = batch.rows
     code = _CODE
     present = {"ready": np.ones(n, bool), "start": batch["start_ms"].valid,
@@ -344,7 +348,7 @@ def attempt_passes(
     }
     step_hashes = _step_hashes(batch, present) if "derived" in want and hashed else None
     links = _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, off_step,
-                   no_time, end_waiting, horizons, ends) if "chains" in want else None  # fmt: skip
+                   no_time, end_waiting, horizon, ends) if "chains" in want else None  # fmt: skip
     for group, rows in _groups(batch):
         if "derived" in want:
             values = {name: int(column[rows].sum()) for name, column in counted.items()}
@@ -389,7 +393,7 @@ def _step_hashes(batch: Batch, present: dict) -> list[tuple[np.ndarray, np.ndarr
 
 
 def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, off_step, no_time,
-           end_waiting, horizons, ends):  # fmt: skip
+           end_waiting, horizon, ends):  # fmt: skip
     """The chains pass (:func:`retrysim.checks.digests._attempt_links` and the rules an
     attempt row breaks alone, :func:`retrysim.checks.rows._local_rules`): a function of a
     group's rows giving its sums."""
@@ -462,9 +466,9 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
     kind = np.select(
         [reason == _WHY[READY_PUBLISHED], np.isin(reason, [_WHY[r] for r in RETRY_REASONS]),
          reason == _WHY[READY_REPLAYED]],
-        [_FIRST, _RETRY, _REPLAY], _ODD,
+        [LINK_FIRST, LINK_RETRY, LINK_REPLAY], LINK_ODD,
     )  # fmt: skip
-    replayed = kind == _REPLAY
+    replayed = kind == LINK_REPLAY
     poison = batch["poison_fixed"]
     t_route = spark_hash(
         [batch["source_topic"], batch["queue_id"], batch["ready_reason"], poison], n
@@ -482,7 +486,6 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
         number("long", np.where(replayed, 0, a["born_ms"][0]), replayed | a["born_ms"][1]),
         number("long", np.where(replayed, 0, t_route.view(np.int64))),
     )
-    horizon = horizons.get("run")
     offers = (
         np.isin(last_state, [code[WAITING_RETRY], code[INFLIGHT]])
         & due
@@ -491,7 +494,7 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
     )
     delivery_values, delivery_valid = batch.ints("delivery")
     offer = _link(
-        constant("int", _RETRY, n),
+        constant("int", LINK_RETRY, n),
         msg_id,
         number("int", delivery_values + 1, delivery_valid),
         _reconsume_counts(next_rt, next_broker_rt),
@@ -547,7 +550,7 @@ def message_pass(batch: Batch, horizon: int | None) -> Iterator[tuple[str, objec
          constant("int", 0, n)], n,
     )  # fmt: skip
     route_value = number("long", route.view(np.int64))
-    first = _link(constant("int", _FIRST, n), batch["msg_id"], constant("int", 1, n),
+    first = _link(constant("int", LINK_FIRST, n), batch["msg_id"], constant("int", 1, n),
                   constant("long", 0, n), born, born, route_value)  # fmt: skip
     born_values, born_valid = batch.ints("born_ms")
     before_horizon = born_valid & (horizon is not None) & (born_values < (horizon or 0))
@@ -571,7 +574,7 @@ def dead_letter_pass(batch: Batch) -> Iterator[tuple[str, object, dict]]:
     dead = spark_hash([batch["msg_id"], batch["deliveries"], batch["dlq_at_ms"]], n)
     replayed = batch["replayed_at_ms"].valid
     zero = constant("long", 0, n)
-    replay = _link(constant("int", _REPLAY, n), batch["msg_id"],
+    replay = _link(constant("int", LINK_REPLAY, n), batch["msg_id"],
                    number("int", deliveries_values + 1, deliveries_valid), zero,
                    batch["replayed_at_ms"], zero, zero)  # fmt: skip
     late = _before(batch.ints("replayed_at_ms"), batch.ints("dlq_at_ms"))
@@ -677,7 +680,7 @@ class Context:
     horizons: dict[str, int | None]
     ends: dict[str, dict[object, int]]
     hashed: dict[str, bool]
-    configs: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    configs: dict[str, str | None]
 
 
 def run_task(task: Task, context: Context) -> Iterator[tuple[str, str, object, dict]]:
@@ -704,7 +707,7 @@ def run_task(task: Task, context: Context) -> Iterator[tuple[str, str, object, d
         if task.table == "attempts":
             ends = context.ends.get(task.run, {})
             hashed = context.hashed.get(task.run, True)
-            found = attempt_passes(batch, {"run": horizon}, ends, hashed, set(task.passes))
+            found = attempt_passes(batch, horizon, ends, hashed, set(task.passes))
         elif task.table == "transitions":
             found = transition_pass(batch)
         elif task.table == "messages":
@@ -797,10 +800,12 @@ def _shares(tasks: list[Task], cores: int) -> list[list[Task]]:
     return [share for share in shares if share]
 
 
-def plan_tasks(files: dict[str, dict[str, str]], passes: set[str]) -> list[Task]:
+def plan_tasks(
+    files: dict[str, dict[str, str]], passes: set[str], configs: dict[str, str | None]
+) -> list[Task]:
     """The shares of the stage: ``files`` run -> table -> staged folder; ``passes``: the
-    passes to compute. Big files are split by row groups, biggest first."""
-    configs = {run: found[-1] if found else None for run, found in run_configs(files).items()}
+    passes to compute; ``configs``: each run's stored scenario. Big files are split by row
+    groups, biggest first."""
     by_table: dict[str, list[str]] = defaultdict(list)
     for name in passes:
         by_table[PASS_TABLES[name]].append(name)
@@ -857,8 +862,8 @@ def run_configs(files: dict[str, dict[str, str]]) -> dict[str, list[str | None]]
 def context_of(files: dict[str, dict[str, str]], hashed: dict[str, bool]) -> Context:
     """Each run's horizon (from its runs row's scenario) and its groups' load ends, read on
     the driver from the two small tables."""
-    horizons = {run: _horizon(configs[-1]) if configs else None
-                for run, configs in run_configs(files).items()}  # fmt: skip
+    configs = {run: found[-1] if found else None for run, found in run_configs(files).items()}
+    horizons = {run: _horizon(config) for run, config in configs.items()}
     ends: dict[str, dict[object, int]] = {}
     for run, tables in files.items():
         if "load" in tables:
@@ -868,7 +873,6 @@ def context_of(files: dict[str, dict[str, str]], hashed: dict[str, bool]) -> Con
                 for _, group, values in load_pass(load, _LOAD_KINDS)
                 if "load_end_ms" in values and group is not None  # a join on null: no match
             }
-    configs = {run: found[-1] if found else None for run, found in run_configs(files).items()}
     return Context(horizons, ends, hashed, configs)
 
 
@@ -895,10 +899,10 @@ def file_counts(
 ) -> list[tuple[str, str, object, dict]]:
     """The ``passes`` over the staged ``files`` (run -> table -> folder) as one Spark stage:
     rows (pass, run, group, aggregates), one per pass, run and group."""
-    tasks = plan_tasks(files, passes)
+    context = context_of(files, hashed)
+    tasks = plan_tasks(files, passes, context.configs)
     if not tasks:
         return []
-    context = context_of(files, hashed)
 
     shares = _shares(tasks, min(len(tasks), spark.sparkContext.defaultParallelism))
 

@@ -93,6 +93,10 @@ REASONS = (READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE, READY_LOCAL, READY_
 REASON_CODE = {reason: index + 1 for index, reason in enumerate(REASONS)}
 SRC_MESSAGE, SRC_ATTEMPT, SRC_DEAD_LETTER = range(3)
 RETRY_REASONS = (READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE)
+# The kinds of link into a delivery's Ready (retrysim.checks.digests): from its message
+# (published), from the previous delivery's WaitingRetry (a retry) or from its dead letter
+# (replayed); any other reason is odd.
+LINK_FIRST, LINK_RETRY, LINK_REPLAY, LINK_ODD = 1, 2, 3, 0
 # A delivery's steps: k = seq - 4*(delivery-1) of its Ready, Inflight, end and leave.
 STEPS = {1: "ready", 2: "start", 3: "end", 4: "leave"}
 

@@ -310,16 +310,16 @@ def _fast_counts(
         {name: build for name, build in parts.items() if name not in from_files},
         groups,
         runs,
-        in_tasks=lambda: (
-            file_passes.file_counts(
+        in_tasks=(
+            lambda: file_passes.file_counts(
                 SparkSession.active(),
                 files,
                 from_files,
                 {run: not transitions_derived for run in files},
             )
-            if from_files
-            else []
-        ),
+        )
+        if from_files
+        else None,
     )
     later: dict[str, Callable[[], DataFrame]] = {}
     if any(values.get("replayed_takes") for values in groups.values()):
@@ -400,21 +400,22 @@ def _collect_parts(
     if not work:
         return
     collected = run_together(work)
-    for name, rows in zip(parts, collected, strict=False):
-        for row in rows:
-            values = {key: value for key, value in row.asDict().items() if value is not None}
-            if name == "runs":
-                runs[row[PARTITION_COLUMN]] = values
-            else:
-                groups.setdefault((row[PARTITION_COLUMN], row["group"]), {}).update(values)
-    for name, run, group, values in collected[-1] if in_tasks is not None else []:
-        keys = (
-            {PARTITION_COLUMN: run} if name == "runs" else {PARTITION_COLUMN: run, "group": group}
-        )
+    found = [
+        (name, row[PARTITION_COLUMN], row["group"] if name != "runs" else None, row.asDict())
+        for name, rows in zip(parts, collected[: len(parts)], strict=True)
+        for row in rows
+    ]
+    if in_tasks is not None:
+        found += [
+            (name, run, group, {PARTITION_COLUMN: run, "group": group, **values})
+            for name, run, group, values in collected[-1]
+        ]
+    for name, run, group, values in found:
+        values = {key: value for key, value in values.items() if value is not None}
         if name == "runs":
-            runs[run] = {**keys, **values}
+            runs[run] = values
         else:
-            groups.setdefault((run, group), {}).update({**keys, **values})
+            groups.setdefault((run, group), {}).update(values)
 
 
 def _digest_of(v: dict[str, Any], *prefixes: str) -> tuple[int, int, int]:
