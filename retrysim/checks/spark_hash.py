@@ -130,20 +130,6 @@ def _mix_string(acc, data, valid):
             acc[i] = _mix_bytes(acc[i], data, 0, data.size)
 
 
-@njit(cache=True)
-def _range_digest(low, high):
-    """Rows, and the sums of the high and low halves, of xxhash64(id) for id in low..high."""
-    hi = np.int64(0)
-    lo = np.int64(0)
-    for value in range(low, high + 1):
-        h = np.uint64(_SPARK_SEED) + _LONG_SEED_ADD
-        h ^= _rotl(np.uint64(value) * _P2, 31) * _P1
-        h = _fmix(_rotl(h, 27) * _P1 + _P4)
-        hi += np.int64(h >> np.uint64(32))
-        lo += np.int64(h & LOW32)
-    return high - low + 1, hi, lo
-
-
 # --------------------------------------------------------------------------- values
 
 
@@ -218,13 +204,6 @@ def spark_hash(values: list[Value], rows: int, null_mask: bool = True) -> np.nda
     return acc
 
 
-def range_digest(low: int, high: int) -> dict[str, int]:
-    """:func:`retrysim.checks.digests.id_range_digest` of one group, in a loop that holds no
-    ids (``range_*``)."""
-    rows, hi, lo = _range_digest(np.int64(low), np.int64(high))
-    return {"range_rows": int(rows), "range_hash_hi": int(hi), "range_hash_lo": int(lo)}
-
-
 def warm_up() -> None:
     """Compile the kernels (or load them from numba's cache on disk) on a few values of each
     kind: setup runs it once, so that no Spark task pays the compilation."""
@@ -237,4 +216,3 @@ def warm_up() -> None:
     offsets, data = np.frombuffer(buffers[1], np.int32), np.frombuffer(buffers[2], np.uint8)
     values.append(Value("str", valid, offsets=offsets, data=data))
     spark_hash(values, rows)
-    range_digest(0, 1)

@@ -286,7 +286,6 @@ def _fast_counts(
     (run -> table -> staged folder): the passes over those tables run in Python tasks
     instead (:mod:`retrysim.checks.files`), with the same results."""
     from retrysim.checks import files as file_passes  # numba: only a check from files needs it
-    from retrysim.checks.spark_hash import range_digest
 
     parts: dict[str, Callable[[], DataFrame]] = {
         "load": lambda: counts.load_counts(tables["load"]),
@@ -327,7 +326,7 @@ def _fast_counts(
     ranges = _id_ranges(groups)
     if ranges and files:
         for key, (low, high) in ranges.items():
-            groups[key].update(range_digest(low, high))
+            groups[key].update(digests.range_digest(low, high))
     elif ranges:
         later["range"] = lambda: digests.id_range_digest(SparkSession.active(), ranges)
     _collect_parts(later, groups, runs)

@@ -9,7 +9,7 @@ from deltalake import DeltaTable
 
 from retrysim.checks.digest import format_digests, table_digests
 from retrysim.scenario.errors import ScenarioError
-from retrysim.session import build_session
+from retrysim.session import build_session, stop_session
 from retrysim.store.sinks import table_path
 
 
@@ -35,7 +35,7 @@ def digest_command(args: argparse.Namespace) -> int:
     try:
         digests = table_digests(spark, output, args.run_id)
     finally:
-        spark.stop()
+        stop_session(spark)
     if digests["runs"][0] == 0:
         raise ScenarioError("--run-id", f"no run {args.run_id!r} in {runs}")
     print(format_digests(digests), flush=True)

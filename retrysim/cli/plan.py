@@ -17,7 +17,7 @@ from retrysim.planning.plan import (
 )
 from retrysim.planning.targets import METRICS
 from retrysim.reporting.report import write_plan_report
-from retrysim.session import build_session
+from retrysim.session import build_session, stop_session
 
 
 def add_plan_command(commands: argparse._SubParsersAction) -> None:
@@ -82,5 +82,5 @@ def plan_command(args: argparse.Namespace) -> int:
         if not args.no_report:
             say(f"report: {write_plan_report(spark, output, plan_id)}")
     finally:
-        spark.stop()
+        stop_session(spark)
     return 0

@@ -9,7 +9,7 @@ from deltalake import DeltaTable
 
 from retrysim.reporting.report import write_plan_report, write_run_report
 from retrysim.scenario.errors import ScenarioError
-from retrysim.session import build_session
+from retrysim.session import build_session, stop_session
 from retrysim.store.sinks import table_path
 
 
@@ -45,6 +45,6 @@ def report_command(args: argparse.Namespace) -> int:
         else:
             path = write_run_report(spark, output, args.run_id)
     finally:
-        spark.stop()
+        stop_session(spark)
     print(path, flush=True)
     return 0

@@ -16,7 +16,7 @@ from retrysim.reporting.report import write_run_report
 from retrysim.runner import check_run_id, simulate
 from retrysim.scenario.loading import load_scenario
 from retrysim.scenario.units import human_ms
-from retrysim.session import build_session
+from retrysim.session import build_session, stop_session
 from retrysim.store.sinks import run_rows
 from retrysim.tables.schemas import ALL_SCHEMAS, TABLE_SETS
 
@@ -130,5 +130,5 @@ def simulate_command(args: argparse.Namespace) -> int:
             report = write_run_report(spark, output, result.run_id, retries=result.retries)
             say(f"report: {report}")
     finally:
-        spark.stop()
+        stop_session(spark)
     return EXIT_OK

@@ -8,7 +8,7 @@ import os
 from retrysim.checks.validate import validate_output
 from retrysim.cli.common import say
 from retrysim.scenario.errors import ScenarioError
-from retrysim.session import build_session
+from retrysim.session import build_session, stop_session
 from retrysim.store.recovery import recover
 from retrysim.store.sinks import complete_run_ids, table_path
 
@@ -43,7 +43,7 @@ def validate_command(args: argparse.Namespace) -> int:
     try:
         report = validate_output(spark, output, args.run_id)
     finally:
-        spark.stop()
+        stop_session(spark)
     print(report.format(), flush=True)
     broken = len(report.broken)
     say(f"{broken} invariant(s) broken" if broken else "all invariants hold")

@@ -1142,31 +1142,106 @@ def _table(values) -> np.ndarray:
     return np.asarray(values if values is not None else (0,), dtype=np.int64)
 
 
+@njit(cache=True)
+def _typed_columns(out, rows, positions, values, bitmaps, nulls):
+    """Columns ``positions`` of ``out``'s first ``rows`` into ``values`` (their Arrow width)
+    and ``bitmaps`` (Arrow's validity bits, zeroed before), their null counts into
+    ``nulls``: one pass where a copy, a mask and a cast took three."""
+    for c in range(len(positions)):
+        row = out[positions[c]]
+        count = 0
+        for i in range(rows):
+            value = row[i]
+            if value == NULL:
+                values[c, i] = 0
+                count += 1
+            else:
+                values[c, i] = value
+                bitmaps[c, i >> 3] |= np.uint8(1 << (i & 7))
+        nulls[c] = count
+
+
+# The output columns by the width of their Arrow arrays: the longs, and the ints with the
+# strings' codes (the indices their strings are taken by).
+_LONGS = np.array([i for i, n in enumerate(_OUT) if STAGE_ARROW.field(n).type == pa.int64()])
+_NARROW = np.array([i for i in range(_WIDTH) if i not in set(_LONGS.tolist())])
+assert all(STAGE_ARROW.field(_OUT[i]).type in (pa.int32(), pa.string()) for i in _NARROW), (
+    "a staged column of another width"
+)
+_POSITION = {name: position for position, name in enumerate(_OUT)}
+
+
 def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.RecordBatch:
     """A chunk of rows as a record batch in STAGE_ARROW's shape: the string columns taken
     from ``names`` by code in Arrow (no Python string objects), NULL to missing."""
-    columns = [pc.take(pa.array([group]), pa.array(np.zeros(rows, np.int32)))]
-    for position, name in enumerate(_OUT):
-        values = out[position, :rows].copy()  # Arrow would share the loop's reused buffer
-        missing = values == NULL
-        if name in _STRING_COLUMNS:
-            columns.append(pc.take(names, pa.array(values, mask=missing, type=pa.int64())))
-        else:
-            kind = STAGE_ARROW.field(name).type
-            columns.append(pa.array(values, mask=missing, type=pa.int64()).cast(kind))
-    columns.append(pa.array(np.zeros(rows, dtype=bool)))
-    return pa.RecordBatch.from_arrays(columns, schema=STAGE_ARROW)
+    columns: list[pa.Array | None] = [None] * _WIDTH
+    for positions, dtype in ((_LONGS, np.int64), (_NARROW, np.int32)):
+        values = np.empty((len(positions), rows), dtype)
+        bitmaps = np.zeros((len(positions), (rows + 7) // 8), np.uint8)
+        nulls = np.empty(len(positions), np.int64)
+        _typed_columns(out, rows, positions, values, bitmaps, nulls)
+        for c, position in enumerate(positions.tolist()):
+            null_count = int(nulls[c])
+            kind = pa.from_numpy_dtype(dtype)
+            array = pa.Array.from_buffers(
+                kind,
+                rows,
+                [pa.py_buffer(bitmaps[c]) if null_count else None, pa.py_buffer(values[c])],
+                null_count=null_count,
+            )
+            name = _OUT[position]
+            columns[position] = pc.take(names, array) if name in _STRING_COLUMNS else array
+    group_column = pc.take(pa.array([group]), pa.array(np.zeros(rows, np.int32)))
+    poison_fixed = pa.array(np.zeros(rows, dtype=bool))
+    return pa.RecordBatch.from_arrays([group_column, *columns, poison_fixed], schema=STAGE_ARROW)
+
+
+class Chunk:
+    """A chunk of the loop's rows before it becomes a record batch: the
+    :class:`~retrysim.tables.key_counts.Columns` the sums read, answered from the loop's
+    own longs and string codes (converting every column of every batch cost a task at 3M
+    messages about 0.9 s), and the record batch, made only for the rows a task writes.
+    Valid until the loop goes on (it reuses its buffer): the loop then empties it."""
+
+    def __init__(self, out: np.ndarray, rows: int, group: str, names: pa.Array, codes: dict):
+        self.out, self.rows, self.group, self.names, self.codes = out, rows, group, names, codes
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows
+
+    def longs(self, name: str) -> np.ndarray:
+        return self.out[_POSITION[name], : self.rows]
+
+    def isin(self, name: str, *values: str) -> np.ndarray:
+        codes = self.longs(name)
+        found = np.isin(codes, [c for value in values for c in self.codes.get(value, ())])
+        return np.where(codes == NULL, np.int8(-1), found.astype(np.int8))
+
+    def index_in(self, name: str, values: tuple[str, ...]) -> np.ndarray:
+        codes = self.longs(name)
+        table = np.full(len(self.names), -2, np.int64)  # -2: none of them
+        for position, value in enumerate(values):
+            table[list(self.codes.get(value, ()))] = position
+        index = np.where(codes == NULL, -1, table[np.where(codes == NULL, 0, codes)])
+        if (index == -2).any():
+            raise ValueError(f"a {name} outside {values}")
+        return index
+
+    def arrow(self) -> pa.RecordBatch:
+        return _batch(self.out, self.rows, self.group, self.names)
 
 
 def simulate_compiled(
-    spec, msg_ids, queue_ids, born, heartbeat=None, unit=None, imports=None
-) -> Iterator[pa.RecordBatch]:
+    spec, msg_ids, queue_ids, born, heartbeat=None, unit=None, imports=None, chunks=False
+) -> Iterator[pa.RecordBatch] | Iterator[Chunk]:
     """The rows :func:`~retrysim.engine.sequential.simulate_key` gives, from the compiled
     loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers), as the
     record batches the Spark stage hands on. With ``unit`` (the instances it runs, the
     instances it sends retries to), those of one unit of the group (docs/model.md §5,
     "Units"), fed the retries ``imports`` (a frame of the deliveries other units' rows
-    lead to, as :func:`retrysim.engine.rounds.next_frontier` gives them)."""
+    lead to, as :func:`retrysim.engine.rounds.next_frontier` gives them). With ``chunks``,
+    :class:`Chunk` s instead of record batches."""
     policy, behavior = spec.policy, spec.behavior
     order = _publish_order(born, msg_ids)
     msg_ids, queue_ids, born = msg_ids[order], queue_ids[order], born[order]
@@ -1204,10 +1279,17 @@ def simulate_compiled(
         loop = _run_lanes(*rules, policy.batch_size, policy.blocking)
     else:
         loop = _run(*rules, member, _import_slots(policy, imports, msg_ids, names))
+    codes: dict[str, list[int]] = {}
+    for code, name in enumerate(names.to_pylist()):
+        codes.setdefault(name, []).append(code)
     for out, rows, now, deliveries, first in loop:
         if heartbeat is not None:
             heartbeat.beat(int(now), int(deliveries), int(first), own)
-        if rows:
+        if rows and chunks:
+            chunk = Chunk(out, rows, spec.group, names, codes)
+            yield chunk
+            chunk.out = None  # the loop reuses the buffer
+        elif rows:
             yield _batch(out, rows, spec.group, names)
     if heartbeat is not None:
         heartbeat.beat(spec.horizon_ms, int(deliveries), own, own, done=True)

@@ -132,17 +132,23 @@ def _np_fmix(values: np.ndarray) -> np.ndarray:
     return values ^ (values >> np.uint64(32))
 
 
+def hash_long_np(values: np.ndarray, seed: int = _SPARK_HASH_SEED) -> np.ndarray:
+    """Spark's ``xxhash64`` of one long column (``XXH64.hashLong``) as uint64 bits, with
+    ``seed`` the running hash of the columns before it (Spark SQL's 42 for the first)."""
+    with np.errstate(over="ignore"):
+        acc = np.uint64((seed + _P5 + 8) & _MASK64)
+        acc = acc ^ (_np_rotl(values.astype(np.uint64) * np.uint64(_P2), 31) * np.uint64(_P1))
+        return _np_fmix(_np_rotl(acc, 27) * np.uint64(_P1) + np.uint64(_P4))
+
+
 def uniform_np(
     seed: int, group: str, stream: str, msg_ids: np.ndarray, deliveries: np.ndarray | int = 0
 ) -> np.ndarray:
     """:func:`uniform` in NumPy: the same doubles for the same keys, vectorised."""
-    ids = np.asarray(msg_ids, dtype=np.int64).astype(np.uint64)
+    ids = np.asarray(msg_ids, dtype=np.int64)
     rounds = np.broadcast_to(np.asarray(deliveries, dtype=np.int64), ids.shape)
+    acc = hash_long_np(ids, key_prefix(seed, group, stream))
     with np.errstate(over="ignore"):
-        # hashLong(msg_id, prefix)
-        acc = np.uint64((key_prefix(seed, group, stream) + _P5 + 8) & _MASK64)
-        acc = acc ^ (_np_rotl(ids * np.uint64(_P2), 31) * np.uint64(_P1))
-        acc = _np_fmix(_np_rotl(acc, 27) * np.uint64(_P1) + np.uint64(_P4))
         # hashInt(delivery, acc): the int's 32 bits, zero-extended
         words = rounds.astype(np.uint32).astype(np.uint64)
         acc = acc + np.uint64(_P5 + 4)

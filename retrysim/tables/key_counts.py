@@ -11,6 +11,8 @@ tests/tables/test_key_peaks.py holds them equal to the Spark passes.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -81,24 +83,65 @@ def _present(*values: np.ndarray) -> np.ndarray:
     return np.logical_and.reduce([v != NULL for v in values])
 
 
-class Attempts:
-    """The columns of one batch of staged attempt rows that the counts read."""
+class Columns(Protocol):
+    """What the sums read of a batch of staged attempt rows: a record batch's columns
+    (:class:`BatchColumns`), or the compiled loop's rows before they become one
+    (:class:`retrysim.engine.compiled.Chunk`, which answers from its codes without
+    converting a column)."""
+
+    def longs(self, name: str) -> np.ndarray:
+        """A column as int64, NULL where null."""
+
+    def isin(self, name: str, *values: str) -> np.ndarray:
+        """``name IN values``, three-valued as int8 (1 true, 0 false, -1 null)."""
+
+    def index_in(self, name: str, values: tuple[str, ...]) -> np.ndarray:
+        """Each string's position in ``values``, -1 where null; a ValueError if any is
+        none of them."""
+
+
+class BatchColumns:
+    """A record batch's :class:`Columns`."""
 
     def __init__(self, batch: pa.RecordBatch) -> None:
         self.batch = batch
+
+    def longs(self, name: str) -> np.ndarray:
+        return ints(self.batch, name)
+
+    def isin(self, name: str, *values: str) -> np.ndarray:
+        return _equal(self.batch, name, *values)
+
+    def index_in(self, name: str, values: tuple[str, ...]) -> np.ndarray:
+        column = self.batch.column(name)
+        index = pc.fill_null(pc.index_in(column, value_set=pa.array(values, column.type)), -1)
+        if (pc.sum(pc.equal(index, -1)).as_py() or 0) != column.null_count:
+            raise ValueError(f"a {name} outside {values}")
+        return index.to_numpy(zero_copy_only=False)
+
+
+def columns_of(batch: pa.RecordBatch | Columns) -> Columns:
+    return BatchColumns(batch) if isinstance(batch, pa.RecordBatch) else batch
+
+
+class Attempts:
+    """The columns of one batch of staged attempt rows that the counts read."""
+
+    def __init__(self, columns: Columns) -> None:
+        self.columns = columns
         for name in (
             "ready_ms", "start_ms", "processing_ms", "end_ms", "settled_ms", "next_ready_ms",
             "delay_level", "delivery", "reconsume_times", "batch_size",
         ):  # fmt: skip
-            setattr(self, name.removesuffix("_ms"), ints(batch, name))
+            setattr(self, name.removesuffix("_ms"), columns.longs(name))
         self.started = (self.start != NULL).astype(np.int8)
-        self.waits_retry = _equal(batch, "end_state", WAITING_RETRY)
-        self.scheduled = _and(self.waits_retry, _equal(batch, "end_topic", limits.SCHEDULE_TOPIC))
+        self.waits_retry = columns.isin("end_state", WAITING_RETRY)
+        self.scheduled = _and(self.waits_retry, columns.isin("end_topic", limits.SCHEDULE_TOPIC))
         processing = np.where(self.processing == NULL, 0, self.processing)
         self.busy = _and(self.started, np.where(self.processing == NULL, -1, processing > 0))
         self.busy_end = np.where(self.busy == 1, self.start + processing, NULL)
         self.retry = _and(
-            self.started, _not(_equal(batch, "ready_reason", READY_PUBLISHED, READY_REPLAYED))
+            self.started, _not(columns.isin("ready_reason", READY_PUBLISHED, READY_REPLAYED))
         )
         # WaitingRetry until the next delivery is Ready (or the dead letter lands)
         self.waited_until = np.where(self.next_ready != NULL, self.next_ready, self.settled)
@@ -106,14 +149,14 @@ class Attempts:
     def write_times(self, pop: tuple[int, bool] | None, horizon: int) -> list[np.ndarray]:
         """:func:`retrysim.tables.writes.write_times` of these rows: each possible write's
         moment, NULL where the attempt does not make it before the horizon."""
-        batch = self.batch
+        columns = self.columns
         unread = _and(
-            _equal(batch, "result_state", DISCARD), _equal(batch, "leave_reason", REASON_BROADCAST)
+            columns.isin("result_state", DISCARD), columns.isin("leave_reason", REASON_BROADCAST)
         )
-        dead = (_equal(batch, "result_state", DLQ) == 1) | (unread == 1)
+        dead = (columns.isin("result_state", DLQ) == 1) | (unread == 1)
         times = [
             _when(
-                _equal(batch, "ready_reason", READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE),
+                columns.isin("ready_reason", READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE),
                 self.ready,
             ),
             _when(self.scheduled, self.end),
@@ -125,11 +168,11 @@ class Attempts:
 
     def _pop_write_times(self, invisible: int, nacks: bool) -> list[np.ndarray]:
         """:func:`retrysim.tables.writes.pop_write_times` of a group that pops."""
-        batch, start, end = self.batch, self.start, self.end
-        committed = _equal(batch, "end_state", COMMIT) == 1
-        outcome = _equal(batch, "outcome", TIMEOUT)
-        nacked = nacks & (_equal(batch, "end_state", WAITING_RETRY) == 1) & (outcome == 0)
-        left_at = np.where(_equal(batch, "result_state", DLQ, DISCARD) == 1, self.settled, NULL)
+        columns, start, end = self.columns, self.start, self.end
+        committed = columns.isin("end_state", COMMIT) == 1
+        outcome = columns.isin("outcome", TIMEOUT)
+        nacked = nacks & (columns.isin("end_state", WAITING_RETRY) == 1) & (outcome == 0)
+        left_at = np.where(columns.isin("result_state", DLQ, DISCARD) == 1, self.settled, NULL)
         leaves = left_at != NULL
         visible_again = np.where(start != NULL, start + invisible, NULL)
         retry_due = self.waited_until
@@ -166,18 +209,17 @@ class CompactCounter:
 
     def add(self, rows: Attempts, writes: list[np.ndarray]) -> None:
         b = self.bucket_ms
-        batch = rows.batch
-        states = batch.column("result_state")
-        state = pc.fill_null(pc.index_in(states, value_set=pa.array(STATES, states.type)), -1)
-        if (pc.sum(pc.equal(state, -1)).as_py() or 0) != states.null_count:
-            raise ValueError("an attempt's result_state is none of retrysim's states")
+        try:
+            state = rows.columns.index_in("result_state", STATES)
+        except ValueError:
+            raise ValueError("an attempt's result_state is none of retrysim's states") from None
         has_next = rows.next_ready != NULL
         keys = [
             rows.started,
             _and(rows.started, np.where(rows.delivery == NULL, -1, rows.delivery == 1)),
             rows.retry,
-            _equal(batch, "ready_reason", READY_REPLAYED),
-            state.to_numpy(zero_copy_only=False),
+            rows.columns.isin("ready_reason", READY_REPLAYED),
+            state,
             (rows.end != NULL).astype(np.int8),
             rows.waits_retry,
             *[_floor_div(t, b) for t in writes],

@@ -19,12 +19,17 @@ from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.accumulators import AccumulatorParam
 
 from retrysim.model.states import COMMIT, DLQ
 from retrysim.tables.key_counts import NULL as _NULL
-from retrysim.tables.key_counts import Attempts, BusiestSeconds, CompactCounter, ints
+from retrysim.tables.key_counts import (
+    Attempts,
+    BusiestSeconds,
+    Columns,
+    CompactCounter,
+    columns_of,
+)
 from retrysim.tables.peaks import ALL_LEVELS, GAUGES, THREAD_UNITS
 from retrysim.tables.summary import PERCENTILES
 
@@ -32,11 +37,11 @@ _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
 
 
 # What a task sums up of a whole group (each over all of its rows): the peaks (the gauges,
-# each instance's) and the counts (the times to settle, the load's compact rows, the
-# busiest seconds, the dead letters). Where several tasks simulate the group, the first two
-# take one share each, so neither waits for the other's work.
-PEAKS, COUNTS = "peaks", "counts"
-SHARES = frozenset({PEAKS, COUNTS})
+# each instance's), the counts (the load's compact rows, the dead letters) and the rates
+# (the busiest seconds, the times to settle). Where several tasks simulate the group, the
+# first two take a share each, so neither waits for the other's work.
+PEAKS, COUNTS, RATES = "peaks", "counts", "rates"
+SHARES = frozenset({PEAKS, COUNTS, RATES})
 # The peaks of the even and of the odd buckets (a bucket's rows depend on its moments
 # alone): two tasks that simulate the same group split the peaks' sort, the larger share.
 PEAK_HALVES = ("peaks of even buckets", "peaks of odd buckets")
@@ -48,9 +53,9 @@ class GroupSums:
     one of PEAK_HALVES: the rows of its buckets),
     ``gauges`` as the gauge half of ``bucket_changes`` (bucket, level, group, the GAUGES'
     totals, longest_wait, their rises) and ``instances`` as ``instance_changes`` (None
-    unless asked for); of COUNTS, ``ttc``/``ttd`` as ``times_to_settle``, ``busiest``
-    (bucket -> the RATES' busiest seconds), ``compact`` as the load's ``compact_attempts``
-    and how many of its attempts moved a message to the DLQ."""
+    unless asked for); of RATES, ``ttc``/``ttd`` as ``times_to_settle`` and ``busiest``
+    (bucket -> the BusiestSeconds.RATES' busiest seconds); of COUNTS, ``compact`` as the
+    load's ``compact_attempts`` and how many of its attempts moved a message to the DLQ."""
 
     group: str
     shares: frozenset[str]
@@ -81,6 +86,7 @@ class GroupSums:
         """These sums with ``other``'s shares (the same group's, from another task; a
         retried task's share replaces its earlier attempt's)."""
         counts = other if COUNTS in other.shares else self
+        rates = other if RATES in other.shares else self
         shares = self.shares | other.shares
         if PEAKS in shares or set(PEAK_HALVES) <= shares:
             shares = (shares - set(PEAK_HALVES)) | {PEAKS}
@@ -90,9 +96,9 @@ class GroupSums:
             shares,
             gauges,
             instances,
-            counts.ttc,
-            counts.ttd,
-            counts.busiest,
+            rates.ttc,
+            rates.ttd,
+            rates.busiest,
             counts.compact,
             counts.dead_letters,
         )
@@ -136,10 +142,6 @@ class GroupSumsParam(AccumulatorParam):
         return value1
 
 
-def _equals(batch: pa.RecordBatch, name: str, value: str) -> np.ndarray:
-    return pc.fill_null(pc.equal(batch.column(name), value), False).to_numpy(zero_copy_only=False)
-
-
 class GroupSummer:
     """Sums up one group's staged attempt rows (Arrow record batches in STAGE_ARROW's shape)
     as they leave the loop: each batch becomes its moments, kept as a few narrow arrays, and
@@ -155,7 +157,7 @@ class GroupSummer:
         shares: frozenset[str] = SHARES,
     ) -> None:
         """``pop``: the group's pop settings (retrysim.tables.writes.pop_settings), if it
-        pops; ``shares``: what to sum up (PEAKS or one of PEAK_HALVES, COUNTS)."""
+        pops; ``shares``: what to sum up (PEAKS or one of PEAK_HALVES, COUNTS, RATES)."""
         self.group, self.horizon, self.bucket_ms, self.pop = group, horizon_ms, bucket_ms, pop
         self.shares = shares
         halves = [i for i, half in enumerate(PEAK_HALVES) if half in shares]
@@ -170,21 +172,24 @@ class GroupSummer:
         self.busiest = BusiestSeconds(horizon_ms, bucket_ms)
         self.writes = 0  # how many commit-log writes an attempt can make (a column each)
 
-    def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """Take ``batch``'s moments; returns the batch, to pass it on."""
-        rows = Attempts(batch)
-        if COUNTS in self.shares:
+    def add(self, batch: pa.RecordBatch | Columns) -> pa.RecordBatch | Columns:
+        """Take ``batch``'s moments (a record batch or the compiled loop's chunk of rows);
+        returns it, to pass it on."""
+        rows = Attempts(columns_of(batch))
+        if COUNTS in self.shares or RATES in self.shares:
             writes = rows.write_times(self.pop, self.horizon)
             self.writes = len(writes)
+        if COUNTS in self.shares:
             self.compact.add(rows, writes)
+        if RATES in self.shares:
             self.busiest.add(rows, writes)
-            born = ints(batch, "born_ms")
+            born = rows.columns.longs("born_ms")
             for kind in (COMMIT, DLQ):
-                kept = _equals(batch, "result_state", kind) & (rows.settled != _NULL)
+                kept = (rows.columns.isin("result_state", kind) == 1) & (rows.settled != _NULL)
                 kept &= born != _NULL
                 self.settled[kind].append(rows.settled[kept] - born[kept])
         if self.peaks:
-            self._add_peaks(batch, rows)
+            self._add_peaks(rows)
         return batch
 
     def _mine(self, at: np.ndarray) -> np.ndarray | bool:
@@ -193,7 +198,7 @@ class GroupSummer:
             return True
         return (at // self.bucket_ms) % 2 == self.parity
 
-    def _add_peaks(self, batch: pa.RecordBatch, rows: Attempts) -> None:
+    def _add_peaks(self, rows: Attempts) -> None:
         ready, start, processing, end = rows.ready, rows.start, rows.processing, rows.end
         waited_until, level, batch_size = rows.waited_until, rows.delay_level, rows.batch_size
         started = rows.started == 1
@@ -261,16 +266,17 @@ class GroupSummer:
         )
         if self.instance_moments is not None:
             self._add_instance_moments(
-                batch, ready, start, waited, started, share, freed, frees_at_end, busy
+                rows.columns, ready, start, waited, started, share, freed, frees_at_end, busy
             )
 
     def _add_instance_moments(
-        self, batch, ready, start, waited, started, share, freed, frees_at_end, busy
+        self, columns, ready, start, waited, started, share, freed, frees_at_end, busy
     ) -> None:
         """peaks.instance_changes' moments: the Ready backlog, threads busy and deliveries,
         up to the last bucket's end."""
         until = self.buckets * self.bucket_ms
-        instance = pc.fill_null(batch.column("consumer_instance"), -1).to_numpy()
+        instance = columns.longs("consumer_instance")
+        instance = np.where(instance == _NULL, -1, instance)
         one = np.int8(1)
         for when, at, ready_change, threads, delivered in (
             (waited & (ready != _NULL), ready, one, 0, 0),
@@ -302,13 +308,17 @@ class GroupSummer:
                 gauges=tuple(self._gauge_rows()),
                 instances=None if instances is None else tuple(instances),
             )
-        if COUNTS in self.shares:
-            compact = self.compact.finish(self.group, self.writes)
+        if RATES in self.shares:
             sums = replace(
                 sums,
                 ttc=_percentiles(self.settled[COMMIT]),
                 ttd=_percentiles(self.settled[DLQ]),
                 busiest=tuple(self.busiest.by_bucket().items()),
+            )
+        if COUNTS in self.shares:
+            compact = self.compact.finish(self.group, self.writes)
+            sums = replace(
+                sums,
                 compact=tuple(compact),
                 dead_letters=sum(row[-4] for row in compact if row[5] == DLQ),
             )

@@ -21,7 +21,6 @@ from test_validate import RUNS, frames
 
 from retrysim.checks import counts, digests
 from retrysim.checks import files as file_passes
-from retrysim.checks.spark_hash import range_digest
 from retrysim.checks.validate import published_tables, validate_tables
 from retrysim.model.states import DLQ, INFLIGHT, READY_REPLAYED, WAITING_RETRY
 from retrysim.store.sinks import STATUS_COMPLETE
@@ -200,9 +199,11 @@ def test_schemas_cover_what_the_passes_read():
     assert kinds["attempts"]["poison_fixed"] == "int"  # a boolean hashes as an int
 
 
-def test_the_range_digest_is_sparks(spark):
+@pytest.mark.parametrize("chunk", [digests.RANGE_CHUNK, 100])
+def test_the_range_digest_is_sparks(spark, chunk):
+    """The driver's NumPy digest of a range of ids, whole or a hundred ids at a time."""
     frame = digests.id_range_digest(spark, {("r", "g"): (-3, 1000)}).collect()[0].asDict()
-    assert range_digest(-3, 1000) == {
+    assert digests.range_digest(-3, 1000, chunk) == {
         key: frame[key] for key in ("range_rows", "range_hash_hi", "range_hash_lo")
     }
 

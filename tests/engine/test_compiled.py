@@ -24,6 +24,7 @@ from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import (
     MOST_OUTPUT_PARTS,
     Heartbeat,
+    as_batch,
     compiled_covers,
     read_heartbeats,
     simulate_key,
@@ -31,7 +32,9 @@ from retrysim.engine.sequential import (
 from retrysim.model.policy import next_reconsume_times
 from retrysim.model.rng import key_prefix, uniform_np
 from retrysim.scenario.loading import build_scenario
+from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import STAGE_ARROW
+from retrysim.tables.writes import pops_of
 
 KEY = ["msg_id", "delivery"]
 
@@ -206,6 +209,42 @@ def test_record_batches_hold_the_frames_rows(compiled):
         assert frames[name].astype(object).where(frames[name].notna(), None).tolist() == (
             table[name].astype(object).where(table[name].notna(), None).tolist()
         ), name
+
+
+@pytest.mark.parametrize(
+    "flavor",
+    ["rocketmq4.concurrently", "rocketmq4.broadcasting", "rocketmq5.push", "rocketmq5.simple"],
+)
+def test_the_sums_read_the_loops_chunks_as_their_record_batches(flavor):
+    """The stage's tasks sum a group up from the loop's chunks (its longs and string codes)
+    and write only their own chunks as record batches: every sum equals the one read from
+    the record batches, over chunks that hold nulls, DLQ moves, timeouts and pops; a chunk
+    read after the loop went on fails rather than reading the next rows."""
+    group = {
+        "name": "busy", "flavor": flavor,
+        "max_reconsume_times": -1 if flavor == "rocketmq4.broadcasting" else 1,
+        "consumers": {"instances": 3, "threads": 8}, "behavior": _STORMY,
+        "workload": {"messages": 40_000, "over": "2m", "queues": 4},
+    }  # fmt: skip
+    config = build_scenario({**SATURATED, "horizon": "10m", "groups": [group]})
+    spec = key_specs(config, group_plans(config))[0]
+    summers = [
+        GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, True, pops_of(spec.policy))
+        for _ in range(2)
+    ]
+    chunks = []
+    for chunk in simulate_key(
+        spec, *messages(spec, 40_000, 120_000, seed=6), arrow=True, chunks=True
+    ):
+        summers[0].add(chunk)
+        summers[1].add(as_batch(chunk))
+        chunks.append(chunk)
+    assert len(chunks) > 1 and not isinstance(chunks[0], pa.RecordBatch)
+    by_chunks, by_batches = (summer.finish() for summer in summers)
+    assert by_chunks == by_batches and by_chunks.complete
+    assert by_chunks.compact and by_chunks.gauges and by_chunks.instances
+    with pytest.raises(TypeError):
+        chunks[0].longs("msg_id")
 
 
 def _in_units(spec, msg_ids, queue_ids, born) -> pd.DataFrame:

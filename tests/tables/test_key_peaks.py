@@ -18,7 +18,14 @@ from retrysim.engine.sequential import (
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.dead_letters import dead_letters_from_attempts
 from retrysim.tables.instances import changes_of_shared_groups
-from retrysim.tables.key_peaks import COUNTS, PEAK_HALVES, SHARES, GroupSums, GroupSumsParam
+from retrysim.tables.key_peaks import (
+    COUNTS,
+    PEAK_HALVES,
+    RATES,
+    SHARES,
+    GroupSums,
+    GroupSumsParam,
+)
 from retrysim.tables.load import compact_attempts
 from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.summary import times_to_settle
@@ -153,13 +160,17 @@ def test_a_group_alone_on_the_cores_is_written_by_all_of_them(spark, simulated, 
 
 
 def test_the_halves_of_the_peaks_merge_in_any_order_and_a_retried_half_replaces():
-    """Two tasks sum up the peaks of the even and the odd buckets: merged, their rows are
-    one task's, in its order; a half that comes again (a retried task) changes nothing."""
+    """Two tasks sum up the peaks of the even and the odd buckets, one with the rates and
+    the other with the counts: merged, their rows are one task's, in its order, with each
+    share's values; a half that comes again (a retried task) changes nothing."""
     even, odd = (frozenset({half}) for half in PEAK_HALVES)
     row = lambda bucket, level: (bucket, level, "g", 1)  # noqa: E731
-    whole = GroupSums("g", SHARES, (row(0, 0), row(1, 0), row(0, 3), row(1, 3)), None)
-    first = GroupSums("g", even, (row(0, 0), row(0, 3)), None)
-    second = GroupSums("g", odd | {COUNTS}, (row(1, 0), row(1, 3)), None)
+    rates = {"ttc": [1.0, 2.0], "ttd": None, "busiest": ((0, (3, 1, 4)),)}
+    counts = {"compact": (("g", True),), "dead_letters": 7}
+    peaks = (row(0, 0), row(1, 0), row(0, 3), row(1, 3))
+    whole = GroupSums("g", SHARES, peaks, None, **rates, **counts)
+    first = GroupSums("g", even | {RATES}, (row(0, 0), row(0, 3)), None, **rates)
+    second = GroupSums("g", odd | {COUNTS}, (row(1, 0), row(1, 3)), None, **counts)
     for merged in (first.merged(second), second.merged(first)):
         assert merged == whole and merged.complete
         assert merged.merged(first) == whole and merged.merged(second) == whole
