@@ -74,7 +74,7 @@ def plan_command(args: argparse.Namespace) -> int:
         f"plan {plan_id}: {len(spec.points)} points of {spec.base.name}, runs "
         f"{point_run_id(plan_id, 1)} .. {point_run_id(plan_id, len(spec.points))}"
     )
-    spark = build_session(f"retrysim:plan:{spec.base.name}", args.master)
+    spark = build_session(f"retrysim:plan:{spec.base.name}", args.master, light_jit=True)
     try:
         result = run_plan(spark, spec, output, plan_id, say, args.delta_sink, not args.quiet)
         print(format_plan(result), flush=True)

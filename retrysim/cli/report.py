@@ -38,7 +38,9 @@ def report_command(args: argparse.Namespace) -> int:
             f"no retrysim {'plans' if args.plan_id else 'tables'} in "
             f"{output} (no Delta table {table})",
         )
-    spark = build_session("retrysim:report", args.master, conf={"spark.ui.enabled": "false"})
+    spark = build_session(
+        "retrysim:report", args.master, conf={"spark.ui.enabled": "false"}, light_jit=True
+    )
     try:
         if args.plan_id:
             path = write_plan_report(spark, output, args.plan_id)

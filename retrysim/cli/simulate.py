@@ -112,7 +112,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             "consumer threads"
         )
         say(f"group {group.name}: {group.flavor}, {group.workload.messages:,} messages, {threads}")
-    spark = build_session(f"retrysim:{scenario.name}", args.master)
+    spark = build_session(f"retrysim:{scenario.name}", args.master, light_jit=True)
     try:
         result = simulate(
             spark,

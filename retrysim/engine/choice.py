@@ -41,6 +41,7 @@ from retrysim.engine.sequential import (
 )
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
+from retrysim.session import full_jit
 from retrysim.store.sinks import remove_tree
 from retrysim.tables.key_peaks import GroupSums, GroupSumsParam
 from retrysim.tables.schemas import STAGE
@@ -98,6 +99,8 @@ def simulate_attempts(
     from_start = full_from_start | _small(not_full, small_group, say)
     by_rounds = [plan for plan in by_rounds if plan.name not in from_start]
     rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
+    if by_rounds:
+        full_jit(spark)  # Spark's generated code runs every round's rows
     rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
     threads = {p.name: p.policy.topology.threads for p in by_rounds}
     pools = {name: count for name, count in threads.items() if count is not None}
@@ -188,6 +191,10 @@ def _run_sequential(
     specs = key_specs(scenario, plans)
     per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
     split = in_units(specs, per_lane, unit_messages, fewest_units)
+    if split or any(
+        s.group in per_lane and s.workload.messages > SMALL_GROUP_MESSAGES for s in specs
+    ):
+        full_jit(spark)  # staging scans the rows of units and lanes in Spark
     keys = key_count(specs, per_lane, split)
     for spec in specs:
         if spec.group in split:

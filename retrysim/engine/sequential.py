@@ -18,9 +18,9 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark import TaskContext
@@ -50,8 +50,11 @@ from retrysim.tables.key_counts import Columns
 from retrysim.tables.key_peaks import COUNTS, PEAK_HALVES, RATES, SHARES, GroupSummer
 from retrysim.tables.schemas import SCHEMAS, STAGE, STAGE_ARROW, data_schema
 from retrysim.tables.schemas import write_rows as write_small_rows
-from retrysim.tables.task_tables import TaskTableWriter, messages_of
+from retrysim.tables.task_tables import TaskTableWriter, messages_of, parquet_writer
 from retrysim.tables.writes import pops_of
+
+if TYPE_CHECKING:  # a worker of the compiled loop never loads pandas (0.3 s a worker)
+    import pandas as pd
 
 OUTPUT_CHUNK_ROWS = 100_000
 _FREE, _ELIGIBLE, _REPLAY = 0, 1, 2  # event phases within one millisecond (model §5)
@@ -617,8 +620,14 @@ def _step_values(start, processing, outcome, end, step: Step, batch_size: int) -
     )
 
 
-# Arrow's nullable integers as pandas' (not floats), for frames made from record batches.
-_NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}
+def _nullable(kind: pa.DataType):
+    """Arrow's nullable integers as pandas' (not floats), for frames made from record
+    batches (a ``types_mapper``)."""
+    import pandas as pd
+
+    return {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype()}.get(kind)
+
+
 _PANDAS_TYPES = {
     field.name: {"string": "object", "bigint": "Int64", "int": "Int32", "boolean": "bool"}[
         field.dataType.simpleString()
@@ -663,13 +672,13 @@ def simulate_key(
         )
         for batch in loop:
             yield (
-                batch
-                if arrow
-                else batch.to_pandas(types_mapper=_NULLABLE.get).astype(_PANDAS_TYPES)
+                batch if arrow else batch.to_pandas(types_mapper=_nullable).astype(_PANDAS_TYPES)
             )
         return
     if unit is not None:
         raise ValueError(f"group {spec.group}: only the compiled loop runs a unit of a group")
+    import pandas as pd  # the Python loop's frames
+
     simulation = _Simulation(spec, msg_ids, queue_ids, born, heartbeat=heartbeat)
     for rows in simulation.run():
         if rows:
@@ -880,8 +889,7 @@ def write_rows(batches: Iterator[pa.RecordBatch], path: str) -> int:
 
 
 def _parquet_writer(path: str) -> pq.ParquetWriter:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    return pq.ParquetWriter(path, STAGE_ARROW, compression="snappy")
+    return parquet_writer(path, STAGE_ARROW)
 
 
 def _stage_tasks(
@@ -918,7 +926,7 @@ def retry_owner_attempts(
     rows = keyed.drop("group").unionByName(retries, allowMissingColumns=True)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        data = pa.Table.from_batches(list(batches)).to_pandas(types_mapper=_NULLABLE.get)
+        data = pa.Table.from_batches(list(batches)).to_pandas(types_mapper=_nullable)
         for position, imports in data.groupby("_task", sort=True):
             task = tasks[int(position)]
             yield from _simulate_one(
@@ -1023,6 +1031,8 @@ def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int
     by_name = {spec.group: spec for spec in specs}
 
     def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        import pandas as pd  # a pandas UDF's worker has it already
+
         data = [batch for batch in batches if len(batch)]
         if not data:
             return

@@ -26,9 +26,8 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -40,6 +39,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, SCHEMAS, data_schema
+
+if TYPE_CHECKING:  # the compiled loop's workers import this and never load pandas
+    import pandas as pd
 
 _ARROW_TYPES = {
     T.StringType: pa.string(),

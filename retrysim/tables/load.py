@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pandas as pd
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -65,6 +64,9 @@ LOAD_COUNTS = (
     "commitlog_writes",
     "replays",
 )
+
+if TYPE_CHECKING:  # the compiled loop's workers import this and never load pandas
+    import pandas as pd
 LOAD_GAUGES = ("inflight", "waiting_retry", "ready_backlog")
 _COMPACT_WRITES = 8  # the position of b_writes in a compact row (group, 7 keys before it)
 

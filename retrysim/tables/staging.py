@@ -7,6 +7,7 @@ not need each other are written at once from threads (:func:`run_together`).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -66,7 +67,11 @@ def stage_tables(
     began = time.monotonic()
     files = _stage_attempts(os.path.join(staging, "attempts"), path["attempts"])
     say(f"  staged attempts ({files} round files, as written)")
-    attempts = spark.read.schema(data_schema(ATTEMPTS)).parquet(path["attempts"])
+    # read only by the tables staged in Spark (a run whose tables came from the tasks'
+    # sums reads none: the read still cost the driver a file listing in the JVM)
+    attempts_read = functools.cache(
+        lambda: spark.read.schema(data_schema(ATTEMPTS)).parquet(path["attempts"])
+    )
 
     def stage(name: str, build: Callable[[], DataFrame]) -> None:
         began = time.monotonic()
@@ -76,6 +81,7 @@ def stage_tables(
     def load_and_summary() -> pd.DataFrame:
         began = time.monotonic()
         summed = small_tables(scenario, engines, known)
+        attempts = None if summed is not None else attempts_read()
         if summed is not None:
             summed.write(path)
             took = time.monotonic() - began
@@ -109,9 +115,9 @@ def stage_tables(
 
     made_in_tasks = os.path.join(staging, TASK_TABLES_DIR)
     builds = {
-        "dead_letters": lambda: dead_letters_from_attempts(attempts, scenario, known),
+        "dead_letters": lambda: dead_letters_from_attempts(attempts_read(), scenario, known),
         "messages": lambda: all_messages(spark, scenario),
-        "transitions": lambda: transitions_from_attempts(attempts),
+        "transitions": lambda: transitions_from_attempts(attempts_read()),
     }
     work = [load_and_summary]
     for name in ("dead_letters", "messages", "transitions"):

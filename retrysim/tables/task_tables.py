@@ -127,6 +127,16 @@ def messages_of(
     )
 
 
+def parquet_writer(path: str, schema: pa.Schema) -> pq.ParquetWriter:
+    """A task's Parquet writer (snappy, as Spark's), with dictionaries for the string
+    columns only: a dictionary of timestamps and ids, nearly all distinct, costs their
+    encoding time for nothing (at 3M attempts a task wrote its half in 0.55 s against 0.75 s,
+    and a smaller file). Statistics stay on every column, for Delta's per-file stats."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    strings = [field.name for field in schema if pa.types.is_string(field.type)]
+    return pq.ParquetWriter(path, schema, compression="snappy", use_dictionary=strings)
+
+
 class TaskTableWriter:
     """One task's files of the :data:`TASK_TABLES` in ``tables`` (a table each), under
     ``folder/<table>/<name>``: opened on their first rows, closed by :meth:`close`, which
@@ -145,10 +155,7 @@ class TaskTableWriter:
         if table not in self._paths or not rows.num_rows:
             return
         if table not in self._writers:
-            os.makedirs(os.path.dirname(self._paths[table]), exist_ok=True)
-            self._writers[table] = pq.ParquetWriter(
-                self._paths[table], ARROW[table], compression="snappy"
-            )
+            self._writers[table] = parquet_writer(self._paths[table], ARROW[table])
         self._writers[table].write_table(rows)
         self._rows[table] += rows.num_rows
 
