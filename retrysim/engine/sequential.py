@@ -12,11 +12,13 @@ they leave (:mod:`retrysim.tables.key_peaks`).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import json
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -833,7 +835,8 @@ def write_sequential_attempts(
                         )
                         derived.write("messages", made)
 
-        count = write_rows(rows(), path)
+        with no_cyclic_gc():
+            count = write_rows(rows(), path)
         written = [{"table": "attempts", "path": path, "rows": count}] if count else []
         written += [
             {"table": table, "path": path, "rows": count} for table, path, count in derived.close()
@@ -863,6 +866,20 @@ _WRITTEN = StructType(
 )  # fmt: skip
 _WRITTEN_ARROW = to_arrow_schema(_WRITTEN)
 ROW_GROUP_ROWS = 500_000  # rows per Parquet row group (Spark's 128 MB blocks, about)
+
+
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Python's cyclic collector off for a task's loop: the loop's arrays and batches make
+    no cycles, and the collections their allocations set off cost a task at 3M messages
+    about 4 % of its time (perf); reference counting still frees everything at once."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def write_rows(batches: Iterator[pa.RecordBatch], path: str) -> int:
