@@ -145,7 +145,7 @@ def _owner(position, queues, instances, by_circle):
     return bigger + (position - bigger * (size + 1)) // size
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _on_topology_retry(k, topic):
     """Whether ``topic`` is the topology's retry topic (4.x: %RETRY%<group>)."""
     if k[K_HAS_TOPOLOGY_RETRY] == 0:
@@ -165,7 +165,7 @@ def _instance(k, topic, queue_id, msg_id, delivery):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _retry_queue(k, topic, queue_id, msg_id, delivery):
     """Topology.retry_queue."""
     if k[K_HAS_TOPOLOGY_RETRY] == 0:
@@ -242,7 +242,7 @@ def _consume_result(k, start, processing, outcome):
     return outcome, start + processing
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _next_step(k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt, outcome,
                start, end, send_back, topic, queue_id, msg_id, delivery):  # fmt: skip
     """Policy.next_step, as a tuple of Step's 15 fields (NULL for None)."""
@@ -340,7 +340,7 @@ def _settled_step(k, intervals, levels, resend_levels, resend_intervals, slots, 
 # --------------------------------------------------------------------------- heaps
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _before(a, b, eligible, order_id, delivery):
     """Whether waiting slot a starts before slot b: (eligible_ms, msg_id, delivery)."""
     if eligible[a] != eligible[b]:
@@ -390,9 +390,8 @@ def _wait_pop(heap, size, eligible, order_id, delivery):
 
 @njit(cache=True, inline="always")
 def _event_push(keys, values, size, key, value):
-    if size == len(keys):
-        keys = np.concatenate((keys, np.empty(len(keys), np.int64)))
-        values = np.concatenate((values, np.empty(len(values), np.int64)))
+    """Push (key, value) on the event heap, which has room (returning no array: numba
+    counts a reference each time an array is returned and assigned, an atomic operation)."""
     i = size
     while i > 0:
         parent = (i - 1) >> 1
@@ -401,7 +400,6 @@ def _event_push(keys, values, size, key, value):
         keys[i], values[i] = keys[parent], values[parent]
         i = parent
     keys[i], values[i] = key, value
-    return keys, values
 
 
 @njit(cache=True, inline="always")
@@ -444,14 +442,27 @@ _FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
 MEMBER, EXPORTED, ELSEWHERE = 1, 0, -1
 
 
+@njit(cache=True)
+def _wider(out):
+    """``out`` with twice the rows' room (a turn can write more than the chunk's slack)."""
+    bigger = np.empty((out.shape[0], 2 * out.shape[1]), np.int64)
+    bigger[:, : out.shape[1]] = out
+    return bigger
+
+
+@njit(cache=True)
+def _grow_slots(slots):
+    bigger = np.empty((S_FIELDS, 2 * slots.shape[1]), np.int64)
+    bigger[:, : slots.shape[1]] = slots
+    return bigger
+
+
 @njit(cache=True, inline="always")
 def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, batch):
     """Write staged row ``n`` (STAGE's columns but group and poison_fixed, one row of
-    ``out`` per column, so that each becomes a frame's column without a copy)."""
-    if n == out.shape[1]:
-        bigger = np.empty((out.shape[0], 2 * n), np.int64)
-        bigger[:, :n] = out
-        out = bigger
+    ``out`` per column, so that each becomes a frame's column without a copy); ``out`` has
+    room for it (the callers grow it with :func:`_wider`, so that no array is returned on
+    the way of every row)."""
     msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
     topic, queue_id = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
     out[0, n], out[1, n], out[2, n] = msg_id, delivery, slots[S_RT, slot]
@@ -464,28 +475,23 @@ def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, ba
         out[14 + field, n] = step[field]
     for field in range(4, 15):
         out[15 + field, n] = step[field]
-    return out
 
 
 @njit(cache=True, inline="always")
 def _push_eligible(keys, values, size, slots, slot):
-    """The event of ``slot``'s delivery becoming eligible; returns (keys, values, size)."""
-    keys, values = _event_push(keys, values, size, 2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE,
-                               slot)  # fmt: skip
-    return keys, values, size + 1
+    """The event of ``slot``'s delivery becoming eligible (the heap has room); returns the
+    heap's new size."""
+    _event_push(keys, values, size, 2 * slots[S_ELIGIBLE, slot] + _ELIGIBLE_PHASE, slot)
+    return size + 1
 
 
 @njit(cache=True, inline="always")
 def _take_slot(slots, spare, spare_count, used):
-    """A free slot: a spare one, else the next unused (the arrays grown when full);
-    returns (slots, spare, spare_count, used, slot)."""
+    """A free slot: a spare one, else the next unused (the callers grow the arrays when
+    both are used up); returns (spare_count, used, slot)."""
     if spare_count > 0:
-        return slots, spare, spare_count - 1, used, spare[spare_count - 1]
-    if used == slots.shape[1]:
-        bigger = np.empty((S_FIELDS, 2 * used), np.int64)
-        bigger[:, :used] = slots
-        slots, spare = bigger, _grow(spare)
-    return slots, spare, spare_count, used + 1, used
+        return spare_count - 1, used, spare[spare_count - 1]
+    return spare_count, used + 1, used
 
 
 @njit(cache=True, inline="always")
@@ -563,73 +569,67 @@ def _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps,
     for e in range(events):
         slot = event_values[e]
         if event_keys[e] & 1 == _ELIGIBLE_PHASE and slots[S_READY, slot] < k[K_HORIZON]:
-            out = _row(out, rows, k, born, slots, slot, n, n, n, n, _PENDING, n)
+            if rows == out.shape[1]:
+                out = _wider(out)
+            _row(out, rows, k, born, slots, slot, n, n, n, n, _PENDING, n)
             rows += 1
     for which in range(len(heaps)):
         heap = heaps[which]
         for h in range(sizes[which]):
-            out = _row(out, rows, k, born, slots, heap[h], n, n, n, n, _PENDING, n)
+            if rows == out.shape[1]:
+                out = _wider(out)
+            _row(out, rows, k, born, slots, heap[h], n, n, n, n, _PENDING, n)
             rows += 1
     return out, rows
 
 
 @njit(cache=True)
-def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals, msg_ids,
-         queue_ids, born, poisoned, count, member, imports):  # fmt: skip
-    """One key's event loop; yields (rows, row count, simulated ms, deliveries, first
-    deliveries) when a chunk is full and every so many turns (for the heartbeat).
-
-    ``member`` (per instance) makes it a unit's loop (docs/model.md §5, "Units"): only the
-    instances marked MEMBER run; a retry due at an EXPORTED one leaves the unit (its row
-    says where it went, and the retry owners' unit takes it from there); one due anywhere
-    else is a broken partition and stops the loop. ``imports`` (S_FIELDS x retries) are
-    the retries other units sent this one, Ready from their ``S_READY``."""
+def _turns(k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals, msg_ids,
+           queue_ids, born, poisoned, count, member, eligible, first_instance, order, taken,
+           arrived, free, touched, touched_list, heaps, sizes, slots, spare, event_keys,
+           event_values, out, state):  # fmt: skip
+    """:func:`_run`'s turns, until a chunk is full, every so many turns, the end, or a turn
+    that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
+    No array is replaced in here: numba counts references (atomic operations) to an array
+    variable at every merge of the loop's paths where it may have been replaced; with the
+    arrays grown inside the loop, 55 % of its perf samples were those counts (31 % now, the
+    rest the helpers' array arguments). The caller grows the arrays on _ROOM and calls
+    again; ``state`` holds the scalars between calls (:data:`_STATE`)."""
     n = NULL
     horizon = k[K_HORIZON]
-    instances = k[K_INSTANCES]
     threads = k[K_THREADS]
-    eligible, first_instance, order, starts = _arrivals(k, msg_ids, queue_ids, born, count)
-    taken = starts[:-1].copy()  # per instance: its next first delivery to start
-    arrived = starts[:-1].copy()  # and the end of those eligible so far
-    free = np.full(instances, threads if threads != n else np.iinfo(np.int64).max, np.int64)
-    touched = np.zeros(instances, np.bool_)
-    touched_list = np.empty(instances, np.int64)
-    touched_count = 0
-    heaps = List()  # per instance: retries waiting for a thread
-    sizes = np.zeros(instances, np.int64)
-    for _ in range(instances):
-        heaps.append(np.empty(16, np.int64))
-    slots = np.empty((S_FIELDS, 1024), np.int64)
-    spare = np.empty(1024, np.int64)
-    spare_count = 0
-    used = 0
-    event_keys = np.empty(1024, np.int64)
-    event_values = np.empty(1024, np.int64)
-    events = 0
-    out = np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64)
-    rows = 0
-    for i in range(imports.shape[1]):
-        slots, spare, spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
-        slots[:, slot] = imports[:, i]
-        instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
-                             slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
-        if member[instance] != MEMBER:
-            raise ValueError("a retry was sent to a unit that does not run its instance")
-        event_keys, event_values, events = _push_eligible(
-            event_keys, event_values, events, slots, slot
-        )
-    next_arrival = 0
-    deliveries = 0
-    first = 0
-    turns = 0
     ack_index = k[K_ACK_INDEX]
+    next_arrival, deliveries, first = state[_NEXT_ARRIVAL], state[_DELIVERIES], state[_FIRST]
+    turns, events, spare_count = state[_TURNS], state[_EVENTS], state[_SPARE_COUNT]
+    used, rows = state[_USED], state[_ROWS]
+    touched_count = 0
+    now = horizon
+    status = _CHUNK
+    pool = k[K_INSTANCES] * threads if threads != n else n
     while True:
         arrival = eligible[next_arrival] if next_arrival < count else n
         event = event_keys[0] >> 1 if events > 0 else n
         if arrival == n and event == n:
+            status = _DONE
             break
         now = event if arrival == n else arrival if event == n else min(arrival, event)
         if now >= horizon:
+            status = _DONE
+            break
+        # the most deliveries this turn can start: the pool, or on an unlimited one what
+        # becomes eligible now (nothing waits past a turn there); each takes a slot, writes
+        # a row and pushes two events at most. The turn runs only with room for that, so
+        # that no array is replaced inside the loop (_turns' docstring)
+        most = pool
+        if most == n:
+            p = next_arrival
+            while p < count and eligible[p] == now:
+                p += 1
+            most = events + p - next_arrival
+        if (rows + most > out.shape[1] or events + 2 * most > len(event_keys)
+                or spare_count + slots.shape[1] - used < most):  # fmt: skip
+            status = _ROOM
+            state[_MOST] = most
             break
         while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
             instance = _event_pop(event_keys, event_values, events)
@@ -683,9 +683,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                 if queued:
                     position = order[taken[instance]]
                     taken[instance] += 1
-                    slots, spare, spare_count, used, slot = _take_slot(
-                        slots, spare, spare_count, used
-                    )
+                    spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
                     _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
                                     eligible[position])  # fmt: skip
                 else:
@@ -703,7 +701,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                     first += 1
                 if threads != n:
                     free[instance] -= 1
-                    event_keys, event_values = _event_push(
+                    _event_push(
                         event_keys,
                         event_values,
                         events,
@@ -713,7 +711,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                     events += 1
                 if end >= horizon:
                     step = (INFLIGHT, n, n, n, n, n, n, n, n, n, n, n, n, n, n)
-                    out = _row(out, rows, k, born, slots, slot, now, processing, n, n, step, 1)
+                    _row(out, rows, k, born, slots, slot, now, processing, n, n, step, 1)
                     rows += 1
                     spare[spare_count] = slot
                     spare_count += 1
@@ -721,7 +719,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                 beyond_ack = outcome == SUCCESS and ack_index != n and ack_index < 0
                 step = _settled_step(k, intervals, levels, resend_levels, resend_intervals, slots,
                                      slot, outcome, beyond_ack, now, end, send_back)  # fmt: skip
-                out = _row(out, rows, k, born, slots, slot, now, processing, end, outcome, step, 1)
+                _row(out, rows, k, born, slots, slot, now, processing, end, outcome, step, 1)
                 rows += 1
                 due = step[2]
                 if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and due < horizon:
@@ -733,17 +731,96 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                         spare[spare_count] = slot  # the retry owners' unit takes it
                         spare_count += 1
                         continue
-                    event_keys, event_values, events = _push_eligible(
-                        event_keys, event_values, events, slots, slot
-                    )
+                    events = _push_eligible(event_keys, event_values, events, slots, slot)
                 else:
                     spare[spare_count] = slot
                     spare_count += 1
         touched_count = 0
         turns += 1
         if rows >= CHUNK_ROWS or turns % _TURNS_PER_LOOK == 0:
-            yield out, rows, now, deliveries, first
-            rows = 0
+            break
+    state[_NEXT_ARRIVAL], state[_DELIVERIES], state[_FIRST] = next_arrival, deliveries, first
+    state[_TURNS], state[_EVENTS], state[_SPARE_COUNT] = turns, events, spare_count
+    state[_USED], state[_ROWS] = used, rows
+    return now, status
+
+
+# _turns' scalars between calls, and what it returns for
+(_NEXT_ARRIVAL, _DELIVERIES, _FIRST, _TURNS, _EVENTS, _SPARE_COUNT, _USED, _ROWS, _MOST,
+ _STATE) = range(10)  # fmt: skip
+_CHUNK, _DONE, _ROOM = range(3)
+
+
+@njit(cache=True)
+def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals, msg_ids,
+         queue_ids, born, poisoned, count, member, imports):  # fmt: skip
+    """One key's event loop; yields (rows, row count, simulated ms, deliveries, first
+    deliveries) when a chunk is full and every so many turns (for the heartbeat).
+
+    ``member`` (per instance) makes it a unit's loop (docs/model.md §5, "Units"): only the
+    instances marked MEMBER run; a retry due at an EXPORTED one leaves the unit (its row
+    says where it went, and the retry owners' unit takes it from there); one due anywhere
+    else is a broken partition and stops the loop. ``imports`` (S_FIELDS x retries) are
+    the retries other units sent this one, Ready from their ``S_READY``."""
+    n = NULL
+    horizon = k[K_HORIZON]
+    instances = k[K_INSTANCES]
+    threads = k[K_THREADS]
+    eligible, first_instance, order, starts = _arrivals(k, msg_ids, queue_ids, born, count)
+    taken = starts[:-1].copy()  # per instance: its next first delivery to start
+    arrived = starts[:-1].copy()  # and the end of those eligible so far
+    free = np.full(instances, threads if threads != n else np.iinfo(np.int64).max, np.int64)
+    touched = np.zeros(instances, np.bool_)
+    touched_list = np.empty(instances, np.int64)
+    heaps = List()  # per instance: retries waiting for a thread
+    sizes = np.zeros(instances, np.int64)
+    for _ in range(instances):
+        heaps.append(np.empty(16, np.int64))
+    slots = np.empty((S_FIELDS, 1024), np.int64)
+    spare = np.empty(1024, np.int64)
+    spare_count = 0
+    used = 0
+    event_keys = np.empty(1024, np.int64)
+    event_values = np.empty(1024, np.int64)
+    events = 0
+    out = np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64)
+    rows = 0
+    for i in range(imports.shape[1]):
+        if spare_count == 0 and used == slots.shape[1]:
+            slots, spare = _grow_slots(slots), _grow(spare)
+        spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+        slots[:, slot] = imports[:, i]
+        instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
+                             slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
+        if member[instance] != MEMBER:
+            raise ValueError("a retry was sent to a unit that does not run its instance")
+        if events == len(event_keys):
+            event_keys, event_values = _grow(event_keys), _grow(event_values)
+        events = _push_eligible(event_keys, event_values, events, slots, slot)
+    state = np.zeros(_STATE, np.int64)
+    state[_EVENTS], state[_SPARE_COUNT], state[_USED] = events, spare_count, used
+    while True:
+        now, status = _turns(
+            k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals,
+            msg_ids, queue_ids, born, poisoned, count, member, eligible, first_instance, order,
+            taken, arrived, free, touched, touched_list, heaps, sizes, slots, spare,
+            event_keys, event_values, out, state,
+        )  # fmt: skip
+        if status == _DONE:
+            break
+        if status == _ROOM:  # grow what the next turn might not fit
+            most = state[_MOST]
+            while state[_ROWS] + most > out.shape[1]:
+                out = _wider(out)
+            while state[_SPARE_COUNT] + slots.shape[1] - state[_USED] < most:
+                slots, spare = _grow_slots(slots), _grow(spare)
+            while state[_EVENTS] + 2 * most > len(event_keys):
+                event_keys, event_values = _grow(event_keys), _grow(event_values)
+            continue
+        yield out, state[_ROWS], now, state[_DELIVERIES], state[_FIRST]
+        state[_ROWS] = 0
+    rows, events = state[_ROWS], state[_EVENTS]
+    deliveries, first = state[_DELIVERIES], state[_FIRST]
     # what is Ready before the horizon and never started (docs/model.md §7)
     out, rows = _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps, sizes)
     scratch = np.empty((S_FIELDS, 1), np.int64)
@@ -753,7 +830,9 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
         for j in range(taken[instance], starts[instance + 1]):
             position = order[j]
             _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible[position])
-            out = _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
+            if rows == out.shape[1]:
+                out = _wider(out)
+            _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
             rows += 1
             if rows >= CHUNK_ROWS:
                 yield out, rows, horizon, deliveries, first
@@ -878,7 +957,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     sends = np.empty(max(batch_size, 1), np.int64)
     next_arrival = 0 if not blocking else count
     for lane in range(len(queue_ids_used)):  # every ordered queue is free at 0
-        event_keys, event_values = _event_push(event_keys, event_values, events, _FREE_PHASE, lane)
+        if events == len(event_keys):
+            event_keys, event_values = _grow(event_keys), _grow(event_values)
+        _event_push(event_keys, event_values, events, _FREE_PHASE, lane)
         events += 1
     while True:
         arrival = eligible_of[next_arrival] if next_arrival < count else n
@@ -905,18 +986,22 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                 continue
             position = by_queue[cursor[lane]]
             cursor[lane] += 1
-            slots, spare, spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+            if spare_count == 0 and used == slots.shape[1]:
+                slots, spare = _grow_slots(slots), _grow(spare)
+            spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
             _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
                             max(eligible_of[position], now))  # fmt: skip
-            event_keys, event_values, events = _push_eligible(
-                event_keys, event_values, events, slots, slot
-            )
+            if events == len(event_keys):
+                event_keys, event_values = _grow(event_keys), _grow(event_values)
+            events = _push_eligible(event_keys, event_values, events, slots, slot)
         # what becomes eligible now waits in its lane: first deliveries (unordered), then
         # the events
         while True:
             slot = -1
             if next_arrival < count and eligible_of[next_arrival] == now:
-                slots, spare, spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+                if spare_count == 0 and used == slots.shape[1]:
+                    slots, spare = _grow_slots(slots), _grow(spare)
+                spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
                 _first_delivery(slots, slot, next_arrival, msg_ids, queue_ids, born, now)
                 next_arrival += 1
             elif events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE:
@@ -1004,7 +1089,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                         first += 1
                 if threads != n:
                     free[instance] -= 1
-                    event_keys, event_values = _event_push(
+                    if events == len(event_keys):
+                        event_keys, event_values = _grow(event_keys), _grow(event_values)
+                    _event_push(
                         event_keys, event_values, events, 2 * (now + processing) + _FREE_PHASE,
                         -1 - instance,
                     )  # fmt: skip
@@ -1014,7 +1101,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     topic, queue_id = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
                     if end >= horizon:
                         step = (INFLIGHT, n, n, n, n, n, n, n, n, n, n, n, n, n, n)
-                        out = _row(out, rows, k, born, slots, slot, now, processing, n, n, step,
+                        if rows == out.shape[1]:
+                            out = _wider(out)
+                        _row(out, rows, k, born, slots, slot, now, processing, n, n, step,
                                    taken)  # fmt: skip
                         rows += 1
                         spare[spare_count] = slot
@@ -1025,7 +1114,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                         k, intervals, levels, resend_levels, resend_intervals, slots, slot,
                         outcome, beyond_ack, now, end, sends[j],
                     )  # fmt: skip
-                    out = _row(out, rows, k, born, slots, slot, now, processing, end, outcome,
+                    if rows == out.shape[1]:
+                        out = _wider(out)
+                    _row(out, rows, k, born, slots, slot, now, processing, end, outcome,
                                step, taken)  # fmt: skip
                     rows += 1
                     if blocking:
@@ -1036,7 +1127,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                         elif step[0] != WAITING_RETRY:
                             release_at = step[3]
                         if release_at != n and order_key in order_ids:
-                            event_keys, event_values = _event_push(
+                            if events == len(event_keys):
+                                event_keys, event_values = _grow(event_keys), _grow(event_values)
+                            _event_push(
                                 event_keys, event_values, events, 2 * release_at + _FREE_PHASE,
                                 order_ids[order_key],
                             )  # fmt: skip
@@ -1045,9 +1138,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and (
                             due < horizon):  # fmt: skip
                         _next_delivery(k, slots, slot, step)  # the slot carries it
-                        event_keys, event_values, events = _push_eligible(
-                            event_keys, event_values, events, slots, slot
-                        )
+                        if events == len(event_keys):
+                            event_keys, event_values = _grow(event_keys), _grow(event_values)
+                        events = _push_eligible(event_keys, event_values, events, slots, slot)
                     else:
                         spare[spare_count] = slot
                         spare_count += 1
@@ -1065,14 +1158,18 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
         for j in range(cursor[lane], queue_end[lane]):
             position = by_queue[j]
             _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible_of[position])
-            out = _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
+            if rows == out.shape[1]:
+                out = _wider(out)
+            _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
             rows += 1
             if rows >= CHUNK_ROWS:
                 yield out, rows, horizon, deliveries, first
                 rows = 0
     for position in range(next_arrival, count):
         _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible_of[position])
-        out = _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
+        if rows == out.shape[1]:
+            out = _wider(out)
+        _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
         rows += 1
         if rows >= CHUNK_ROWS:
             yield out, rows, horizon, deliveries, first

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from reference.strategies import scenarios
 
 from retrysim.engine.choice import in_units
-from retrysim.engine.compiled import _publish_order, _uniform
+from retrysim.engine.compiled import CHUNK_ROWS, _publish_order, _uniform
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import (
     MOST_OUTPUT_PARTS,
@@ -118,6 +118,24 @@ def test_an_unlimited_pool_is_covered_too():
     pd.testing.assert_frame_equal(compiled, python)
     waited = compiled["start_ms"] - compiled["ready_ms"]
     assert waited.max() < 100  # never more than to the next pull tick
+
+
+def test_a_turn_bigger_than_a_chunk_grows_the_loops_arrays_first():
+    """On an unlimited pool every message born in the same pull tick starts in one turn: more
+    rows than a chunk's buffer holds, more slots and events than the loop starts with. The
+    loop grows them before the turn (it never replaces an array inside its turns)."""
+    data = {**SATURATED, "groups": [{**SATURATED["groups"][0], "consumers": "unlimited"}]}
+    config = build_scenario(data)
+    spec = key_specs(config, group_plans(config))[0]
+    count = CHUNK_ROWS + 5_000
+    msg_ids, queue_ids, _ = messages(spec, count, 1, seed=2)
+    born = np.zeros(count, np.int64)
+    rows = pd.concat(simulate_key(spec, msg_ids, queue_ids, born), ignore_index=True)
+    first = rows[rows["delivery"] == 1]
+    assert len(first) == count and first["msg_id"].is_unique
+    assert first["start_ms"].nunique() == 1  # one turn started them all
+    again = pd.concat(simulate_key(spec, msg_ids, queue_ids, born), ignore_index=True)
+    pd.testing.assert_frame_equal(rows, again)
 
 
 @pytest.mark.parametrize("msg_id", [0, 1, 12_345, 2**40 + 7, 2**62])
