@@ -451,6 +451,19 @@ def _wider(out):
 
 
 @njit(cache=True)
+def _buffers():
+    """A loop's growing arrays at their first sizes: the slots, the spare slots, the event
+    heap's keys and values, and a chunk's rows."""
+    return (
+        np.empty((S_FIELDS, 1024), np.int64),
+        np.empty(1024, np.int64),
+        np.empty(1024, np.int64),
+        np.empty(1024, np.int64),
+        np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64),
+    )
+
+
+@njit(cache=True)
 def _grow_slots(slots):
     bigger = np.empty((S_FIELDS, 2 * slots.shape[1]), np.int64)
     bigger[:, : slots.shape[1]] = slots
@@ -776,15 +789,8 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     sizes = np.zeros(instances, np.int64)
     for _ in range(instances):
         heaps.append(np.empty(16, np.int64))
-    slots = np.empty((S_FIELDS, 1024), np.int64)
-    spare = np.empty(1024, np.int64)
-    spare_count = 0
-    used = 0
-    event_keys = np.empty(1024, np.int64)
-    event_values = np.empty(1024, np.int64)
-    events = 0
-    out = np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64)
-    rows = 0
+    slots, spare, event_keys, event_values, out = _buffers()
+    spare_count, used, events, rows = 0, 0, 0, 0
     for i in range(imports.shape[1]):
         if spare_count == 0 and used == slots.shape[1]:
             slots, spare = _grow_slots(slots), _grow(spare)
@@ -926,15 +932,8 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     wait_ids = Dict.empty(key_type=types.int64, value_type=types.int64)
     waits = List()
     wait_sizes = np.zeros(16, np.int64)
-    slots = np.empty((S_FIELDS, 1024), np.int64)
-    spare = np.empty(1024, np.int64)
-    spare_count = 0
-    used = 0
-    event_keys = np.empty(1024, np.int64)
-    event_values = np.empty(1024, np.int64)
-    events = 0
-    out = np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64)
-    rows = 0
+    slots, spare, event_keys, event_values, out = _buffers()
+    spare_count, used, events, rows = 0, 0, 0, 0
     deliveries = 0
     first = 0
     turns = 0
