@@ -85,8 +85,8 @@ def build_session(
 # Where the rows are simulated, hashed and written in Python tasks (a group event by event,
 # the check from the staged files), the driver JVM only plans and schedules, and C2 spent
 # about 3.9 CPU-seconds of a 3M-message run compiling that code, on 2 cores beside the
-# tasks: C1 alone took the run from 13.3 s to 12.4 s. Rounds and Spark's scans of the rows
-# want C2's code, so a run that has them asks for it back (full_jit). A compiler directive
+# tasks: C1 alone took the run from 13.3-13.8 s to 12.6-13.0 s. Rounds and Spark's scans of
+# the rows want C2's code, so a run that has them asks for it back (full_jit). A directive
 # (the JDK's `jcmd Compiler.directives_add`), through the platform's DiagnosticCommand MBean;
 # a JVM without it runs as it is.
 _NO_C2 = '[{ match: "*.*", c2: { Exclude: true } }]'

@@ -1103,7 +1103,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                         if rows == out.shape[1]:
                             out = _wider(out)
                         _row(out, rows, k, born, slots, slot, now, processing, n, n, step,
-                                   taken)  # fmt: skip
+                             taken)  # fmt: skip
                         rows += 1
                         spare[spare_count] = slot
                         spare_count += 1
@@ -1116,7 +1116,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     if rows == out.shape[1]:
                         out = _wider(out)
                     _row(out, rows, k, born, slots, slot, now, processing, end, outcome,
-                               step, taken)  # fmt: skip
+                         step, taken)  # fmt: skip
                     rows += 1
                     if blocking:
                         order_key = (topic << 40) | queue_id
@@ -1272,13 +1272,13 @@ def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.Record
     from ``names`` by code in Arrow (no Python string objects), NULL to missing."""
     columns: list[pa.Array | None] = [None] * _WIDTH
     for positions, dtype in ((_LONGS, np.int64), (_NARROW, np.int32)):
+        kind = pa.from_numpy_dtype(dtype)
         values = np.empty((len(positions), rows), dtype)
         bitmaps = np.zeros((len(positions), (rows + 7) // 8), np.uint8)
         nulls = np.empty(len(positions), np.int64)
         _typed_columns(out, rows, positions, values, bitmaps, nulls)
         for c, position in enumerate(positions.tolist()):
             null_count = int(nulls[c])
-            kind = pa.from_numpy_dtype(dtype)
             array = pa.Array.from_buffers(
                 kind,
                 rows,

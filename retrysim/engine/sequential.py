@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark import TaskContext
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
@@ -892,21 +891,17 @@ def write_rows(batches: Iterator[pa.RecordBatch], path: str) -> int:
             pending.append(batch)
             held += batch.num_rows
             if held >= ROW_GROUP_ROWS:
-                writer = writer or _parquet_writer(path)
+                writer = writer or parquet_writer(path, STAGE_ARROW)
                 writer.write_table(pa.Table.from_batches(pending), row_group_size=held)
                 count, pending, held = count + held, [], 0
         if held:
-            writer = writer or _parquet_writer(path)
+            writer = writer or parquet_writer(path, STAGE_ARROW)
             writer.write_table(pa.Table.from_batches(pending), row_group_size=held)
             count += held
     finally:
         if writer is not None:
             writer.close()
     return count
-
-
-def _parquet_writer(path: str) -> pq.ParquetWriter:
-    return parquet_writer(path, STAGE_ARROW)
 
 
 def _stage_tasks(

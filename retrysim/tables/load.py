@@ -48,7 +48,9 @@ from retrysim.tables.schemas import (
 )
 from retrysim.tables.writes import write_times
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pandas too: the compiled loop's workers import this and never load it
+    import pandas as pd
+
     from retrysim.tables.key_peaks import GroupSums
 
 # Retries by retry number are counted up to this number; later ones share the last bar
@@ -64,9 +66,6 @@ LOAD_COUNTS = (
     "commitlog_writes",
     "replays",
 )
-
-if TYPE_CHECKING:  # the compiled loop's workers import this and never load pandas
-    import pandas as pd
 LOAD_GAUGES = ("inflight", "waiting_retry", "ready_backlog")
 _COMPACT_WRITES = 8  # the position of b_writes in a compact row (group, 7 keys before it)
 

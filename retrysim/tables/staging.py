@@ -81,13 +81,13 @@ def stage_tables(
     def load_and_summary() -> pd.DataFrame:
         began = time.monotonic()
         summed = small_tables(scenario, engines, known)
-        attempts = None if summed is not None else attempts_read()
         if summed is not None:
             summed.write(path)
             took = time.monotonic() - began
             say(f"  staged load, instance_load and summary from the groups' sums ({took:.1f}s)")
             return summed.retries
         # four scans of every attempt that need nothing else: at once
+        attempts = attempts_read()
         compact, times, changes, per_instance = run_together(
             [
                 lambda: compact_attempts(attempts, scenario, known),
