@@ -15,7 +15,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -35,6 +35,9 @@ from retrysim.tables.schemas import RUNS, TABLE_SETS, data_schema, write_rows
 from retrysim.tables.staging import derived_for_lean, runs_row, stage_tables
 from retrysim.tables.task_tables import TASK_TABLES
 
+# a run's staged report: (run id, each staged table's folder, retries by level) -> the
+# function that writes it once the run is published, returning its path
+DrawReport = Callable[[str, dict[str, str], pd.DataFrame], Callable[[], str]]
 QUIET_S = 8.0  # a run with progress says a line at least this often (plus a second)
 
 
@@ -105,6 +108,7 @@ class Result:
     tables: str = "full"
     # the run's retries by level (tables.load.retries_by_level), counted while staging
     retries: pd.DataFrame | None = field(default=None, repr=False)
+    report: str | None = None  # its report's path, when simulate() was asked to draw it
     _cache: dict[str, DataFrame] = field(default_factory=dict, repr=False)
 
     def table(self, name: str) -> DataFrame:
@@ -134,6 +138,7 @@ def simulate(
     unit_messages: int | None = None,
     tables: str = "full",
     validate: bool = True,
+    report: DrawReport | None = None,
 ) -> Result:
     """Simulate ``scenario`` and write all eight tables under ``output`` (a temp dir if None).
 
@@ -150,6 +155,9 @@ def simulate(
     messages, with more than four units on more than four cores). The staged tables are
     validated before anything is published; a broken invariant raises
     :class:`retrysim.checks.validate.ValidationError` and leaves the tables as they were.
+    ``report`` (as :func:`retrysim.reporting.report.draw_run_report` with its output bound)
+    starts drawing the run's report from the staged tables before the check and writes it
+    once the run is published: ``Result.report`` is its path.
 
     >>> result = simulate(spark, load_scenario("conf/default.yaml"))  # doctest: +SKIP
     >>> result.summary.show()  # doctest: +SKIP
@@ -183,6 +191,7 @@ def simulate(
                 for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
             }
             staged["runs"] = rows[STATUS_COMPLETE]
+            write_report = report(run_id, staged, retries) if report is not None else None
             if validate:
                 say("validating the staged run ...")
                 derived = derived_for_lean(spark, scenario, staged)
@@ -192,4 +201,5 @@ def simulate(
         finally:
             lease.release()
         elapsed = time.monotonic() - began
-        return Result(spark, output, run_id, rounds, chosen.name, elapsed, tables, retries)
+        drawn = write_report() if write_report is not None else None
+        return Result(spark, output, run_id, rounds, chosen.name, elapsed, tables, retries, drawn)

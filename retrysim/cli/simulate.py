@@ -6,13 +6,14 @@ Input is validated before Spark starts, so bad input costs a second, not a JVM s
 from __future__ import annotations
 
 import argparse
+import functools
 
 from deltalake.exceptions import DeltaError
 
 from retrysim.cli.common import EXIT_OK, add_scenario_options, check_output, say
 from retrysim.engine.rounds import TAIL_ROWS
 from retrysim.engine.sizing import check_size
-from retrysim.reporting.report import write_run_report
+from retrysim.reporting.report import draw_run_report
 from retrysim.runner import check_run_id, simulate
 from retrysim.scenario.loading import load_scenario
 from retrysim.scenario.units import human_ms
@@ -124,11 +125,11 @@ def simulate_command(args: argparse.Namespace) -> int:
             tables=args.tables,
             tail_rows=args.tail_rows,
             validate=args.validate,
+            report=None if args.no_report else functools.partial(draw_run_report, output),
         )
         _print_summary(result)
-        if not args.no_report:
-            report = write_run_report(spark, output, result.run_id, retries=result.retries)
-            say(f"report: {report}")
+        if result.report:
+            say(f"report: {result.report}")
     finally:
         stop_session(spark)
     return EXIT_OK

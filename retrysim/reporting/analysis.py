@@ -15,10 +15,13 @@ frame, so a notebook can convert once and slice many times.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -26,7 +29,7 @@ from retrysim.scenario.loading import scenario_from_json
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import STATUS_COMPLETE, read_table, run_frame, run_rows
 from retrysim.tables.load import RETRY_NUMBER_CAP, retries_by_level
-from retrysim.tables.schemas import PARTITION_COLUMN
+from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, data_schema
 
 MINUTE_MS = 60_000
 STATE_COLUMNS = {"ready_backlog": "Ready", "inflight": "Inflight", "waiting_retry": "WaitingRetry"}
@@ -254,18 +257,44 @@ def run_data(
     runs = [row for row in run_rows(output, "runs", run_id) if row["status"] == STATUS_COMPLETE]
     if not runs:
         return None
-    run = {key: value for key, value in runs[-1].items() if key != PARTITION_COLUMN}
     if retries is None:
         attempts = read_table(spark, output, "attempts")
         retries = retries_by_level(attempts.where(F.col(PARTITION_COLUMN) == F.lit(run_id)))
-    instances = run_frame(output, "instance_load", run_id)
+    return _run_data(
+        run_id,
+        {key: value for key, value in runs[-1].items() if key != PARTITION_COLUMN},
+        {table: run_frame(output, table, run_id) for table in _SMALL_TABLES},
+        retries,
+    )
+
+
+def staged_run_data(run_id: str, staged: Mapping[str, str], retries: pd.DataFrame) -> RunData:
+    """:func:`run_data` from a run's staged tables (``staged``: each table's folder of
+    Parquet files, the ``runs`` row's as it will be when complete), before they are
+    published: a run's report is then drawn while the run is checked."""
+
+    def read(table: str) -> pa.Table:
+        return pq.read_table(staged[table], columns=data_schema(SCHEMAS[table]).fieldNames())
+
+    (run,) = read("runs").to_pylist()
+    frames = {table: read(table).to_pandas() for table in _SMALL_TABLES}
+    return _run_data(run_id, run, frames, retries)
+
+
+_SMALL_TABLES = ("summary", "load", "instance_load")
+
+
+def _run_data(
+    run_id: str, run: dict[str, Any], frames: Mapping[str, pd.DataFrame], retries: pd.DataFrame
+) -> RunData:
+    instances = frames["instance_load"]
     return RunData(
         run_id=run_id,
         run=run,
         config=json.loads(run["config_json"]),
         scenario=scenario_from_json(run["config_json"]),
-        summary=summary_frame(run_frame(output, "summary", run_id)),
-        load=load_frame(run_frame(output, "load", run_id)),
+        summary=summary_frame(frames["summary"]),
+        load=load_frame(frames["load"]),
         retries=retries,
         instances=instances[
             ["group", "consumer_instance", "bucket_start_ms", "bucket_ms", "utilization"]

@@ -10,6 +10,7 @@ plan report is written from plan rows made here, and once through ``retrysim rep
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -23,9 +24,15 @@ from retrysim import load_scenario, simulate
 from retrysim.cli.main import main
 from retrysim.planning import plan
 from retrysim.planning.plan import write_plan_table
-from retrysim.reporting import analysis
-from retrysim.reporting.report import RUN_SECTIONS, report_path, write_plan_report, write_run_report
-from retrysim.store.sinks import DeltaRsSink
+from retrysim.reporting import analysis, report
+from retrysim.reporting.report import (
+    RUN_SECTIONS,
+    draw_run_report,
+    report_path,
+    write_plan_report,
+    write_run_report,
+)
+from retrysim.store.sinks import DeltaRsSink, run_rows
 
 CONF = PROJECT / "conf"
 # Each scenario of issue 5, shrunk: fewer messages, shorter horizons and, where the ladder is
@@ -168,6 +175,39 @@ def _check_story(name: str, summary: dict) -> None:
         storm = summary["order-service"]
         assert storm["busiest_instance"] == 0 and storm["idle_instances"] == 0
         assert storm["busiest_instance_utilization"] == 1.0 > storm["peak_utilization"]
+
+
+def _without_stamp(text: str) -> str:
+    return re.sub(r"written by retrysim at [^<]+", "", text)
+
+
+def test_a_report_drawn_while_the_run_is_checked_is_the_one_its_published_tables_give(
+    spark, tmp_path, monkeypatch
+):
+    """simulate(report=...) draws the report from the staged tables in a forked process
+    during the check and writes it once the run is published: the same report, byte for
+    byte but its time stamp, as the one drawn from the published tables afterwards. A
+    drawing that fails raises, naming the run, after the run is published."""
+    name = "retry-storm"
+    scenario = load_scenario(CONF / f"{name}.yaml", SCENARIOS[name])
+    output = str(tmp_path / "out")
+    draw = functools.partial(draw_run_report, output)
+    result = simulate(spark, scenario, output=output, run_id=name, report=draw)
+
+    assert result.report == report_path(output, name)
+    again = write_run_report(spark, output, name, path=str(tmp_path / "again.html"))
+    drawn = Path(result.report).read_text()
+    assert len(_IMAGE.findall(drawn)) == len(RUN_SECTIONS)
+    assert _without_stamp(drawn) == _without_stamp(Path(again).read_text())
+
+    def broken(data):
+        raise ValueError("no figure today")
+
+    monkeypatch.setattr(report, "run_report_html", broken)  # the forked process inherits it
+    with pytest.raises(RuntimeError, match=r"(?s)report of run broken .*no figure today"):
+        simulate(spark, scenario, output=output, run_id="broken", report=draw)
+    assert [row["status"] for row in run_rows(output, "runs", "broken")] == ["complete"]
+    assert not Path(report_path(output, "broken")).exists()
 
 
 # --------------------------------------------------------------------------- plan report
