@@ -11,6 +11,8 @@ import glob
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
@@ -147,6 +149,21 @@ def full_jit(spark: SparkSession) -> None:
     except Exception:  # as in _compile_lightly
         return
     _jit["light"] = False
+
+
+@contextmanager
+def python_tasks(spark: SparkSession) -> Iterator[None]:
+    """For a query whose work is all in Python tasks (a range of task numbers mapped in
+    Arrow): no whole-stage code generation. Compiling its range's generated Java (Janino)
+    cost the event-by-event stage of a new JVM 0.4 s between the query's start and its
+    job's, for a handful of rows. Only for a query no other thread runs beside."""
+    key = "spark.sql.codegen.wholeStage"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
 
 
 def stop_session(spark: SparkSession) -> None:

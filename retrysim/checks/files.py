@@ -70,6 +70,7 @@ from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.scenario.spec import Scenario
+from retrysim.session import python_tasks
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.schemas import SCHEMAS, data_schema
 from retrysim.tables.transitions import REASON_DELIVERED, SEQ_PER_DELIVERY
@@ -929,9 +930,10 @@ def file_counts(
     stage = spark.range(0, len(shares), numPartitions=len(shares)).mapInArrow(run, _COUNTED)
     spark.sparkContext.setJobDescription("validating: the staged files' digests and counts")
     try:
+        with python_tasks(spark):
+            rows = stage.collect()
         collected = [
-            (row["pass"], row["run"], row["group"], json.loads(row["values"]))
-            for row in stage.collect()
+            (row["pass"], row["run"], row["group"], json.loads(row["values"])) for row in rows
         ]
     finally:
         spark.sparkContext.setJobDescription(None)

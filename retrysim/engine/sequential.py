@@ -46,6 +46,7 @@ from retrysim.model.topology import Units
 from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior, Workload
+from retrysim.session import python_tasks
 from retrysim.store.sinks import remove_tree
 from retrysim.tables.key_counts import Columns
 from retrysim.tables.key_peaks import COUNTS, PEAK_HALVES, RATES, SHARES, GroupSummer
@@ -844,7 +845,8 @@ def write_sequential_attempts(
 
     cores = spark.sparkContext.defaultParallelism
     try:
-        written = positions.coalesce(cores).mapInArrow(run, _WRITTEN).collect()
+        with python_tasks(spark):
+            written = positions.coalesce(cores).mapInArrow(run, _WRITTEN).collect()
         into = {"attempts": folder} | {t: os.path.join(tables_dir, t) for t in tables}
         for target in into.values():
             os.makedirs(target, exist_ok=True)
