@@ -287,7 +287,6 @@ def run_size(args: argparse.Namespace, size: int) -> dict:
         "--tables",
         args.tables,
         *([] if args.validate else ["--no-validate"]),
-        *(["--no-report"] if getattr(args, "pool", False) else []),
     ]
     for item in overrides:
         command += ["--set", item]

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit, types
+from numba.np.unsafe.ndarray import to_fixed_tuple
 from numba.typed import Dict, List
 
 from retrysim.engine.numba_cache import cache_by_source
@@ -191,8 +192,18 @@ def _sample(kind, mean, mu, sigma, u_a, u_b):
 
 
 @njit(cache=True, inline="always")
-def _listen(k, d, windows, prefixes, msg_id, delivery, start, poisoned):
-    """ListenerModel.result: (outcome, processing_ms, send_back)."""
+def _base_conditions(d):
+    """The listener's failure probability and processing distribution outside outages:
+    (probability, kind, mean, mu, sigma)."""
+    return d[D_PROBABILITY], d[D_DIST], d[D_MEAN], d[D_MU], d[D_SIGMA]
+
+
+@njit(cache=True)
+def _conditions(windows, d, start):
+    """:func:`_base_conditions` at ``start`` with the outage ``windows``: the highest
+    probability of the windows open then, the last open window's distribution. The loops
+    call it once a turn, and only where there are windows (an array a helper takes costs
+    a reference count at every call)."""
     found = False
     probability = 0.0
     kind, mean, mu, sigma = d[D_DIST], d[D_MEAN], d[D_MU], d[D_SIGMA]
@@ -205,6 +216,14 @@ def _listen(k, d, windows, prefixes, msg_id, delivery, start, poisoned):
                 kind, mean, mu, sigma = windows[w, 3], windows[w, 4], windows[w, 5], windows[w, 6]
     if not found:
         probability = d[D_PROBABILITY]
+    return probability, kind, mean, mu, sigma
+
+
+@njit(cache=True, inline="always")
+def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned):
+    """ListenerModel.result: (outcome, processing_ms, send_back), under ``conditions``
+    (:func:`_conditions` at the delivery's start)."""
+    probability, kind, mean, mu, sigma = conditions
     u_fail = _uniform(prefixes[0], msg_id, delivery)
     fails = poisoned or delivery <= k[K_FAIL_FIRST] or u_fail < probability
     outcome = SUCCESS
@@ -243,12 +262,20 @@ def _consume_result(k, start, processing, outcome):
 
 
 @njit(cache=True, inline="always")
+def _committed(end, topic, queue_id):
+    """Policy.next_step of a success (most deliveries: the loops take it without the rest
+    of the rules, whose arrays would cost reference counts at every delivery)."""
+    n = NULL
+    return (COMMIT, n, n, end, COMMIT, topic, queue_id, SUCCESS, n, n, n, n, n, n, n)
+
+
+@njit(cache=True, inline="always")
 def _next_step(k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt, outcome,
                start, end, send_back, topic, queue_id, msg_id, delivery):  # fmt: skip
     """Policy.next_step, as a tuple of Step's 15 fields (NULL for None)."""
-    n = NULL
     if outcome == SUCCESS:
-        return (COMMIT, n, n, end, COMMIT, topic, queue_id, SUCCESS, n, n, n, n, n, n, n)
+        return _committed(end, topic, queue_id)
+    n = NULL
     timed_out = outcome == TIMEOUT
     path = k[K_PATH]
     unread = path == P_NONE and k[K_TIMEOUT_LEVEL] != NULL
@@ -476,18 +503,33 @@ def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, ba
     ``out`` per column, so that each becomes a frame's column without a copy); ``out`` has
     room for it (the callers grow it with :func:`_wider`, so that no array is returned on
     the way of every row)."""
-    msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
-    topic, queue_id = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
-    out[0, n], out[1, n], out[2, n] = msg_id, delivery, slots[S_RT, slot]
-    out[3, n], out[4, n], out[5, n] = slots[S_BROKER_RT, slot], topic, queue_id
-    out[6, n] = _instance(k, topic, queue_id, msg_id, delivery)
+    instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot], slots[S_MSG_ID, slot],
+                         slots[S_DELIVERY, slot])  # fmt: skip
+    _row_at(out, n, instance, born, slots, slot, start, processing, end, outcome, step, batch)
+
+
+@njit(cache=True, inline="always")
+def _row_at(out, n, instance, born, slots, slot, start, processing, end, outcome, step, batch):
+    """:func:`_row` of a delivery that ``instance`` runs: straight-line code, so that numba
+    drops the reference counts of its arrays (it pairs them within a block)."""
+    out[0, n], out[1, n], out[2, n] = (
+        slots[S_MSG_ID, slot],
+        slots[S_DELIVERY, slot],
+        slots[S_RT, slot],
+    )
+    out[3, n], out[4, n], out[5, n] = (
+        slots[S_BROKER_RT, slot],
+        slots[S_TOPIC, slot],
+        slots[S_QUEUE, slot],
+    )
+    out[6, n] = instance
     out[7, n], out[8, n] = born[slots[S_INDEX, slot]], slots[S_READY, slot]
     out[9, n], out[10, n], out[11, n] = slots[S_REASON, slot], start, processing
     out[12, n], out[13, n], out[18, n] = end, outcome, batch
-    for field in range(4):
-        out[14 + field, n] = step[field]
-    for field in range(4, 15):
-        out[15 + field, n] = step[field]
+    out[14, n], out[15, n], out[16, n], out[17, n] = step[0], step[1], step[2], step[3]
+    out[19, n], out[20, n], out[21, n], out[22, n] = step[4], step[5], step[6], step[7]
+    out[23, n], out[24, n], out[25, n], out[26, n] = step[8], step[9], step[10], step[11]
+    out[27, n], out[28, n], out[29, n] = step[12], step[13], step[14]
 
 
 @njit(cache=True, inline="always")
@@ -597,10 +639,10 @@ def _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps,
 
 
 @njit(cache=True)
-def _turns(k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals, msg_ids,
-           queue_ids, born, poisoned, count, member, eligible, first_instance, order, taken,
-           arrived, free, touched, touched_list, heaps, sizes, slots, spare, event_keys,
-           event_values, out, state):  # fmt: skip
+def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_levels,
+           resend_intervals, msg_ids, queue_ids, born, poisoned, count, member, eligible,
+           first_instance, order, taken, arrived, free, touched, touched_list, heaps, sizes,
+           slots, spare, event_keys, event_values, out, state):  # fmt: skip
     """:func:`_run`'s turns, until a chunk is full, every so many turns, the end, or a turn
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
@@ -609,9 +651,14 @@ def _turns(k, d, windows, prefixes, intervals, levels, resend_levels, resend_int
     rest the helpers' array arguments). The caller grows the arrays on _ROOM and calls
     again; ``state`` holds the scalars between calls (:data:`_STATE`)."""
     n = NULL
+    k = to_fixed_tuple(k_array, K_SIZE)
+    d = to_fixed_tuple(d_array, D_SIZE)
+    prefixes = to_fixed_tuple(prefix_array, 5)
     horizon = k[K_HORIZON]
     threads = k[K_THREADS]
     ack_index = k[K_ACK_INDEX]
+    acked_later = ack_index != n and ack_index < 0  # a success is retried (docs/model.md §7)
+    base = _base_conditions(d)
     next_arrival, deliveries, first = state[_NEXT_ARRIVAL], state[_DELIVERIES], state[_FIRST]
     turns, events, spare_count = state[_TURNS], state[_EVENTS], state[_SPARE_COUNT]
     used, rows = state[_USED], state[_ROWS]
@@ -644,6 +691,7 @@ def _turns(k, d, windows, prefixes, intervals, levels, resend_levels, resend_int
             status = _ROOM
             state[_MOST] = most
             break
+        conditions = base if windows.shape[0] == 0 else _conditions(windows, d, now)
         while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
             instance = _event_pop(event_keys, event_values, events)
             events -= 1
@@ -706,7 +754,7 @@ def _turns(k, d, windows, prefixes, intervals, levels, resend_levels, resend_int
                 index = slots[S_INDEX, slot]
                 msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
                 outcome, processing, send_back = _listen(
-                    k, d, windows, prefixes, msg_id, delivery, now, poisoned[index]
+                    k, d, prefixes, conditions, msg_id, delivery, poisoned[index]
                 )
                 outcome, end = _consume_result(k, now, processing, outcome)
                 deliveries += 1
@@ -724,15 +772,22 @@ def _turns(k, d, windows, prefixes, intervals, levels, resend_levels, resend_int
                     events += 1
                 if end >= horizon:
                     step = (INFLIGHT, n, n, n, n, n, n, n, n, n, n, n, n, n, n)
-                    _row(out, rows, k, born, slots, slot, now, processing, n, n, step, 1)
+                    _row_at(out, rows, instance, born, slots, slot, now, processing, n, n, step, 1)
                     rows += 1
                     spare[spare_count] = slot
                     spare_count += 1
                     continue
-                beyond_ack = outcome == SUCCESS and ack_index != n and ack_index < 0
-                step = _settled_step(k, intervals, levels, resend_levels, resend_intervals, slots,
-                                     slot, outcome, beyond_ack, now, end, send_back)  # fmt: skip
-                _row(out, rows, k, born, slots, slot, now, processing, end, outcome, step, 1)
+                if outcome == SUCCESS and not acked_later:
+                    step = _committed(end, slots[S_TOPIC, slot], slots[S_QUEUE, slot])
+                else:
+                    beyond_ack = outcome == SUCCESS and acked_later
+                    step = _settled_step(
+                        k, intervals, levels, resend_levels, resend_intervals, slots, slot,
+                        outcome, beyond_ack, now, end, send_back,
+                    )  # fmt: skip
+                _row_at(
+                    out, rows, instance, born, slots, slot, now, processing, end, outcome, step, 1
+                )
                 rows += 1
                 due = step[2]
                 if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and due < horizon:
@@ -921,6 +976,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     instances = k[K_INSTANCES]
     threads = k[K_THREADS]
     ack_index = k[K_ACK_INDEX]
+    base = _base_conditions(d)
     free = np.full(instances, threads if threads != n else np.iinfo(np.int64).max, np.int64)
     touched = np.zeros(instances, np.bool_)
     touched_list = np.empty(instances, np.int64)
@@ -968,6 +1024,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
         now = event if arrival == n else arrival if event == n else min(arrival, event)
         if now >= horizon:
             break
+        conditions = base if windows.shape[0] == 0 else _conditions(windows, d, now)
         while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
             payload = _event_pop(event_keys, event_values, events)
             events -= 1
@@ -1074,8 +1131,8 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                 for j in range(taken):
                     slot = batch[j]
                     outcome_j, processing_j, send_j = _listen(
-                        k, d, windows, prefixes, slots[S_MSG_ID, slot], slots[S_DELIVERY, slot],
-                        now, poisoned[slots[S_INDEX, slot]],
+                        k, d, prefixes, conditions, slots[S_MSG_ID, slot],
+                        slots[S_DELIVERY, slot], poisoned[slots[S_INDEX, slot]],
                     )  # fmt: skip
                     outcomes[j], sends[j] = outcome_j, send_j
                     processing += processing_j
