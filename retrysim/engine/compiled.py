@@ -512,16 +512,9 @@ def _row(out, n, k, born, slots, slot, start, processing, end, outcome, step, ba
 def _row_at(out, n, instance, born, slots, slot, start, processing, end, outcome, step, batch):
     """:func:`_row` of a delivery that ``instance`` runs: straight-line code, so that numba
     drops the reference counts of its arrays (it pairs them within a block)."""
-    out[0, n], out[1, n], out[2, n] = (
-        slots[S_MSG_ID, slot],
-        slots[S_DELIVERY, slot],
-        slots[S_RT, slot],
-    )
-    out[3, n], out[4, n], out[5, n] = (
-        slots[S_BROKER_RT, slot],
-        slots[S_TOPIC, slot],
-        slots[S_QUEUE, slot],
-    )
+    out[0, n], out[1, n] = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
+    out[2, n], out[3, n] = slots[S_RT, slot], slots[S_BROKER_RT, slot]
+    out[4, n], out[5, n] = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
     out[6, n] = instance
     out[7, n], out[8, n] = born[slots[S_INDEX, slot]], slots[S_READY, slot]
     out[9, n], out[10, n], out[11, n] = slots[S_REASON, slot], start, processing
@@ -647,9 +640,12 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
     variable at every merge of the loop's paths where it may have been replaced; with the
-    arrays grown inside the loop, 55 % of its perf samples were those counts (31 % now, the
-    rest the helpers' array arguments). The caller grows the arrays on _ROOM and calls
-    again; ``state`` holds the scalars between calls (:data:`_STATE`)."""
+    arrays grown inside the loop, 55 % of its perf samples were those counts. It counts
+    them too for each array a helper takes across blocks (inlined or not), so the rules
+    come as tuples and the per-delivery helpers are straight-line code or take scalars;
+    the retries' rules, the waiting heaps and the event heap still take arrays. The caller
+    grows the arrays on _ROOM and calls again; ``state`` holds the scalars between calls
+    (:data:`_STATE`)."""
     n = NULL
     k = to_fixed_tuple(k_array, K_SIZE)
     d = to_fixed_tuple(d_array, D_SIZE)
