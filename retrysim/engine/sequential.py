@@ -766,9 +766,10 @@ def sequential_attempts(
     (``mapInArrow``), which the compiled loop builds without pandas.
 
     Where whole groups are fewer than the cores, each is simulated by several tasks at once
-    (:func:`output_parts`), each keeping every ``parts``-th batch of the rows: the loop is
-    cheap next to encoding its rows, and they are the same in every task, so all cores
-    write (and the first two sum up the group's rows, a share each)."""
+    (:func:`output_parts`), each keeping its share of the batches (each batch goes to the
+    part that has kept the fewest rows so far): the loop is cheap next to encoding its rows,
+    and they are the same in every task, so all cores write (and the first two sum up the
+    group's rows, a share each)."""
     tasks, positions = _stage_tasks(spark, specs, per_lane, partitions, split)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -1001,8 +1002,9 @@ def _simulate_one(
     messages: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     imports: pd.DataFrame | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """A task's rows, or with ``task.parts`` > 1 every ``parts``-th batch of them from its
-    ``part`` on (every task makes the same batches of the same rows); part 0 beats the key's
+    """A task's rows, or with ``task.parts`` > 1 its ``part`` of them: each batch goes to
+    the part that has kept the fewest rows so far, the first on a tie (every task makes the
+    same batches of the same rows, so the parts agree); part 0 beats the key's
     heartbeat, and parts 0 and 1 sum up a whole group's rows. ``messages``: the key's
     messages as :func:`~retrysim.model.workload.messages_np` makes them, if made already."""
     if messages is None:
@@ -1027,8 +1029,13 @@ def _simulate_one(
         batches = map(summer.add, batches)
     else:
         summer = None
-    for index, batch in enumerate(batches):
-        if index % task.parts == task.part and batch.num_rows:
+    written = [0] * task.parts  # rows each part has written: a batch goes to the fewest
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        part = written.index(min(written))
+        written[part] += batch.num_rows
+        if part == task.part:
             yield as_batch(batch)
     if summer is not None:
         sums.add({spec.group: summer.finish()})

@@ -140,7 +140,7 @@ def test_the_times_to_settle_are_the_spark_pass(simulated):
 
 
 def test_a_group_alone_on_the_cores_is_written_by_all_of_them(spark, simulated, tmp_path):
-    """One whole group on two cores: two tasks simulate it, each writes every other batch
+    """One whole group on two cores: two tasks simulate it, each writes its share of the batches
     of its rows as a Parquet file of its own (pyarrow, in the task), and each sums up a
     share of all of them (the peaks, the counts), merged on the driver. The files read back
     as Spark's writer would have left the rows."""
