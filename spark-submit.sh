@@ -81,6 +81,16 @@ for ((j = 0; j < ${#job[@]}; j++)); do
   esac
 done
 
+# A master Spark cannot parse stops here, in one line, before a JVM starts (the job checks
+# it again, and whether a spark:// master answers: retrysim.session.check_master, whose rule
+# this is; tests/cli/test_bad_input.py holds the two to the same answers).
+master_rule='^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|local-cluster\[[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*\]|spark://[^,:/@[:space:]]+:[0-9]+(,[^,:/@[:space:]]+:[0-9]+)*|yarn|k8s://[^[:space:]]+)$'
+if [ -n "$app" ] && [ -n "$master" ] && ! [[ "$master" =~ $master_rule ]]; then
+  echo "retrysim: error: --master: value '$master': use local, local[N], local[*], local[N,F]," \
+    "local-cluster[N,C,M], spark://HOST:PORT[,HOST:PORT...], yarn or k8s://[https://]HOST[:PORT]" >&2
+  exit 2
+fi
+
 if [ -n "$app" ] && [ -n "$master" ] && [[ "$master" != local* ]]; then
   # A zip of the package, named by a hash of its sources so concurrent launches of the same
   # code share one file (written to a temporary name and renamed into place).

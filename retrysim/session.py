@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +18,8 @@ from contextlib import contextmanager
 
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
+
+from retrysim.scenario.errors import ScenarioError
 
 # The JVM does not JIT-compile a method of more than 8,000 bytes of bytecode; the code Spark
 # generates for retrysim's wide projections (a round's CASE columns, the invariant check's
@@ -44,6 +48,53 @@ def delta_jars_configured(conf: SparkConf) -> bool:
     spark_home = os.environ.get("SPARK_HOME", "")
     bundled = spark_home and glob.glob(os.path.join(spark_home, "jars", "delta-spark*.jar"))
     return "delta-spark" in wanted or bool(bundled)
+
+
+# The master URLs Spark 4 takes (SparkContext.createTaskScheduler), as spark-submit.sh also
+# checks them before a JVM starts (tests/cli hold the two to the same answers).
+MASTER_FORMS = (
+    "local, local[N], local[*], local[N,F], local-cluster[N,C,M], spark://HOST:PORT[,HOST:PORT"
+    "...], yarn or k8s://[https://]HOST[:PORT]"
+)
+_MASTER = re.compile(
+    r"^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|local-cluster\[[1-9][0-9]*,[1-9][0-9]*,"
+    r"[1-9][0-9]*\]|spark://[^,:/@\s]+:[0-9]+(,[^,:/@\s]+:[0-9]+)*|yarn|k8s://\S+)$"
+)
+MASTER_TIMEOUT_S = 5.0  # how long a spark:// master has to answer before a run gives up
+
+
+def check_master(master: str | None, timeout_s: float = MASTER_TIMEOUT_S) -> None:
+    """A master Spark cannot parse, or a standalone master that nothing answers at within
+    ``timeout_s``, as one :class:`ScenarioError` before Spark starts: Spark itself fails
+    the first with a stack trace, and waits about 70 s on the second before it reports a
+    stopped SparkContext."""
+    if master is None:
+        return
+    if not _MASTER.match(master):
+        raise ScenarioError("--master", f"value {master!r}: use {MASTER_FORMS}")
+    if not master.startswith("spark://"):
+        return
+    addresses = [address.rpartition(":") for address in master[len("spark://") :].split(",")]
+    for host, _, port in addresses:
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            return
+        except OSError:
+            continue
+    raise ScenarioError(
+        "--master",
+        f"value {master!r}: no Spark master answers at {master[len('spark://') :]} within "
+        f"{timeout_s:g} s (is it running? scripts/local-cluster.sh starts one)",
+    )
+
+
+def submitted_master() -> str | None:
+    """The master spark-submit was given (``--master``, ``--conf spark.master``), read from
+    its running JVM without starting a SparkContext; None outside spark-submit."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return None
+    SparkContext._ensure_initialized()
+    return SparkConf().get("spark.master", None)
 
 
 def build_session(

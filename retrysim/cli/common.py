@@ -1,4 +1,5 @@
-"""What every command shares: exit codes, the progress line, and the output folder check."""
+"""What every command shares: exit codes, the progress line, the output folder check and the
+checks of Spark's settings before it starts."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import argparse
 import os
 
 from deltalake import DeltaTable
+from pyspark import SparkConf
 
 from retrysim.scenario.errors import ScenarioError
+from retrysim.session import check_master, delta_jars_configured, submitted_master
 from retrysim.store.sinks import arrow_schema, table_path
 from retrysim.tables.schemas import ALL_SCHEMAS
 
@@ -54,3 +57,18 @@ def check_output(output: str) -> str:
                     "use another --output folder",
                 )
     return path
+
+
+def check_spark(master: str | None, sink: str = "auto") -> None:
+    """Startup problems Spark would meet only once started, as one-line errors before it
+    starts: a master it cannot parse or that does not answer (the command's ``--master``,
+    else spark-submit's), and a delta-spark sink without the Delta Lake classes (Spark would
+    start first and fail at the first commit)."""
+    check_master(master or submitted_master())
+    if sink == "delta-spark" and not delta_jars_configured(SparkConf()):
+        raise ScenarioError(
+            "--delta-sink",
+            "value 'delta-spark': the Delta Lake classes are not on the classpath (start Spark "
+            "with --packages io.delta:delta-spark_2.13:<version> or its JARs), or use delta-rs "
+            "or auto",
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from retrysim.cli.common import add_scenario_options, check_output, say
+from retrysim.cli.common import add_scenario_options, check_output, check_spark, say
 from retrysim.engine.sizing import check_size
 from retrysim.planning.plan import (
     check_plan_id,
@@ -69,6 +69,7 @@ def plan_command(args: argparse.Namespace) -> int:
     plan_id = check_plan_id(args.plan_id or default_plan_id(spec.base))
     for point in spec.points:  # each point's tables stay, so each must fit on its own
         check_size(point.scenario, output, args.master, force=args.force)
+    check_spark(args.master, args.delta_sink)
 
     say(
         f"plan {plan_id}: {len(spec.points)} points of {spec.base.name}, runs "

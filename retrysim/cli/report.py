@@ -7,6 +7,7 @@ import os
 
 from deltalake import DeltaTable
 
+from retrysim.cli.common import check_spark
 from retrysim.reporting.report import write_plan_report, write_run_report
 from retrysim.scenario.errors import ScenarioError
 from retrysim.session import build_session, stop_session
@@ -38,6 +39,7 @@ def report_command(args: argparse.Namespace) -> int:
             f"no retrysim {'plans' if args.plan_id else 'tables'} in "
             f"{output} (no Delta table {table})",
         )
+    check_spark(args.master)
     spark = build_session(
         "retrysim:report", args.master, conf={"spark.ui.enabled": "false"}, light_jit=True
     )

@@ -10,7 +10,7 @@ import functools
 
 from deltalake.exceptions import DeltaError
 
-from retrysim.cli.common import EXIT_OK, add_scenario_options, check_output, say
+from retrysim.cli.common import EXIT_OK, add_scenario_options, check_output, check_spark, say
 from retrysim.engine.rounds import TAIL_ROWS
 from retrysim.engine.sizing import check_size
 from retrysim.reporting.report import draw_run_report
@@ -104,6 +104,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.run_id:
         check_run_id(args.run_id)
     check_size(scenario, output, args.master, force=args.force)
+    check_spark(args.master, args.delta_sink)
     for group in scenario.groups:
         pool = group.consumers.pool_size
         threads = (

@@ -19,6 +19,8 @@ import pytest
 import yaml
 from support import PROJECT
 
+from retrysim.scenario.errors import ScenarioError
+
 EXIT_BAD_INPUT = 2
 DELETE = object()
 
@@ -505,6 +507,18 @@ CASES = [
         output="afile/out",
         setup=_file("afile"),
     ),
+    # --- Spark's settings, checked before it starts (retrysim.cli.common.check_spark)
+    Case(
+        "master-spark-cannot-parse",
+        ("--master", "value 'garbage://nowhere'", "local[N]", "spark://HOST:PORT"),
+        args=("--master", "garbage://nowhere"),
+    ),
+    Case("master-no-threads", ("--master", "value 'local[0]'"), args=("--master", "local[0]")),
+    Case(
+        "master-nothing-answers",  # port 1: refused at once, as a stopped master's is
+        ("--master", "no Spark master answers at 127.0.0.1:1 within 5 s", "local-cluster.sh"),
+        args=("--master", "spark://127.0.0.1:1"),
+    ),
 ]
 
 
@@ -634,3 +648,52 @@ def test_validate_without_tables(tmp_path):
     )  # fmt: skip
     assert_one_error(result, ("--output", "no retrysim tables in", "none"))
     assert not (tmp_path / "none").exists()
+
+
+def test_a_delta_spark_sink_without_its_classes_stops_before_spark_starts(tmp_path):
+    """Spark would start, simulate and fail at the first commit; the check says it first."""
+    from pyspark import SparkConf
+
+    from retrysim.session import delta_jars_configured
+
+    if delta_jars_configured(SparkConf()):
+        pytest.skip("the Delta Lake JARs are configured here")
+    case = Case(
+        "delta-spark-without-classes",
+        ("--delta-sink", "value 'delta-spark'", "Delta Lake classes are not on the classpath"),
+        args=("--delta-sink", "delta-spark"),
+    )
+    before = files_under(tmp_path) | {"scenario.yaml"}
+    assert_one_error(run_cli(tmp_path, case), case.expect)
+    assert files_under(tmp_path) == before
+
+
+MASTERS_SPARK_TAKES = ("local", "local[2]", "local[*]", "local[4,3]", "local[*,2]",
+                       "local-cluster[2,1,1024]", "spark://host:7077", "spark://a:1,b:2", "yarn",
+                       "k8s://https://host:443")  # fmt: skip
+MASTERS_SPARK_REFUSES = ("garbage://nowhere", "local[0]", "local[two]", "spark://host",
+                         "spark://", "mesos://host:5050", "local [2]")  # fmt: skip
+
+
+def test_the_launcher_and_the_job_take_the_same_masters():
+    """spark-submit.sh stops a master Spark cannot parse in one line, exit 2, before a JVM
+    starts (well under a second here); the job's own check refuses the same ones and takes
+    the rest."""
+    from retrysim.session import _MASTER, check_master
+
+    for master in MASTERS_SPARK_TAKES:
+        assert _MASTER.match(master), master
+    for master in MASTERS_SPARK_REFUSES:
+        with pytest.raises(ScenarioError, match="--master"):
+            check_master(master)
+        launched = subprocess.run(
+            [str(PROJECT / "spark-submit.sh"), "--master", master, "jobs/simulate.py"],
+            cwd=PROJECT, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert launched.returncode == EXIT_BAD_INPUT, (master, launched.stderr)
+        assert launched.stderr.splitlines() == [
+            f"retrysim: error: --master: value '{master}': use local, local[N], local[*], "
+            "local[N,F], local-cluster[N,C,M], spark://HOST:PORT[,HOST:PORT...], yarn or "
+            "k8s://[https://]HOST[:PORT]"
+        ]
+        assert not launched.stdout
