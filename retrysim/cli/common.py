@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from deltalake import DeltaTable
 from pyspark import SparkConf
@@ -15,6 +16,19 @@ from retrysim.store.sinks import arrow_schema, table_path
 from retrysim.tables.schemas import ALL_SCHEMAS
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def stderr_to_the_launcher() -> None:
+    """Under spark-submit, whose Python runner merges the driver's stderr into its stdout,
+    send ``sys.stderr`` to the launching JVM's own stderr (through Linux's /proc, appending),
+    so that errors and warnings reach the terminal's stderr as they do without spark-submit;
+    elsewhere, or where that cannot be opened, nothing changes."""
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return
+    try:
+        sys.stderr = open(f"/proc/{os.getppid()}/fd/2", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    except OSError:
+        return
 
 
 def say(line: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from retrysim.checks.validate import ValidationError
 from retrysim.cli import digest, plan, report, simulate, validate
-from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED
+from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, stderr_to_the_launcher
 from retrysim.scenario.errors import ScenarioError
 
 # Each command's parser and its run, looked up when called (so a test can replace one).
@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stderr_to_the_launcher()
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command][1](args)

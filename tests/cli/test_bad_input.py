@@ -697,3 +697,16 @@ def test_the_launcher_and_the_job_take_the_same_masters():
             "k8s://[https://]HOST[:PORT]"
         ]
         assert not launched.stdout
+
+
+def test_under_spark_submit_the_error_line_goes_to_stderr():
+    """spark-submit's Python runner merges the driver's stderr into stdout; the command sends
+    its stderr to the launcher's own, so the error line is on stderr, and stdout has none."""
+    launched = subprocess.run(
+        [str(PROJECT / "spark-submit.sh"), "jobs/simulate.py", "--set", "foo"],
+        cwd=PROJECT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert launched.returncode == EXIT_BAD_INPUT, launched.stdout + launched.stderr
+    errors = [line for line in launched.stderr.splitlines() if line.startswith("retrysim:")]
+    assert errors == ["retrysim: error: --set: expected key=value, got 'foo'"]
+    assert "error" not in launched.stdout
