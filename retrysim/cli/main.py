@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from retrysim.checks.validate import ValidationError
-from retrysim.cli import digest, plan, report, simulate, validate
+from retrysim.cli import digest, plan, report, runs, simulate, validate
 from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, stderr_to_the_launcher
 from retrysim.scenario.errors import ScenarioError
 
@@ -22,6 +22,7 @@ COMMANDS = {
     "validate": (validate.add_validate_command, lambda args: validate.validate_command(args)),
     "plan": (plan.add_plan_command, lambda args: plan.plan_command(args)),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
+    "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
 }
 
 

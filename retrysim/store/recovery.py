@@ -45,7 +45,7 @@ class Recovery:
         return sorted({run for runs in self.removed.values() for run in runs})
 
 
-def _drop_partitions(snapshot: DeltaTable, table: str, run_ids: list[str]) -> None:
+def drop_partitions(snapshot: DeltaTable, table: str, run_ids: list[str]) -> None:
     """One commit removing the snapshot's files of ``run_ids`` (an overwrite with no adds)."""
     snapshot.create_write_transaction(
         [],
@@ -56,7 +56,7 @@ def _drop_partitions(snapshot: DeltaTable, table: str, run_ids: list[str]) -> No
     )
 
 
-def _present(snapshot: DeltaTable) -> set[str]:
+def partitions_present(snapshot: DeltaTable) -> set[str]:
     return {part[PARTITION_COLUMN] for part in snapshot.partitions()}
 
 
@@ -72,12 +72,12 @@ def recover(output: str, say: Say | None = None) -> Recovery:
 
         def attempt(table: str = table, path: str = path) -> None:
             snapshot = DeltaTable(path)  # 1. snapshot, 2. leases, 3. complete runs
-            present = _present(snapshot)
+            present = partitions_present(snapshot)
             if not present:
                 return
             doomed = sorted(present - live_run_ids(output) - set(complete_run_ids(output)))
             if doomed:
-                _drop_partitions(snapshot, table, doomed)
+                drop_partitions(snapshot, table, doomed)
                 report.removed[table] = doomed
 
         with_commit_retries(attempt)
@@ -99,9 +99,9 @@ def remove_runs(output: str, run_ids: list[str]) -> None:
 
         def attempt(table: str = table, path: str = path) -> None:
             snapshot = DeltaTable(path)
-            doomed = sorted(_present(snapshot) & set(run_ids))
+            doomed = sorted(partitions_present(snapshot) & set(run_ids))
             if doomed:
-                _drop_partitions(snapshot, table, doomed)
+                drop_partitions(snapshot, table, doomed)
 
         with_commit_retries(attempt)
 

@@ -1,0 +1,204 @@
+"""The runs under an output folder, managed: list, show, delete and vacuum (``retrysim runs``).
+
+Everything here reads and commits with delta-rs on the driver, no Spark. A run is deleted
+as it is published, in reverse: under the run's writer lease (so nobody publishes it
+meanwhile), its ``runs`` row goes first, in one commit, and readers, which show only
+complete runs, stop seeing all of it at that moment; its other tables' partitions follow.
+A deleter that dies in between leaves partitions of a run that is neither complete nor
+leased, which the next run's recovery removes (:func:`retrysim.store.recovery.recover`).
+
+Vacuum removes the files no table version within the retention needs: the files of deleted
+and replaced runs, which a plain Parquet reader of the folders would still count. As Delta's
+own ``VACUUM``, it refuses a retention shorter than the tables' (``delta.
+deletedFileRetentionDuration``, 7 days by default) unless forced: a reader of an older
+version, or a writer that took its snapshot before, would lose its files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from retrysim.scenario.errors import ScenarioError
+from retrysim.store.lease import acquire_lease, live_run_ids
+from retrysim.store.recovery import drop_partitions, partitions_present
+from retrysim.store.sinks import STATUS_COMPLETE, table_path, with_commit_retries
+from retrysim.tables.schemas import PARTITION_COLUMN, TABLE_ORDER
+
+DEFAULT_RETENTION_HOURS = 168  # Delta's own default for delta.deletedFileRetentionDuration
+STATUS_WRITING = "writing"  # a run under a live writer's lease, not yet published
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run as ``retrysim runs list`` shows it. ``status``: complete, publishing (its
+    writer is publishing it, or died doing so), or writing (leased, nothing published)."""
+
+    run_id: str
+    status: str
+    scenario: str | None = None
+    started_at: object = None
+    finished_at: object = None
+    tables: str | None = None
+    groups: int = 0
+    messages: int = 0
+    deliveries: int = 0
+    dlq: int = 0
+    files: int = 0
+    bytes: int = 0
+
+
+def list_runs(output: str) -> list[RunInfo]:
+    """Every run under ``output``: its ``runs`` row, its groups' sizes from ``summary`` and
+    its files in every table, and the runs being written (leased) that have no row yet."""
+    rows = _rows(output, "runs")
+    sizes = _summary_sizes(output)
+    files = _files(output)
+    newest: dict[str, dict] = {}  # a run's complete row over its publishing one
+    for row in rows:
+        known = newest.get(row[PARTITION_COLUMN])
+        if known is None or known["status"] != STATUS_COMPLETE:
+            newest[row[PARTITION_COLUMN]] = row
+    seen, runs = set(), []
+    for row in sorted(newest.values(), key=lambda row: (str(row["started_at"]), row["run_id"])):
+        run_id = row[PARTITION_COLUMN]
+        seen.add(run_id)
+        groups, messages, deliveries, dlq = sizes.get(run_id, (0, 0, 0, 0))
+        count, size = files.get(run_id, (0, 0))
+        info = RunInfo(run_id, row["status"], row["scenario"], row["started_at"],
+                       row["finished_at"], row["tables"], groups, messages, deliveries, dlq,
+                       count, size)  # fmt: skip
+        runs.append(info)
+    for run_id in sorted(live_run_ids(output) - seen):
+        runs.append(RunInfo(run_id, STATUS_WRITING, files=files.get(run_id, (0, 0))[0]))
+    return runs
+
+
+def find_run(output: str, run_id: str) -> RunInfo:
+    for run in list_runs(output):
+        if run.run_id == run_id:
+            return run
+    raise ScenarioError(
+        "--run-id", f"no run {run_id!r} in {output} (retrysim runs list shows them)"
+    )
+
+
+def delete_run(output: str, run_id: str, say: Say = lambda _line: None) -> list[str]:
+    """Delete ``run_id`` from every table, its ``runs`` row first (readers stop seeing the
+    run at that commit); returns the tables it was removed from. Refused while a writer
+    holds the run's lease."""
+    find_run(output, run_id)
+    lease = acquire_lease(output, run_id)  # refuses a live writer of the run
+    try:
+        removed = []
+        for table in ("runs", *(t for t in TABLE_ORDER if t != "runs")):
+            path = table_path(output, table)
+            if not DeltaTable.is_deltatable(path):
+                continue
+
+            def attempt(table: str = table, path: str = path) -> None:
+                snapshot = DeltaTable(path)
+                if run_id in partitions_present(snapshot):
+                    drop_partitions(snapshot, table, [run_id])
+                    removed.append(table)
+
+            with_commit_retries(attempt)
+            if table == "runs":
+                say(f"run {run_id}: its runs row is gone; readers no longer see it")
+        return removed
+    finally:
+        lease.release()
+
+
+def vacuum(
+    output: str, retention_hours: int = DEFAULT_RETENTION_HOURS, dry_run: bool = False,
+    force: bool = False,
+) -> dict[str, list[str]]:  # fmt: skip
+    """Remove (or with ``dry_run`` list) each table's files that no version within
+    ``retention_hours`` needs; a retention under the tables' own is refused unless
+    ``force``. Returns the files per table."""
+    found: dict[str, list[str]] = {}
+    for table in TABLE_ORDER:
+        path = table_path(output, table)
+        if not DeltaTable.is_deltatable(path):
+            continue
+        snapshot = DeltaTable(path)
+        try:
+            found[table] = snapshot.vacuum(
+                retention_hours=retention_hours,
+                dry_run=dry_run,
+                enforce_retention_duration=not force,
+            )
+        except Exception as error:  # delta-rs' retention check: one line, as Delta's own
+            if "retention" not in str(error).lower():
+                raise
+            raise ScenarioError(
+                "--retention",
+                f"value {retention_hours}h is shorter than the tables' retention ({error}); a "
+                "reader of an older version, or a writer that took its snapshot before, would "
+                "lose its files: add --force if none can be running",
+            ) from None
+    return found
+
+
+def _actions(path: str) -> list[tuple[str, str, int]]:
+    """The current version's files of a table: (path in the table, run id, bytes)."""
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    return list(
+        zip(
+            actions.column("path").to_pylist(),
+            actions.column(f"partition.{PARTITION_COLUMN}").to_pylist(),
+            actions.column("size_bytes").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def _rows(output: str, table: str, columns: list[str] | None = None) -> list[dict]:
+    """A small table's rows with their run ids, from its current version's files, read by
+    pyarrow (delta-rs' own dataset reader made the interpreter abort at exit, at random)."""
+    path = table_path(output, table)
+    if not DeltaTable.is_deltatable(path):
+        return []
+    rows = []
+    for file, run_id, _ in _actions(path):
+        for row in pq.read_table(os.path.join(path, file), columns=columns).to_pylist():
+            rows.append({**row, PARTITION_COLUMN: run_id})
+    return rows
+
+
+def _summary_sizes(output: str) -> dict[str, tuple[int, int, int, int]]:
+    """Per run: groups, messages, deliveries and DLQ moves, summed over its groups."""
+    sizes: dict[str, tuple[int, int, int, int]] = {}
+    for row in _rows(output, "summary", ["messages", "deliveries", "dlq"]):
+        groups, messages, deliveries, dlq = sizes.get(row[PARTITION_COLUMN], (0, 0, 0, 0))
+        sizes[row[PARTITION_COLUMN]] = (
+            groups + 1, messages + (row["messages"] or 0), deliveries + (row["deliveries"] or 0),
+            dlq + (row["dlq"] or 0),
+        )  # fmt: skip
+    return sizes
+
+
+def _files(output: str) -> dict[str, tuple[int, int]]:
+    """Per run: the files of its partitions in every table's current version, and their
+    bytes."""
+    found: dict[str, tuple[int, int]] = {}
+    for table in TABLE_ORDER:
+        path = table_path(output, table)
+        if not DeltaTable.is_deltatable(path):
+            continue
+        for _, run_id, size in _actions(path):
+            count, total = found.get(run_id, (0, 0))
+            found[run_id] = (count + 1, total + int(size))
+    return found
+
+
+def complete(run: RunInfo) -> bool:
+    return run.status == STATUS_COMPLETE
