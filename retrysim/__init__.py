@@ -23,6 +23,7 @@ _PUBLIC = {
     "Scenario": "retrysim.scenario.spec",
     "build_session": "retrysim.session",
     "read_table": "retrysim.store.sinks",
+    "complete_files": "retrysim.store.sinks",
     "register_views": "retrysim.store.views",
     "transitions_from_attempts": "retrysim.tables.transitions",
 }
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from retrysim.scenario.loading import load_scenario
     from retrysim.scenario.spec import Scenario
     from retrysim.session import build_session
-    from retrysim.store.sinks import read_table
+    from retrysim.store.sinks import complete_files, read_table
     from retrysim.store.views import register_views
     from retrysim.tables.transitions import transitions_from_attempts
 
@@ -54,6 +55,7 @@ __all__ = [
     "ScenarioError",
     "__version__",
     "build_session",
+    "complete_files",
     "load_scenario",
     "read_table",
     "register_views",

@@ -16,18 +16,21 @@ version, or a writer that took its snapshot before, would lose its files.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from retrysim.scenario.errors import ScenarioError
 from retrysim.store.lease import acquire_lease, live_run_ids
 from retrysim.store.recovery import drop_partitions, partitions_present
-from retrysim.store.sinks import STATUS_COMPLETE, table_path, with_commit_retries
+from retrysim.store.sinks import (
+    STATUS_COMPLETE,
+    current_files,
+    table_path,
+    table_rows,
+    with_commit_retries,
+)
 from retrysim.tables.schemas import PARTITION_COLUMN, TABLE_ORDER
 
 DEFAULT_RETENTION_HOURS = 168  # Delta's own default for delta.deletedFileRetentionDuration
@@ -58,7 +61,7 @@ class RunInfo:
 def list_runs(output: str) -> list[RunInfo]:
     """Every run under ``output``: its ``runs`` row, its groups' sizes from ``summary`` and
     its files in every table, and the runs being written (leased) that have no row yet."""
-    rows = _rows(output, "runs")
+    rows = table_rows(output, "runs")
     sizes = _summary_sizes(output)
     files = _files(output)
     newest: dict[str, dict] = {}  # a run's complete row over its publishing one
@@ -148,36 +151,10 @@ def vacuum(
     return found
 
 
-def _actions(path: str) -> list[tuple[str, str, int]]:
-    """The current version's files of a table: (path in the table, run id, bytes)."""
-    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
-    return list(
-        zip(
-            actions.column("path").to_pylist(),
-            actions.column(f"partition.{PARTITION_COLUMN}").to_pylist(),
-            actions.column("size_bytes").to_pylist(),
-            strict=True,
-        )
-    )
-
-
-def _rows(output: str, table: str, columns: list[str] | None = None) -> list[dict]:
-    """A small table's rows with their run ids, from its current version's files, read by
-    pyarrow (delta-rs' own dataset reader made the interpreter abort at exit, at random)."""
-    path = table_path(output, table)
-    if not DeltaTable.is_deltatable(path):
-        return []
-    rows = []
-    for file, run_id, _ in _actions(path):
-        for row in pq.read_table(os.path.join(path, file), columns=columns).to_pylist():
-            rows.append({**row, PARTITION_COLUMN: run_id})
-    return rows
-
-
 def _summary_sizes(output: str) -> dict[str, tuple[int, int, int, int]]:
     """Per run: groups, messages, deliveries and DLQ moves, summed over its groups."""
     sizes: dict[str, tuple[int, int, int, int]] = {}
-    for row in _rows(output, "summary", ["messages", "deliveries", "dlq"]):
+    for row in table_rows(output, "summary", ["messages", "deliveries", "dlq"]):
         groups, messages, deliveries, dlq = sizes.get(row[PARTITION_COLUMN], (0, 0, 0, 0))
         sizes[row[PARTITION_COLUMN]] = (
             groups + 1, messages + (row["messages"] or 0), deliveries + (row["deliveries"] or 0),
@@ -194,7 +171,7 @@ def _files(output: str) -> dict[str, tuple[int, int]]:
         path = table_path(output, table)
         if not DeltaTable.is_deltatable(path):
             continue
-        for _, run_id, size in _actions(path):
+        for _, run_id, size in current_files(path):
             count, total = found.get(run_id, (0, 0))
             found[run_id] = (count + 1, total + int(size))
     return found

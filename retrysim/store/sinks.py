@@ -221,12 +221,59 @@ def choose_sink(spark: SparkSession, preference: str = "auto") -> Sink:
 
 def complete_run_ids(output: str) -> list[str]:
     """Run ids whose ``runs`` row says complete (the runs table is one small row per run)."""
-    path = table_path(output, "runs")
+    rows = table_rows(output, "runs", ["status"])
+    return sorted({row[PARTITION_COLUMN] for row in rows if row["status"] == STATUS_COMPLETE})
+
+
+def current_files(path: str) -> list[tuple[str, str, int]]:
+    """The files of a Delta table's current version: (path within it, run id, bytes)."""
+    actions = pa.table(DeltaTable(path).get_add_actions(flatten=True))
+    return list(
+        zip(
+            actions.column("path").to_pylist(),
+            actions.column(f"partition.{PARTITION_COLUMN}").to_pylist(),
+            actions.column("size_bytes").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def table_rows(output: str, table: str, columns: list[str] | None = None) -> list[dict]:
+    """A small table's rows with their run ids, from its current version's files, read with
+    pyarrow: delta-rs' own dataset reader made a process without Spark abort at exit, at
+    random ("terminate called without an active exception")."""
+    path = table_path(output, table)
     if not DeltaTable.is_deltatable(path):
         return []
-    runs = DeltaTable(path).to_pyarrow_table(columns=[PARTITION_COLUMN, "status"]).to_pydict()
-    pairs = zip(runs[PARTITION_COLUMN], runs["status"], strict=True)
-    return sorted({run for run, status in pairs if status == STATUS_COMPLETE})
+    rows = []
+    for file, run_id, _ in current_files(path):
+        for row in pq.read_table(os.path.join(path, file), columns=columns).to_pylist():
+            rows.append({**row, PARTITION_COLUMN: run_id})
+    return rows
+
+
+def complete_files(output: str, table: str) -> list[str]:
+    """The files of ``table`` that hold complete runs, in its current version: what a reader
+    outside Spark (DuckDB, Polars, pyarrow) scans, with hive partitioning for ``run_id``,
+    to see exactly what :func:`read_table` shows (docs/cluster.md, "Reading the tables").
+    The Delta log lists the files, so a replaced run's older files, still on disk until a
+    vacuum, are not among them; the runs table lists the complete runs, so a run being
+    published, or left half-published by a writer that died, is not either."""
+    path = table_path(output, table)
+    if not DeltaTable.is_deltatable(path):
+        return []
+    snapshot = DeltaTable(path)  # before the complete runs, as read_table takes them
+    runs = complete_run_ids(output) if table in SCHEMAS else None
+    if runs is None:
+        return [_local(uri) for uri in snapshot.file_uris()]
+    if not runs:
+        return []
+    pruned = snapshot.file_uris(partition_filters=[(PARTITION_COLUMN, "in", runs)])
+    return [_local(uri) for uri in pruned]
+
+
+def _local(uri: str) -> str:
+    return uri.removeprefix("file://")
 
 
 def read_table(
