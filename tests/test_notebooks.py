@@ -10,44 +10,31 @@ clash.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_client.manager import KernelManager
-from nbclient import NotebookClient
 from support import PROJECT, QUICK_JVM
 
 pytestmark = pytest.mark.spark  # spark-submit runs, each in its own JVM
 
-NOTEBOOKS = PROJECT / "notebooks"
-ORDER = ("01_explore_run.ipynb", "02_capacity_plan.ipynb")
-CELL_TIMEOUT_S = 600
+_spec = importlib.util.spec_from_file_location(
+    "refresh_notebooks", PROJECT / "scripts" / "refresh_notebooks.py"
+)
+refresh_notebooks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(refresh_notebooks)
 
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory) -> tuple[dict[str, nbformat.NotebookNode], Path]:
     output = tmp_path_factory.mktemp("notebooks") / "out"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RETRYSIM_NOTEBOOK_SMALL", "1")
-        patch.setenv("RETRYSIM_NOTEBOOK_OUTPUT", str(output))
-        patch.setenv(
-            "PYSPARK_SUBMIT_ARGS",
-            f'--conf "spark.driver.extraJavaOptions={QUICK_JVM}" pyspark-shell',
-        )
-        kernel = KernelManager(kernel_name="python3")
-        kernel.start_kernel(cwd=str(NOTEBOOKS))
-    notebooks = {}
-    try:
-        for index, name in enumerate(ORDER):
-            notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-            if index:
-                notebook.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
-            NotebookClient(notebook, km=kernel, timeout=CELL_TIMEOUT_S).execute()
-            notebooks[name] = notebook
-    finally:
-        kernel.shutdown_kernel(now=True)
-    return notebooks, output
+    environment = {
+        "RETRYSIM_NOTEBOOK_SMALL": "1",
+        "RETRYSIM_NOTEBOOK_OUTPUT": str(output),
+        "PYSPARK_SUBMIT_ARGS": f'--conf "spark.driver.extraJavaOptions={QUICK_JVM}" pyspark-shell',
+    }
+    return refresh_notebooks.execute(environment), output
 
 
 def _outputs(notebook: nbformat.NotebookNode, kind: str) -> list:
@@ -88,3 +75,23 @@ def test_capacity_plan_notebook(executed):
     assert "binding: max_ready_backlog" in text
     assert (output / "reports" / "notebook-plan.html").is_file()
     assert (output / "plan" / "_delta_log").is_dir()
+
+
+def _kinds(cell: nbformat.NotebookNode) -> list[tuple[str, ...]]:
+    """A cell's results and displays (text streams split as the kernel flushes them)."""
+    outputs = [out for out in cell.get("outputs", []) if out["output_type"] != "stream"]
+    return [(out["output_type"], *sorted(out.get("data", {}))) for out in outputs]
+
+
+def test_the_notebooks_are_kept_with_the_outputs_of_their_small_run(executed):
+    """scripts/refresh-notebooks.sh keeps the outputs of the run the tests make: every code
+    cell holds the same results and displays (tables, images) as here, in order."""
+    notebooks, _ = executed
+    for name in refresh_notebooks.ORDER:
+        kept = nbformat.read(refresh_notebooks.NOTEBOOKS / name, as_version=4)
+        run = notebooks[name]
+        kept_cells = [cell for cell in kept.cells if cell.cell_type == "code"]
+        run_cells = [cell for cell in run.cells if cell.cell_type == "code"]
+        assert [cell.source for cell in kept_cells] == [cell.source for cell in run_cells]
+        assert [_kinds(cell) for cell in kept_cells] == [_kinds(cell) for cell in run_cells], name
+        assert all(cell.execution_count for cell in kept_cells), f"{name}: a cell never ran"
