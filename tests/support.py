@@ -57,6 +57,17 @@ def scenario(*groups: dict[str, Any], **top: Any) -> Scenario:
     return build_scenario(_merge(data, top))
 
 
+def retrying_scenario(name: str, seed: int, messages: int) -> Scenario:
+    """A small 4.x group on unlimited consumers whose retries reach the DLQ now and then: a
+    run of a few seconds, for the tests of what happens around runs (readers, management)."""
+    pay = group(
+        "pay", max_reconsume_times=2, consumers="unlimited",
+        workload={"messages": messages, "over": "1m", "queues": 2},
+        behavior={"fail_probability": 0.3, "processing_time": "10ms"},
+    )  # fmt: skip
+    return scenario(pay, name=name, seed=seed, horizon="20m", load_bucket="1m")
+
+
 def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     merged = copy.deepcopy(base)
     for key, value in overrides.items():

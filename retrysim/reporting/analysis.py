@@ -246,6 +246,17 @@ class RunData:
     def delay_levels_ms(self) -> list[int]:
         return list(self.scenario.broker.message_delay_level)
 
+    def outages(self, group: str) -> list[tuple[float, float]]:
+        """The group's outage windows, in minutes since the start."""
+        found = [g for g in self.scenario.groups if g.name == group]
+        windows = found[0].behavior.outages if found else ()
+        return [(w.start / MINUTE_MS, w.end / MINUTE_MS) for w in windows]
+
+    def pool(self, group: str) -> int | None:
+        """The group's consumer threads (None: unlimited)."""
+        found = [g for g in self.scenario.groups if g.name == group]
+        return found[0].consumers.pool_size if found else None
+
 
 def run_data(
     spark: SparkSession, output: str, run_id: str, retries: pd.DataFrame | None = None

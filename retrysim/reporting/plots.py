@@ -60,6 +60,21 @@ def _time(minutes: pd.Series) -> tuple[pd.Series, str]:
     return minutes, "time since start (min)"
 
 
+def _hours(label: str) -> bool:
+    return label.endswith("(h)")
+
+
+def _decorate(ax, label: str, outages: Sequence[tuple[float, float]] = ()) -> None:
+    """What every time plot shares: outage windows shaded (start and end in minutes, on the
+    axis' unit), counts from zero (an empty series drew negative ticks), a grid."""
+    scale = 60 if _hours(label) else 1
+    for number, (start, end) in enumerate(outages):
+        ax.axvspan(start / scale, end / scale, color="#d62728", alpha=0.08, lw=0,
+                   label="outage" if number == 0 else None)  # fmt: skip
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
 def _twin_legend(fig: Figure, ax, twin) -> None:
     """One legend for an axis and its twin, above the plot where it hides no line."""
     handles, labels = ax.get_legend_handles_labels()
@@ -81,24 +96,41 @@ def png_base64(fig: Figure) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def state_counts_figure(states: pd.DataFrame, title: str = "") -> Figure:
-    """Ready backlog, Inflight and WaitingRetry over time: lines at bucket ends, and faint
-    steps at each bucket's highest, so a burst between two bucket ends still shows."""
-    fig, (ax,) = _figure()
+def state_counts_figure(
+    states: pd.DataFrame,
+    title: str = "",
+    outages: Sequence[tuple[float, float]] = (),
+    pool: int | None = None,
+) -> Figure:
+    """Ready backlog (its own axis: it can be thousands of times the rest) above Inflight
+    and WaitingRetry: lines at bucket ends, and faint steps at each bucket's highest, so a
+    burst between two bucket ends still shows; Inflight against the pool's threads."""
+    fig = Figure(figsize=(WIDTH, HEIGHT * 1.7), dpi=DPI, layout="constrained")
+    ready_ax, other_ax = fig.subplots(2, 1, sharex=True, height_ratios=(1, 1))
     x, label = _time(states["minute_end"])
-    starts = states["minute"] / (60 if label.endswith("(h)") else 1)
-    for state, color in COLORS.items():
-        ax.plot(x, states[state], label=state, color=color, linewidth=1.2)
-        ax.step(starts, states[f"{state} max"], where="post", color=color, linewidth=0.8,
-                alpha=0.35, linestyle="--")  # fmt: skip
-    ax.plot([], [], color="gray", linestyle="--", alpha=0.5, label="highest within a bucket")
-    ax.set(xlabel=label, ylabel="messages", title=title or "messages by state")
-    ax.legend(loc="upper right")
-    ax.grid(alpha=0.3)
+    starts = states["minute"] / (60 if _hours(label) else 1)
+    for ax, names in ((ready_ax, ("Ready",)), (other_ax, ("Inflight", "WaitingRetry"))):
+        for state in names:
+            color = COLORS[state]
+            ax.plot(x, states[state], label=state, color=color, linewidth=1.2)
+            ax.step(starts, states[f"{state} max"], where="post", color=color, linewidth=0.8,
+                    alpha=0.35, linestyle="--")  # fmt: skip
+    if pool is not None:
+        other_ax.axhline(pool, color="#1f77b4", linestyle=":", linewidth=1,
+                         label=f"pool: {pool:,} threads")  # fmt: skip
+    for ax in (ready_ax, other_ax):
+        _decorate(ax, label, outages)
+    other_ax.plot([], [], color="gray", linestyle="--", alpha=0.5, label="highest within a bucket")
+    ready_ax.set(ylabel="Ready backlog", title=title or "messages by state")
+    other_ax.set(xlabel=label, ylabel="messages")
+    for ax in (ready_ax, other_ax):
+        ax.legend(loc="upper right", fontsize=8)
     return fig
 
 
-def deliveries_figure(rates: pd.DataFrame, title: str = "") -> Figure:
+def deliveries_figure(
+    rates: pd.DataFrame, title: str = "", outages: Sequence[tuple[float, float]] = ()
+) -> Figure:
     """First deliveries and retries per second, stacked: the retry share of consumer load."""
     fig, (ax,) = _figure()
     x, label = _time(rates["minute"])
@@ -112,8 +144,8 @@ def deliveries_figure(rates: pd.DataFrame, title: str = "") -> Figure:
         step="post",
     )
     ax.set(xlabel=label, ylabel="deliveries per second", title=title or "deliveries vs retries")
+    _decorate(ax, label, outages)
     ax.legend(loc="upper right")
-    ax.grid(alpha=0.3)
     return fig
 
 
@@ -154,7 +186,10 @@ def retries_by_level_figure(
 
 
 def schedule_backlog_figure(
-    backlog: pd.DataFrame, delays_ms: Sequence[int] = (), title: str = ""
+    backlog: pd.DataFrame,
+    delays_ms: Sequence[int] = (),
+    title: str = "",
+    outages: Sequence[tuple[float, float]] = (),
 ) -> Figure:
     """Messages waiting in SCHEDULE_TOPIC_XXXX per level over time, stacked."""
     fig, (ax,) = _figure()
@@ -167,11 +202,13 @@ def schedule_backlog_figure(
     else:
         ax.text(0.5, 0.5, "no schedule-topic backlog", transform=ax.transAxes, ha="center")
     ax.set(xlabel=label, ylabel="messages", title=title or "schedule-topic backlog per level")
-    ax.grid(alpha=0.3)
+    _decorate(ax, label, outages)
     return fig
 
 
-def dlq_figure(flow: pd.DataFrame, title: str = "") -> Figure:
+def dlq_figure(
+    flow: pd.DataFrame, title: str = "", outages: Sequence[tuple[float, float]] = ()
+) -> Figure:
     """Moves into the DLQ per bucket (bars) and running totals of DLQ inflow and replays."""
     fig, (ax,) = _figure()
     x, label = _time(flow["minute"])
@@ -184,12 +221,18 @@ def dlq_figure(flow: pd.DataFrame, title: str = "") -> Figure:
     if flow["replays"].sum() > 0:
         total.plot(x_end, flow["replayed_total"], color="#2ca02c", label="replayed, total")
     total.set_ylabel("messages, running total")
+    total.set_ylim(bottom=0)
+    _decorate(ax, label, outages)
     _twin_legend(fig, ax, total)
-    ax.grid(alpha=0.3)
     return fig
 
 
-def commitlog_figure(writes: pd.DataFrame, messages: int, title: str = "") -> Figure:
+def commitlog_figure(
+    writes: pd.DataFrame,
+    messages: int,
+    title: str = "",
+    outages: Sequence[tuple[float, float]] = (),
+) -> Figure:
     """Commitlog writes per second and the write amplification so far (writes / messages)."""
     fig, (ax,) = _figure()
     x, label = _time(writes["minute"])
@@ -208,17 +251,23 @@ def commitlog_figure(writes: pd.DataFrame, messages: int, title: str = "") -> Fi
         label="writes so far / messages",
     )
     amp.set_ylabel("write amplification so far")
+    amp.set_ylim(bottom=0)
+    _decorate(ax, label, outages)
     _twin_legend(fig, ax, amp)
-    ax.grid(alpha=0.3)
     return fig
 
 
-def utilization_figure(util: pd.DataFrame, title: str = "") -> Figure:
-    """Pool utilization per bucket and the oldest Ready message's age at each bucket's end."""
+def utilization_figure(
+    util: pd.DataFrame, title: str = "", outages: Sequence[tuple[float, float]] = ()
+) -> Figure:
+    """Pool utilization per bucket against the pool's capacity (100 %), and the oldest Ready
+    message's age at each bucket's end."""
     fig, (ax,) = _figure()
     x, label = _time(util["minute"])
+    _decorate(ax, label, outages)
     if util["utilization"].notna().any():
         ax.step(x, util["utilization"] * 100, where="post", color="#1f77b4", label="utilization")
+        ax.axhline(100, color="#1f77b4", linestyle=":", linewidth=1, label="pool capacity")
         ax.set_ylim(0, max(100.0, float(util["utilization"].max() * 100)) * 1.05)
     else:
         ax.text(0.5, 0.5, "unlimited pool: no utilization", transform=ax.transAxes, ha="center")
@@ -231,8 +280,8 @@ def utilization_figure(util: pd.DataFrame, title: str = "") -> Figure:
     x_end, _ = _time(util["minute_end"])
     age.plot(x_end, util["oldest_ready_age_s"], color="#d62728", label="oldest Ready age")
     age.set_ylabel("oldest Ready age (s)")
+    age.set_ylim(bottom=0)
     _twin_legend(fig, ax, age)
-    ax.grid(alpha=0.3)
     return fig
 
 

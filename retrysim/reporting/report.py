@@ -39,7 +39,8 @@ table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 td,th{border:1px solid #ddd;padding:.25em .5em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 img{max-width:100%;display:block;margin:.4em 0 1em}.note{color:#555;font-size:.9em}
-tr.recommended td{background:#e8f5e9;font-weight:600}pre{background:#f7f7f7;padding:.6em;
+tr.recommended td{background:#e8f5e9;font-weight:600}.wide{overflow-x:auto;max-width:100%}
+pre{background:#f7f7f7;padding:.6em;
 overflow-x:auto;font-size:.8em}
 """
 # Summary columns shown per group: (column, label, kind).
@@ -126,7 +127,7 @@ def _table(
     for index, row in enumerate(rows):
         css = f' class="{classes[index]}"' if index < len(classes) and classes[index] else ""
         body.append(f"<tr{css}>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+    return f'<div class="wide"><table><tr>{head}</tr>{"".join(body)}</table></div>'
 
 
 def _image(fig, alt: str) -> str:
@@ -199,13 +200,17 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
     retries = data.retries[data.retries["group"] == group]
     delays = data.delay_levels_ms
     backlog = analysis.schedule_backlog(load)
+    outages = data.outages(group)
     figures = [
         (
-            plots.state_counts_figure(analysis.state_counts(load)),
-            "Ready backlog, Inflight and WaitingRetry at the end of each load bucket.",
+            plots.state_counts_figure(
+                analysis.state_counts(load), outages=outages, pool=data.pool(group)
+            ),
+            "Ready backlog, and Inflight and WaitingRetry, at the end of each load bucket (the "
+            "pool's threads dotted; outages shaded).",
         ),
         (
-            plots.deliveries_figure(analysis.delivery_rates(load)),
+            plots.deliveries_figure(analysis.delivery_rates(load), outages=outages),
             "First deliveries and retries per second: the share of consumer work spent on retries.",
         ),
         (
@@ -214,22 +219,23 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
             "topic), else by retry number.",
         ),
         (
-            plots.schedule_backlog_figure(backlog, delays),
+            plots.schedule_backlog_figure(backlog, delays, outages=outages),
             "Messages waiting in SCHEDULE_TOPIC_XXXX per delay level (4.x consumers only; "
             "other flavors wait elsewhere).",
         ),
         (
-            plots.dlq_figure(analysis.dlq_flow(load)),
+            plots.dlq_figure(analysis.dlq_flow(load), outages=outages),
             "Moves into %DLQ% per bucket, with the running totals of DLQ inflow and replays.",
         ),
         (
-            plots.commitlog_figure(analysis.commitlog_writes(load), messages),
+            plots.commitlog_figure(analysis.commitlog_writes(load), messages, outages=outages),
             "Broker commitlog writes (publish, schedule copy, retry copy, DLQ, replay) per "
             "second, and writes so far per message.",
         ),
         (
-            plots.utilization_figure(analysis.utilization(load)),
-            "Busy thread time over pool time per bucket, and the age of the oldest Ready message.",
+            plots.utilization_figure(analysis.utilization(load), outages=outages),
+            "Busy thread time over pool time per bucket (the pool's capacity dotted), and the "
+            "age of the oldest Ready message.",
         ),
         (
             plots.instances_figure(analysis.instance_utilization(data.instances, group, load)),

@@ -16,28 +16,13 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from support import retrying_scenario
 
 from retrysim import complete_files
 from retrysim.runner import simulate
-from retrysim.scenario.loading import build_scenario
 from retrysim.store.sinks import STATUS_PUBLISHING, read_table, table_path
 
-SCENARIO = {
-    "name": "readers",
-    "seed": 9,
-    "horizon": "20m",
-    "load_bucket": "1m",
-    "groups": [
-        {
-            "name": "pay",
-            "flavor": "rocketmq4.concurrently",
-            "max_reconsume_times": 2,
-            "consumers": "unlimited",
-            "workload": {"messages": 150, "over": "1m", "queues": 2},
-            "behavior": {"fail_probability": 0.3, "processing_time": "10ms"},
-        }
-    ],
-}
+SCENARIO = retrying_scenario("readers", seed=9, messages=150)
 
 
 def _half_published(output: str, source: str, run_id: str) -> None:
@@ -57,7 +42,7 @@ def _half_published(output: str, source: str, run_id: str) -> None:
 @pytest.fixture(scope="module")
 def output(spark, tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("readers") / "out")
-    scenario = build_scenario(SCENARIO)
+    scenario = SCENARIO
     for run_id in ("kept", "twice", "twice"):
         simulate(spark, scenario, output=folder, run_id=run_id, validate=False)
     _half_published(folder, "kept", "half")

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
+from support import retrying_scenario
 
 from retrysim.cli.main import main
 from retrysim.runner import simulate
 from retrysim.scenario.errors import ScenarioError
-from retrysim.scenario.loading import build_scenario
 from retrysim.store import recovery
 from retrysim.store import runs as runs_module
 from retrysim.store.lease import acquire_lease
@@ -28,26 +28,11 @@ from retrysim.store.runs import delete_run, list_runs
 from retrysim.store.sinks import complete_run_ids, read_table, table_path
 from retrysim.tables.schemas import PARTITION_COLUMN, TABLE_ORDER
 
-SCENARIO = {
-    "name": "admin",
-    "seed": 5,
-    "horizon": "20m",
-    "load_bucket": "1m",
-    "groups": [
-        {
-            "name": "pay",
-            "flavor": "rocketmq4.concurrently",
-            "max_reconsume_times": 2,
-            "consumers": "unlimited",
-            "workload": {"messages": 120, "over": "1m", "queues": 2},
-            "behavior": {"fail_probability": 0.3, "processing_time": "10ms"},
-        }
-    ],
-}
+SCENARIO = retrying_scenario("admin", seed=5, messages=120)
 
 
 def _run(spark, output: Path, run_id: str) -> None:
-    simulate(spark, build_scenario(SCENARIO), output=str(output), run_id=run_id, validate=False)
+    simulate(spark, SCENARIO, output=str(output), run_id=run_id, validate=False)
 
 
 def _partitions(output: Path) -> dict[str, set[str]]:

@@ -1,0 +1,71 @@
+"""What a planner looks for in the run report's figures (retrysim.reporting.plots), on the
+figure objects themselves: the Ready backlog on an axis of its own, the pool's threads
+against Inflight and its capacity against utilization, the outage windows shaded on every
+time plot, and counts from zero (an all-zero series drew negative ticks)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.patches import Rectangle
+
+from retrysim.reporting import plots
+
+MINUTES = [0.0, 1.0, 2.0, 3.0]
+OUTAGES = [(1.0, 2.5)]
+
+
+def _states(ready: list[int]) -> pd.DataFrame:
+    frame = {"minute": MINUTES, "minute_end": [m + 1 for m in MINUTES]}
+    for state, values in (("Ready", ready), ("Inflight", [1, 4, 4, 2]),
+                          ("WaitingRetry", [0, 9, 3, 0])):  # fmt: skip
+        frame[state] = values
+        frame[f"{state} max"] = [v + 1 for v in values]
+    return pd.DataFrame(frame)
+
+
+def _shaded(ax) -> list[tuple[float, float]]:
+    """The axis' shaded spans (axvspan's rectangles), as (start, end) in its x units."""
+    spans = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_label() != "_nolegend_"]
+    return [(p.get_x(), p.get_x() + p.get_width()) for p in spans if p.get_alpha() == 0.08]
+
+
+def test_ready_has_its_own_axis_and_inflight_is_drawn_against_the_pool():
+    fig = plots.state_counts_figure(_states([0, 5000, 20000, 0]), outages=OUTAGES, pool=16)
+    ready_ax, other_ax = fig.axes[:2]
+    assert ready_ax.get_lines()[0].get_label() == "Ready"
+    assert {line.get_label() for line in other_ax.get_lines()} >= {"Inflight", "WaitingRetry"}
+    assert ready_ax.get_ylim()[1] > 20000 > other_ax.get_ylim()[1]  # not squeezed together
+    pool = [line for line in other_ax.get_lines() if line.get_label() == "pool: 16 threads"]
+    assert pool and set(pool[0].get_ydata()) == {16}
+    assert other_ax.get_ylim()[1] > 16  # the pool line is in view
+    for ax in (ready_ax, other_ax):
+        assert _shaded(ax) == OUTAGES and ax.get_ylim()[0] == 0
+
+
+def test_every_time_plot_shades_the_outages_and_counts_from_zero():
+    rates = pd.DataFrame({"minute": MINUTES, "first_per_s": [0.0] * 4, "retries_per_s": [0.0] * 4})
+    flow = pd.DataFrame({"minute": MINUTES, "minute_end": [m + 1 for m in MINUTES],
+                         "dlq": [0] * 4, "dlq_total": [0] * 4, "replays": [0] * 4,
+                         "replayed_total": [0] * 4})  # fmt: skip
+    writes = pd.DataFrame({"minute": MINUTES, "minute_end": [m + 1 for m in MINUTES],
+                           "writes_per_s": [0.0] * 4, "writes_total": [0] * 4})  # fmt: skip
+    util = pd.DataFrame({"minute": MINUTES, "minute_end": [m + 1 for m in MINUTES],
+                         "utilization": [0.1, 1.0, 0.5, 0.0],
+                         "oldest_ready_age_s": [0.0] * 4})  # fmt: skip
+    backlog = pd.DataFrame({"minute_end": [m + 1 for m in MINUTES], "L3": [0, 2, 1, 0]})
+    figures = [
+        plots.deliveries_figure(rates, outages=OUTAGES),
+        plots.dlq_figure(flow, outages=OUTAGES),
+        plots.commitlog_figure(writes, 10, outages=OUTAGES),
+        plots.utilization_figure(util, outages=OUTAGES),
+        plots.schedule_backlog_figure(backlog, (1000, 5000, 10000), outages=OUTAGES),
+    ]
+    for fig in figures:
+        main_ax = fig.axes[0]
+        assert _shaded(main_ax) == OUTAGES, fig.axes[0].get_title()
+        for ax in fig.axes:  # all-zero series included: no tick below zero
+            assert ax.get_ylim()[0] == 0 and min(ax.get_yticks()) >= 0, ax.get_title()
+    capacity = [
+        line for line in figures[3].axes[0].get_lines() if line.get_label() == "pool capacity"
+    ]
+    assert capacity and set(capacity[0].get_ydata()) == {100}
