@@ -15,25 +15,6 @@ export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$ROOT/.venv/bin/python}"
 export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$ROOT/.venv/bin/python}"
 export SPARK_HOME="${SPARK_HOME:-$("$ROOT/.venv/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')}"
 cd "$ROOT"
-# retrysim's Spark settings (conf/spark) go in as a properties file and a log4j file, with an
-# empty SPARK_CONF_DIR: that folder is on the driver's class path, and the JVM's class
-# archive (scripts/class-archive.sh) can only be used with no file-filled folder there. A
-# SPARK_CONF_DIR of your own is used as it is, without the archive.
-own_conf=""
-if [ -z "${SPARK_CONF_DIR:-}" ]; then
-  own_conf=1
-  export SPARK_CONF_DIR="$ROOT/build/spark-conf"
-  mkdir -p "$SPARK_CONF_DIR"
-  SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }\"-Dlog4j2.configurationFile=$ROOT/conf/spark/log4j2.properties\""
-  if [ -n "${RETRYSIM_CLASS_ARCHIVE_RECORD:-}" ]; then
-    SPARK_SUBMIT_OPTS+=" \"-XX:ArchiveClassesAtExit=$RETRYSIM_CLASS_ARCHIVE_RECORD\""
-  else
-    archive="$("$ROOT/scripts/class-archive.sh" || true)" # a failure: no archive, same run
-    [ -z "$archive" ] || SPARK_SUBMIT_OPTS+=" \"-XX:SharedArchiveFile=$archive\" -Xlog:cds=off -Xlog:cds+dynamic=off"
-  fi
-  export SPARK_SUBMIT_OPTS
-fi
-
 # Split the arguments into spark-submit options, the application file and the job's options
 # (spark-submit's own rule: the first argument that is neither an option nor an option's
 # value is the application), noting the master and any --py-files on the way.
@@ -89,6 +70,25 @@ if [ -n "$app" ] && [ -n "$master" ] && ! [[ "$master" =~ $master_rule ]]; then
   echo "retrysim: error: --master: value '$master': use local, local[N], local[*], local[N,F]," \
     "local-cluster[N,C,M], spark://HOST:PORT[,HOST:PORT...], yarn or k8s://[https://]HOST[:PORT]" >&2
   exit 2
+fi
+
+# retrysim's Spark settings (conf/spark) go in as a properties file and a log4j file, with an
+# empty SPARK_CONF_DIR: that folder is on the driver's class path, and the JVM's class
+# archive (scripts/class-archive.sh) can only be used with no file-filled folder there. A
+# SPARK_CONF_DIR of your own is used as it is, without the archive.
+own_conf=""
+if [ -z "${SPARK_CONF_DIR:-}" ]; then
+  own_conf=1
+  export SPARK_CONF_DIR="$ROOT/build/spark-conf"
+  mkdir -p "$SPARK_CONF_DIR"
+  SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }\"-Dlog4j2.configurationFile=$ROOT/conf/spark/log4j2.properties\""
+  if [ -n "${RETRYSIM_CLASS_ARCHIVE_RECORD:-}" ]; then
+    SPARK_SUBMIT_OPTS+=" \"-XX:ArchiveClassesAtExit=$RETRYSIM_CLASS_ARCHIVE_RECORD\""
+  else
+    archive="$("$ROOT/scripts/class-archive.sh" || true)" # a failure: no archive, same run
+    [ -z "$archive" ] || SPARK_SUBMIT_OPTS+=" \"-XX:SharedArchiveFile=$archive\" -Xlog:cds=off -Xlog:cds+dynamic=off"
+  fi
+  export SPARK_SUBMIT_OPTS
 fi
 
 if [ -n "$app" ] && [ -n "$master" ] && [[ "$master" != local* ]]; then
