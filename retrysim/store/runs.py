@@ -175,7 +175,3 @@ def _files(output: str) -> dict[str, tuple[int, int]]:
             count, total = found.get(run_id, (0, 0))
             found[run_id] = (count + 1, total + int(size))
     return found
-
-
-def complete(run: RunInfo) -> bool:
-    return run.status == STATUS_COMPLETE
