@@ -245,9 +245,13 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
             f"{_idle_text(data, group)}.",
         ),
     ]
+    shown = float(load["minute_end"].max()) * analysis.MINUTE_MS if len(load) else 0.0
     section = [
         f'<h2 id="group-{html.escape(group)}">Group {html.escape(group)} '
-        f"({html.escape(data.flavor(group))})</h2>"
+        f"({html.escape(data.flavor(group))})</h2>",
+        f'<p class="note">The time axes show the first {format_duration(int(shown))} of the '
+        f"{format_duration(data.scenario.horizon)} horizon, where the activity is; the "
+        "<code>load</code> and <code>instance_load</code> tables hold every bucket.</p>",
     ]
     for title, (fig, note) in zip(RUN_SECTIONS, figures, strict=True):
         section.append(f'<h3>{html.escape(title)}</h3><p class="note">{html.escape(note)}</p>')

@@ -122,6 +122,7 @@ def test_scenario_runs_and_its_report_has_every_section(spark, tmp_path, name, d
     assert collected and not [columns for columns in collected if "msg_id" in columns]
     text = Path(path).read_text()
     assert "<script" not in text and "http://" not in text and "https://" not in text
+    assert text.count("horizon, where the activity is") == len(summary)  # the zoom, said
     images = _IMAGE.findall(text)
     assert len(images) == len(RUN_SECTIONS) * len(summary)
     for group in summary:
