@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from retrysim.scenario.loading import scenario_from_json
-from retrysim.scenario.spec import Scenario
+from retrysim.scenario.spec import Group, Scenario
 from retrysim.store.sinks import STATUS_COMPLETE, read_table, run_frame, run_rows
 from retrysim.tables.load import RETRY_NUMBER_CAP, retries_by_level
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, data_schema
@@ -238,9 +238,12 @@ class RunData:
     retries: pd.DataFrame
     instances: pd.DataFrame  # instance_load: utilization per group, instance and bucket
 
+    def _group(self, name: str) -> Group | None:
+        return next((group for group in self.scenario.groups if group.name == name), None)
+
     def flavor(self, group: str) -> str:
-        found = [g.flavor for g in self.scenario.groups if g.name == group]
-        return found[0] if found else "?"
+        found = self._group(group)
+        return found.flavor if found else "?"
 
     @property
     def delay_levels_ms(self) -> list[int]:
@@ -248,14 +251,14 @@ class RunData:
 
     def outages(self, group: str) -> list[tuple[float, float]]:
         """The group's outage windows, in minutes since the start."""
-        found = [g for g in self.scenario.groups if g.name == group]
-        windows = found[0].behavior.outages if found else ()
+        found = self._group(group)
+        windows = found.behavior.outages if found else ()
         return [(w.start / MINUTE_MS, w.end / MINUTE_MS) for w in windows]
 
     def pool(self, group: str) -> int | None:
         """The group's consumer threads (None: unlimited)."""
-        found = [g for g in self.scenario.groups if g.name == group]
-        return found[0].consumers.pool_size if found else None
+        found = self._group(group)
+        return found.consumers.pool_size if found else None
 
 
 def run_data(

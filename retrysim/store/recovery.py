@@ -12,7 +12,7 @@ leased, and never a live run's (docs/architecture.md, "Atomic runs").
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from deltalake import DeltaTable
@@ -56,7 +56,7 @@ def drop_partitions(snapshot: DeltaTable, table: str, run_ids: list[str]) -> Non
     )
 
 
-def partitions_present(snapshot: DeltaTable) -> set[str]:
+def _present(snapshot: DeltaTable) -> set[str]:
     return {part[PARTITION_COLUMN] for part in snapshot.partitions()}
 
 
@@ -72,7 +72,7 @@ def recover(output: str, say: Say | None = None) -> Recovery:
 
         def attempt(table: str = table, path: str = path) -> None:
             snapshot = DeltaTable(path)  # 1. snapshot, 2. leases, 3. complete runs
-            present = partitions_present(snapshot)
+            present = _present(snapshot)
             if not present:
                 return
             doomed = sorted(present - live_run_ids(output) - set(complete_run_ids(output)))
@@ -90,20 +90,25 @@ def recover(output: str, say: Say | None = None) -> Recovery:
     return report
 
 
-def remove_runs(output: str, run_ids: list[str]) -> None:
-    """Remove ``run_ids`` from every run table (a failed publish rolls itself back)."""
-    for table in TABLE_ORDER:
+def remove_runs(output: str, run_ids: list[str], tables: Sequence[str] = TABLE_ORDER) -> list[str]:
+    """Remove ``run_ids`` from ``tables`` (every run table), a commit each in that order (a
+    failed publish rolls itself back; ``retrysim runs delete`` takes ``runs`` first);
+    returns the tables they were in."""
+    removed = []
+    for table in tables:
         path = table_path(output, table)
         if not DeltaTable.is_deltatable(path):
             continue
 
         def attempt(table: str = table, path: str = path) -> None:
             snapshot = DeltaTable(path)
-            doomed = sorted(partitions_present(snapshot) & set(run_ids))
+            doomed = sorted(_present(snapshot) & set(run_ids))
             if doomed:
                 drop_partitions(snapshot, table, doomed)
+                removed.append(table)
 
         with_commit_retries(attempt)
+    return removed
 
 
 # --------------------------------------------------------------------------- publishing

@@ -23,14 +23,8 @@ from deltalake import DeltaTable
 
 from retrysim.scenario.errors import ScenarioError
 from retrysim.store.lease import acquire_lease, live_run_ids
-from retrysim.store.recovery import drop_partitions, partitions_present
-from retrysim.store.sinks import (
-    STATUS_COMPLETE,
-    current_files,
-    table_path,
-    table_rows,
-    with_commit_retries,
-)
+from retrysim.store.recovery import remove_runs
+from retrysim.store.sinks import STATUS_COMPLETE, current_files, table_path, table_rows
 from retrysim.tables.schemas import PARTITION_COLUMN, TABLE_ORDER
 
 DEFAULT_RETENTION_HOURS = 168  # Delta's own default for delta.deletedFileRetentionDuration
@@ -100,22 +94,9 @@ def delete_run(output: str, run_id: str, say: Say = lambda _line: None) -> list[
     find_run(output, run_id)
     lease = acquire_lease(output, run_id)  # refuses a live writer of the run
     try:
-        removed = []
-        for table in ("runs", *(t for t in TABLE_ORDER if t != "runs")):
-            path = table_path(output, table)
-            if not DeltaTable.is_deltatable(path):
-                continue
-
-            def attempt(table: str = table, path: str = path) -> None:
-                snapshot = DeltaTable(path)
-                if run_id in partitions_present(snapshot):
-                    drop_partitions(snapshot, table, [run_id])
-                    removed.append(table)
-
-            with_commit_retries(attempt)
-            if table == "runs":
-                say(f"run {run_id}: its runs row is gone; readers no longer see it")
-        return removed
+        removed = remove_runs(output, [run_id], ("runs",))
+        say(f"run {run_id}: its runs row is gone; readers no longer see it")
+        return removed + remove_runs(output, [run_id], [t for t in TABLE_ORDER if t != "runs"])
     finally:
         lease.release()
 

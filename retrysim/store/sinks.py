@@ -259,21 +259,20 @@ def complete_files(output: str, table: str) -> list[str]:
     The Delta log lists the files, so a replaced run's older files, still on disk until a
     vacuum, are not among them; the runs table lists the complete runs, so a run being
     published, or left half-published by a writer that died, is not either."""
-    path = table_path(output, table)
-    if not DeltaTable.is_deltatable(path):
+    if not DeltaTable.is_deltatable(table_path(output, table)):
         return []
-    snapshot = DeltaTable(path)  # before the complete runs, as read_table takes them
-    runs = complete_run_ids(output) if table in SCHEMAS else None
-    if runs is None:
-        return [_local(uri) for uri in snapshot.file_uris()]
-    if not runs:
-        return []
-    pruned = snapshot.file_uris(partition_filters=[(PARTITION_COLUMN, "in", runs)])
-    return [_local(uri) for uri in pruned]
+    return [uri.removeprefix("file://") for uri in _file_uris(output, table)]
 
 
-def _local(uri: str) -> str:
-    return uri.removeprefix("file://")
+def _file_uris(output: str, table: str, complete_only: bool = True) -> list[str]:
+    """The files of an existing table's current version, of its complete runs only unless
+    ``complete_only`` is False. The snapshot is taken before the list of complete runs is
+    read, so a run being re-published is never shown half replaced."""
+    snapshot = DeltaTable(table_path(output, table))
+    if not (complete_only and table in SCHEMAS):
+        return snapshot.file_uris()
+    runs = complete_run_ids(output)
+    return snapshot.file_uris(partition_filters=[(PARTITION_COLUMN, "in", runs)]) if runs else []
 
 
 def read_table(
@@ -282,22 +281,16 @@ def read_table(
     """A table as a Spark DataFrame, every complete run; filter on ``run_id`` for one run.
 
     Rows of runs that are not complete (being published, or left by a writer that died) are
-    hidden unless ``complete_only=False``. The table's snapshot is taken before the list of
-    complete runs is read, so a run being re-published is never shown half replaced."""
+    hidden unless ``complete_only=False`` (:func:`_file_uris` says how)."""
     schema = ALL_SCHEMAS[table]
     path = table_path(output, table)
     if not DeltaTable.is_deltatable(path):
         return spark.createDataFrame([], schema)
-    hide = complete_only and table in SCHEMAS
     if delta_classes_available(spark):
         df = spark.read.format("delta").load(path).select(*schema.fieldNames())
+        hide = complete_only and table in SCHEMAS
         return df.where(F.col(PARTITION_COLUMN).isin(complete_run_ids(output))) if hide else df
-    snapshot = DeltaTable(path)
-    runs = complete_run_ids(output) if hide else None
-    if runs is None:
-        files = snapshot.file_uris()
-    else:
-        files = snapshot.file_uris(file_pruning_predicate=[(PARTITION_COLUMN, "in", runs)])
+    files = _file_uris(output, table, complete_only)
     if not files:
         return spark.createDataFrame([], schema)
     return (

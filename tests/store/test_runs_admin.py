@@ -21,7 +21,6 @@ from retrysim.cli.main import main
 from retrysim.runner import simulate
 from retrysim.scenario.errors import ScenarioError
 from retrysim.store import recovery
-from retrysim.store import runs as runs_module
 from retrysim.store.lease import acquire_lease
 from retrysim.store.recovery import recover
 from retrysim.store.runs import delete_run, list_runs
@@ -112,7 +111,7 @@ def test_delete_removes_a_run_from_every_table_its_runs_row_first(two_runs, monk
             raise OSError("the deleter died")
         real(snapshot, table, run_ids)
 
-    monkeypatch.setattr(runs_module, "drop_partitions", dies_after_the_runs_row)
+    monkeypatch.setattr(recovery, "drop_partitions", dies_after_the_runs_row)
     with pytest.raises(OSError, match="died"):
         delete_run(str(two_runs), "second")
     assert calls[0] == "runs" and complete_run_ids(str(two_runs)) == []
