@@ -32,7 +32,7 @@ from retrysim.store.lease import acquire_lease
 from retrysim.store.recovery import publish_run, recover
 from retrysim.store.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
 from retrysim.tables.schemas import RUNS, TABLE_SETS, data_schema, write_rows
-from retrysim.tables.staging import derived_for_lean, runs_row, stage_tables
+from retrysim.tables.staging import RunLabel, derived_for_lean, runs_row, stage_tables
 from retrysim.tables.task_tables import TASK_TABLES
 
 # a run's staged report: (run id, each staged table's folder, retries by level) -> the
@@ -139,6 +139,7 @@ def simulate(
     tables: str = "full",
     validate: bool = True,
     report: DrawReport | None = None,
+    label: RunLabel | None = None,
 ) -> Result:
     """Simulate ``scenario`` and write all eight tables under ``output`` (a temp dir if None).
 
@@ -157,7 +158,8 @@ def simulate(
     :class:`retrysim.checks.validate.ValidationError` and leaves the tables as they were.
     ``report`` (as :func:`retrysim.reporting.report.draw_run_report` with its output bound)
     starts drawing the run's report from the staged tables before the check and writes it
-    once the run is published: ``Result.report`` is its path.
+    once the run is published: ``Result.report`` is its path. ``label`` places the run among
+    replications in its ``runs`` row (:mod:`retrysim.planning.replications` runs them).
 
     >>> result = simulate(spark, load_scenario("conf/default.yaml"))  # doctest: +SKIP
     >>> result.summary.show()  # doctest: +SKIP
@@ -184,7 +186,7 @@ def simulate(
             staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)
             rows = {
                 status: write_rows(
-                    [runs_row(spark, scenario, run_id, started_at, rounds, status, tables)],
+                    [runs_row(spark, scenario, run_id, started_at, rounds, status, tables, label)],
                     data_schema(RUNS),
                     os.path.join(staging, "tables", f"runs-{status}"),
                 )

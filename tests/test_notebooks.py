@@ -73,6 +73,8 @@ def test_capacity_plan_notebook(executed):
     # 300 orders in 1.5 s: 4 threads leave a Ready backlog above 100, 16 threads do not.
     assert "group checkout: 16 consumer threads" in text
     assert "binding: max_ready_backlog" in text
+    # three replications per point, the recommendation judged on their share
+    assert "2 points x 3 replications" in text and "of 3 replications (confidence 80%)" in text
     assert (output / "reports" / "notebook-plan.html").is_file()
     assert (output / "plan" / "_delta_log").is_dir()
 

@@ -20,12 +20,13 @@ from retrysim.store.sinks import read_table
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS
 
 MODULUS = 2**64
-# Columns never hashed, per table ("*": every table): run_id names the run, spark_master
-# says where it ran, and TimestampType columns are wall-clock time (simulated time is *_ms).
+# Columns never hashed, per table ("*": every table): run_id names the run (and
+# runs.replication_of the set it belongs to), spark_master says where it ran, and
+# TimestampType columns are wall-clock time (simulated time is *_ms).
 # Kept on purpose: runs.engine_version and rounds, the same for every run of one build.
 EXCLUDED: dict[str, frozenset[str]] = {
     "*": frozenset({PARTITION_COLUMN}),
-    "runs": frozenset({"spark_master"}),
+    "runs": frozenset({"spark_master", "replication_of"}),
 }
 _DECIMAL = T.DecimalType(38, 0)
 

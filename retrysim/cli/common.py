@@ -11,6 +11,7 @@ from deltalake import DeltaTable
 from pyspark import SparkConf
 
 from retrysim.scenario.errors import ScenarioError
+from retrysim.scenario.limits import MAX_REPLICATIONS
 from retrysim.session import check_master, delta_jars_configured, submitted_master
 from retrysim.store.sinks import arrow_schema, table_path
 from retrysim.tables.schemas import ALL_SCHEMAS
@@ -46,6 +47,27 @@ def add_scenario_options(command: argparse.ArgumentParser, set_help: str) -> Non
     command.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=set_help
     )
+
+
+def add_replications_option(command: argparse.ArgumentParser) -> None:
+    """``--replications N``: the scenario (each plan point) under N seeds."""
+    command.add_argument(
+        "--replications",
+        type=_replications,
+        default=1,
+        metavar="N",
+        help=f"run each scenario under N seeds derived from its seed (1-{MAX_REPLICATIONS}; "
+        "default 1): runs <id>-r1..rN, and each metric's mean and 95%% interval",
+    )
+
+
+def _replications(text: str) -> int:
+    """An argparse type: argparse reports the option and exits with code 2."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= MAX_REPLICATIONS:
+        raise argparse.ArgumentTypeError(
+            f"value {text!r}: must be a whole number within 1..{MAX_REPLICATIONS}"
+        )
+    return int(text)
 
 
 def check_output(output: str) -> str:

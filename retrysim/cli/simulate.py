@@ -10,11 +10,20 @@ import functools
 
 from deltalake.exceptions import DeltaError
 
-from retrysim.cli.common import EXIT_OK, add_scenario_options, check_output, check_spark, say
+from retrysim.cli.common import (
+    EXIT_OK,
+    add_replications_option,
+    add_scenario_options,
+    check_output,
+    check_spark,
+    say,
+)
 from retrysim.engine.rounds import TAIL_ROWS
 from retrysim.engine.sizing import check_size
+from retrysim.planning.replications import Replications, check_replications, replicate
+from retrysim.planning.targets import show
 from retrysim.reporting.report import draw_run_report
-from retrysim.runner import check_run_id, simulate
+from retrysim.runner import check_run_id
 from retrysim.scenario.loading import load_scenario
 from retrysim.scenario.units import human_ms
 from retrysim.session import build_session, stop_session
@@ -61,6 +70,7 @@ def add_simulate_command(commands: argparse._SubParsersAction) -> None:
         "later); for benchmarks and very large trusted runs",
     )
     sim.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    add_replications_option(sim)
 
 
 def _non_negative(text: str) -> int:
@@ -77,6 +87,8 @@ def _print_summary(result) -> None:
         rows = [row.asDict() for row in result.summary.collect()]
     rows.sort(key=lambda row: row["group"])
     say(f"run {result.run_id} finished in {result.elapsed_s:.1f}s over {result.rounds} rounds")
+    if result.report:
+        say(f"report: {result.report}")
     for row in rows:
         say(
             f"group {row['group']}: {row['messages']:,} messages, {row['deliveries']:,} "
@@ -98,12 +110,53 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else human_ms(value)
 
 
+# What the command prints across replications: (label, summary column, kind).
+_ACROSS = (
+    ("deliveries", "deliveries", "count"),
+    ("retries", "retries", "count"),
+    ("DLQ", "dlq", "count"),
+    ("pending", "pending", "count"),
+    ("p50 time to commit", "p50_time_to_commit_ms", "duration"),
+    ("p99 time to commit", "p99_time_to_commit_ms", "duration"),
+    ("p99 time to DLQ", "p99_time_to_dlq_ms", "duration"),
+    ("max Ready backlog", "max_ready_backlog", "count"),
+    ("max WaitingRetry", "max_waiting_retry", "count"),
+    ("oldest Ready", "max_oldest_ready_age_ms", "duration"),
+    ("peak utilization", "peak_utilization", "fraction"),
+    ("busiest instance", "busiest_instance_utilization", "fraction"),
+    ("write amplification", "write_amplification", "ratio"),
+)
+
+
+def _print_intervals(reps: Replications) -> None:
+    frame = reps.intervals().set_index(["group", "metric"])
+    say(
+        f"{len(reps.results)} replications of {reps.run_id} in {reps.elapsed_s:.1f}s: mean, "
+        "95% interval of the mean, min..max"
+    )
+    for group in dict.fromkeys(frame.index.get_level_values("group")):
+        say(f"group {group}")
+        table = []
+        for label, column, kind in _ACROSS:
+            row = frame.loc[(group, column)]
+            values = [row["mean"], row["ci_low"], row["ci_high"], row["min"], row["max"]]
+            mean, low, high, least, most = (None if v != v else v for v in values)
+            shown = [label, show(kind, mean), f"[{show(kind, low)}, {show(kind, high)}]"]
+            shown.append(f"{show(kind, least)}..{show(kind, most)}")
+            if row["missing"]:
+                shown[-1] += f" (no value in {int(row['missing'])})"
+            table.append(shown)
+        widths = [max(len(r[i]) for r in table) for i in range(3)]
+        for r in table:
+            say("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[3])
+
+
 def simulate_command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     output = check_output(args.output)
     if args.run_id:
-        check_run_id(args.run_id)
-    check_size(scenario, output, args.master, force=args.force)
+        check_replications(args.replications, check_run_id(args.run_id))
+    check_size(scenario, output, args.master, force=args.force, runs=args.replications)
     check_spark(args.master, args.delta_sink)
     for group in scenario.groups:
         pool = group.consumers.pool_size
@@ -116,21 +169,22 @@ def simulate_command(args: argparse.Namespace) -> int:
         say(f"group {group.name}: {group.flavor}, {group.workload.messages:,} messages, {threads}")
     spark = build_session(f"retrysim:{scenario.name}", args.master, light_jit=True)
     try:
-        result = simulate(
+        reps = replicate(
             spark,
             scenario,
+            args.replications,
             output=output,
             run_id=args.run_id,
             progress=None if args.quiet else say,
+            on_result=lambda _k, result: _print_summary(result),
             sink=args.delta_sink,
             tables=args.tables,
             tail_rows=args.tail_rows,
             validate=args.validate,
             report=None if args.no_report else functools.partial(draw_run_report, output),
         )
-        _print_summary(result)
-        if result.report:
-            say(f"report: {result.report}")
+        if args.replications > 1:
+            _print_intervals(reps)
     finally:
         stop_session(spark)
     return EXIT_OK

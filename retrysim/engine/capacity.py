@@ -29,6 +29,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from retrysim.model.topology import BY_MESSAGE, BY_QUEUE, Topology
+from retrysim.model.workload import peak_rate_per_ms
 from retrysim.scenario.spec import Group
 
 CHECK_BUCKET_MS = 1_000
@@ -116,8 +117,9 @@ def peak_concurrency(attempts: DataFrame, pools: dict[str, int]) -> dict[str, in
 
 def offered_load(group: Group, topology: Topology) -> float | None:
     """The thread time the busiest instance is offered by first deliveries alone while the
-    messages arrive, over its threads: a lower bound of its mean concurrency then, in
-    threads (retries only add to it; the shortest processing mean counts, outages' too).
+    messages arrive (at the busiest piece's rate of a traffic shape), over its threads: a
+    lower bound of its mean concurrency then, in threads (retries only add to it; the
+    shortest processing mean counts, outages' too).
     None for an unlimited pool or messages published all at once."""
     workload, behavior = group.workload, group.behavior
     if topology.threads is None or workload.over <= 0:
@@ -129,5 +131,5 @@ def offered_load(group: Group, topology: Topology) -> float | None:
     else:
         share = 1.0  # broadcasting: every instance consumes every message
     means = [behavior.processing_time.mean]
-    means += [o.processing_time.mean for o in behavior.outages if o.processing_time is not None]
-    return share * workload.messages * min(means) / workload.over / topology.threads
+    means += [o.processing_time.mean for o in behavior.windows if o.processing_time is not None]
+    return share * peak_rate_per_ms(workload) * min(means) / topology.threads

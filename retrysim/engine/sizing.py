@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from retrysim.engine.choice import lanes_are_independent
 from retrysim.engine.rounds import GroupPlan, group_plans
 from retrysim.model.policy import Policy
+from retrysim.model.workload import peak_rate_per_ms
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.spec import Group, Scenario
 
@@ -102,7 +103,7 @@ def deliveries_per_message(group: Group, policy: Policy, horizon_ms: int) -> flo
     cap = 1 + _retries_within(policy, horizon_ms)
     normal = min(cap, _expected(behavior.fail_probability, cap, behavior.fail_first))
     extra = 0.0
-    for outage in behavior.outages:
+    for outage in behavior.windows:
         if outage.fail_probability <= behavior.fail_probability:
             continue
         within = 1 + _retries_within(policy, (outage.end - outage.start) / 2)
@@ -117,7 +118,7 @@ def deliveries_per_message(group: Group, policy: Policy, horizon_ms: int) -> flo
 
 def _mean_processing_ms(group: Group) -> float:
     times = [group.behavior.processing_time] + [
-        outage.processing_time for outage in group.behavior.outages if outage.processing_time
+        outage.processing_time for outage in group.behavior.windows if outage.processing_time
     ]
     return float(max(processing.mean for processing in times))
 
@@ -153,7 +154,9 @@ def _may_fill(plan: GroupPlan, deliveries: float) -> bool:
     topology = plan.policy.topology
     if topology.threads is None:
         return False
-    busy = deliveries / max(1, plan.group.workload.over) * _mean_processing_ms(plan.group)
+    workload = plan.group.workload
+    rate = deliveries / workload.messages * min(peak_rate_per_ms(workload), workload.messages)
+    busy = rate * _mean_processing_ms(plan.group)
     return PEAK_TO_MEAN * busy / topology.assignable_instances >= topology.threads
 
 
@@ -203,11 +206,13 @@ def check_size(
     master: str | None = None,
     force: bool = False,
     warn: Warn | None = None,
+    runs: int = 1,
 ) -> list[GroupEstimate]:
-    """Refuse (:class:`ScenarioError`) a run that cannot fit; warn above half the space."""
+    """Refuse (:class:`ScenarioError`) a run that cannot fit; warn above half the space.
+    ``runs``: the scenario's replications, whose tables all stay (one at a time in memory)."""
     warn = warn or (lambda line: print(f"retrysim: warning: {line}", file=sys.stderr, flush=True))
     groups = estimate(scenario)
-    disk, free = sum(g.disk_bytes for g in groups), free_disk(output)
+    disk, free = runs * sum(g.disk_bytes for g in groups), free_disk(output)
     biggest = max(groups, key=lambda g: g.disk_bytes)
     widest = max(groups, key=lambda g: g.key_bytes)
     budget, budget_name = memory_budget(master)
@@ -225,8 +230,9 @@ def check_size(
     if not needs:
         return groups
     total = sum(g.deliveries for g in groups)
+    who = f"its {runs} replications need" if runs > 1 else "the run needs"
     message = (
-        f"the run needs {' and '.join(needs)}: group {biggest.name} has "
+        f"{who} {' and '.join(needs)}: group {biggest.name} has "
         f"{biggest.messages:,} messages x ~{biggest.per_message:.2f} deliveries each, "
         f"{total:,.0f} deliveries in all"
     )

@@ -121,12 +121,12 @@ def listener_draw_columns(behavior: Behavior, seed: int, group: str) -> dict[str
 
     u_a, u_b = u(TIME_A), u(TIME_B)
     time_ms: Column = processing_ms(behavior.processing_time, u_a, u_b)
-    for outage in behavior.outages:
+    for outage in behavior.windows:
         if outage.processing_time is not None:
             slow = processing_ms(outage.processing_time, u_a, u_b)
             time_ms = F.when(_in_window(start, outage.start, outage.end), slow).otherwise(time_ms)
     probability: Column = F.lit(behavior.fail_probability)
-    for outage in sorted(behavior.outages, key=lambda window: window.fail_probability):
+    for outage in sorted(behavior.windows, key=lambda window: window.fail_probability):
         inside = _in_window(start, outage.start, outage.end)
         probability = F.when(inside, F.lit(outage.fail_probability)).otherwise(probability)
     poisoned = (uniform(seed, group, POISON, msg_id) < F.lit(behavior.poison_fraction)) & ~F.col(
@@ -184,7 +184,7 @@ class ListenerModel:
         self.windows = tuple(
             (o.start, o.end, o.fail_probability, _Dist.of(o.processing_time) if
              o.processing_time is not None else None)
-            for o in behavior.outages
+            for o in behavior.windows
         )  # fmt: skip
         self.base_dist = _Dist.of(behavior.processing_time)
         self.kind_thresholds = _kind_thresholds(behavior)

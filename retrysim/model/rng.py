@@ -78,6 +78,11 @@ def _hash_long(value: int, seed: int) -> int:
     return _fmix((_rotl(acc, 27) * _P1 + _P4) & _MASK64)
 
 
+def hash_long(value: int, seed: int) -> int:
+    """Spark's ``xxhash64`` of one long under ``seed``, as an unsigned 64-bit integer."""
+    return _hash_long(value & _MASK64, seed & _MASK64)
+
+
 def _hash_bytes(data: bytes, seed: int) -> int:
     """XXH64.hashUnsafeBytes: Spark's hash of a UTF8String (little-endian words)."""
     length, offset = len(data), 0

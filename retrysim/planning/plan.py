@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as dt
+import itertools
 import json
 import os
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,21 +37,35 @@ from pyspark.sql import functions as F
 
 from retrysim.engine.rounds import Progress
 from retrysim.model.policy import policy_for
-from retrysim.planning.sweep import PlanPoint, SweepAxis, parse_sweep, plan_points
+from retrysim.planning.replications import (
+    DEFAULT_CONFIDENCE,
+    check_confidence,
+    check_replications,
+    interval,
+    replicate,
+)
+from retrysim.planning.search import (
+    SearchAxis,
+    parse_search,
+    probes_at_most,
+    smallest_meeting,
+)
+from retrysim.planning.sweep import PlanPoint, SweepAxis, parse_sweep, plan_points, point_scenario
 from retrysim.planning.targets import (
     Outcome,
     Recommendation,
     Target,
     check_targets,
     describe,
-    evaluate,
+    judge,
     overall_pool,
     parse_target,
     recommend,
     show,
 )
-from retrysim.runner import RUN_ID_PATTERN, Result, simulate
+from retrysim.runner import RUN_ID_PATTERN
 from retrysim.scenario.errors import ScenarioError
+from retrysim.scenario.limits import MAX_PLAN_RUNS
 from retrysim.scenario.loading import (
     DEFAULT_SCENARIO_PATH,
     apply_overrides,
@@ -59,27 +74,9 @@ from retrysim.scenario.loading import (
 )
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import Sink, choose_sink, read_table, remove_tree
-from retrysim.tables.schemas import PARTITION_COLUMN, PLAN, data_schema
+from retrysim.tables.schemas import PARTITION_COLUMN, PLAN, PLAN_METRICS, data_schema
 
 MAX_PLAN_ID = 120  # leaves room for "-p100" within a run id's 128 characters
-# Summary columns copied into the plan table as they are.
-SUMMARY_COLUMNS = (
-    "messages",
-    "deliveries",
-    "commits",
-    "dlq",
-    "discards",
-    "pending",
-    "amplification",
-    "write_amplification",
-    "p50_time_to_commit_ms",
-    "p95_time_to_commit_ms",
-    "p99_time_to_commit_ms",
-    "p99_time_to_dlq_ms",
-    "max_ready_backlog",
-    "max_waiting_retry",
-    "peak_utilization",
-)
 
 __all__ = [
     "PlanResult",
@@ -93,13 +90,24 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """A validated plan: the base scenario data (``--set`` applied), axes, targets, points."""
+    """A validated plan: the base scenario data (``--set`` applied), axes, targets, points,
+    the replications of each point and the share of them a recommended pool must meet."""
 
     data: dict[str, Any]
     base: Scenario
     axes: tuple[SweepAxis, ...]
     targets: tuple[Target, ...]
     points: tuple[PlanPoint, ...]
+    replications: int = 1
+    confidence: float = DEFAULT_CONFIDENCE
+    # --search: points are then the cases (the other axes' grid), each searched by bisection
+    search: SearchAxis | None = None
+
+    @property
+    def most_points(self) -> int:
+        """The most points the plan runs: the grid, or each case's most probes."""
+        per_case = probes_at_most(self.search) if self.search is not None else 1
+        return len(self.points) * per_case
 
     def case(self, point: PlanPoint, group: str) -> tuple[tuple[str, str], ...]:
         """The point's settings that do not set ``group``'s pool: the case it plans for."""
@@ -115,24 +123,64 @@ def prepare_plan(
     overrides: Sequence[str] = (),
     sweeps: Sequence[str] = (),
     targets: Sequence[str] = (),
+    replications: int = 1,
+    confidence: float = DEFAULT_CONFIDENCE,
+    search: str | None = None,
 ) -> PlanSpec:
     """Read and validate everything a plan needs; raises ScenarioError, starts no Spark."""
+    check_replications(replications)
+    check_confidence(confidence)
     data = apply_overrides(load_yaml(scenario or DEFAULT_SCENARIO_PATH), overrides)
     base = build_scenario(copy.deepcopy(data))
     axes = tuple(parse_sweep(text, data) for text in sweeps)
     parsed = tuple(parse_target(text, [g.name for g in base.groups]) for text in targets)
     check_targets(parsed)
-    points = tuple(plan_points(data, axes))
-    return PlanSpec(data, base, axes, parsed, points)
+    found = parse_search(search, data) if search is not None else None
+    if found is not None:
+        _check_search(found, axes, parsed, data)
+    spec = PlanSpec(
+        data, base, axes, parsed, tuple(plan_points(data, axes)), replications, confidence, found
+    )
+    if spec.most_points * replications > MAX_PLAN_RUNS:
+        raise ScenarioError(
+            "--replications",
+            f"{spec.most_points} points x {replications} replications make up to "
+            f"{spec.most_points * replications:,} runs; at most {MAX_PLAN_RUNS:,} are allowed",
+        )
+    return spec
 
 
-def check_plan_id(plan_id: str) -> str:
+def _check_search(
+    search: SearchAxis, axes: Sequence[SweepAxis], targets: Sequence[Target], data: dict
+) -> None:
+    """A search needs targets, no sweep of the searched group's pool, and valid ends."""
+    if not targets:
+        raise ScenarioError("--search", f"{search.given}: give a --target to search for")
+    for axis in axes:
+        if axis.touches_pool(search.group):
+            raise ScenarioError(
+                "--search",
+                f"{search.given}: --sweep {axis.given} sets the same group's pool; search "
+                "one pool key and sweep the others' settings",
+            )
+    for value in (search.low, search.high):
+        try:
+            point_scenario(data, {search.key: str(value)})
+        except ScenarioError as error:
+            raise ScenarioError(f"--search {search.given}", f"value {value}: {error}") from None
+
+
+def check_plan_id(plan_id: str, spec: PlanSpec | None = None) -> str:
+    """A plan id that names its points' runs (``<plan-id>-p<k>``, ``-r<j>`` with replications)."""
     if not RUN_ID_PATTERN.match(plan_id) or len(plan_id) > MAX_PLAN_ID:
         raise ScenarioError(
             "--plan-id",
             f"value {plan_id!r}: use 1-{MAX_PLAN_ID} letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (each point runs as <plan-id>-p<k>)",
         )
+    if spec is not None:
+        last = point_run_id(plan_id, spec.most_points)
+        check_replications(spec.replications, last, "--plan-id")
     return plan_id
 
 
@@ -157,6 +205,7 @@ class PlanResult:
     outcomes: list[Outcome]
     recommendations: list[Recommendation]
     elapsed_s: float
+    points: list[PlanPoint]  # the points run, in order (a search's probes)
 
     @property
     def table(self) -> DataFrame:
@@ -166,12 +215,6 @@ class PlanResult:
 def read_plan(spark: SparkSession, output: str, plan_id: str) -> DataFrame:
     """The plan's rows of the ``plan`` table."""
     return read_table(spark, output, "plan").where(F.col(PARTITION_COLUMN) == F.lit(plan_id))
-
-
-def point_metrics(result: Result) -> dict[str, dict[str, Any]]:
-    """Per group: the summary columns the plan table and its targets read (one row per group
-    reaches the driver)."""
-    return {row["group"]: row.asDict() for row in result.summary.collect()}
 
 
 def run_plan(
@@ -184,50 +227,103 @@ def run_plan(
     verbose: bool = False,
     validate: bool = True,
 ) -> PlanResult:
-    """Run every point, write the ``plan`` table, and return the outcomes and the
-    recommendations. ``progress`` gets one line per point (and the engine's lines with
-    ``verbose``); ``validate`` checks each point's invariants before it is published, as
-    :func:`retrysim.runner.simulate` does."""
+    """Run every point (each ``spec.replications`` times), write the ``plan`` table, and
+    return the outcomes and the recommendations. ``progress`` gets one line per point (and
+    the engine's lines with ``verbose``); ``validate`` checks each run's invariants before it
+    is published, as :func:`retrysim.runner.simulate` does."""
     say = progress or (lambda _line: None)
     output = os.path.abspath(output)
+    check_plan_id(plan_id, spec)
     chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
     began = time.monotonic()
     outcomes: list[Outcome] = []
-    total = len(spec.points)
-    for point in spec.points:
-        tag = f"point {point.number}/{total}"
+    ran: list[PlanPoint] = []
+
+    def run_point(point: PlanPoint, tag: str) -> list[Outcome]:
         shown = ", ".join(f"{k}={v}" for k, v in point.settings.items()) or "the scenario as is"
         say(f"{tag} ({shown}) ...")
-        result = simulate(
+        reps = replicate(
             spark,
             point.scenario,
+            spec.replications,
             output=output,
             run_id=point_run_id(plan_id, point.number),
             progress=(lambda line, t=tag: say(f"  {t}: {line}")) if verbose else None,
+            point=point.number,
             sink=chosen,
             validate=validate,
         )
-        metrics = point_metrics(result)
+        rows = reps.summary_rows()
         found = [
-            _outcome(spec, point, group.name, metrics[group.name])
+            _outcome(spec, point, group.name, [r for r in rows if r["group"] == group.name])
             for group in point.scenario.groups
         ]
-        outcomes += found
-        say(f"{tag} done in {result.elapsed_s:.1f}s: " + "; ".join(map(_brief, found)))
+        ran.append(point)
+        outcomes.extend(found)
+        say(f"{tag} done in {reps.elapsed_s:.1f}s: " + "; ".join(map(_brief, found)))
+        return found
+
+    if spec.search is None:
+        for point in spec.points:
+            run_point(point, f"point {point.number}/{len(spec.points)}")
+    else:
+        numbers = itertools.count(1)
+        for case in spec.points:
+            _search_case(spec, case, numbers, run_point, say)
     recommendations = recommend(outcomes) if spec.targets else []
-    write_plan_table(
-        spark, output, plan_id, plan_rows(spec, plan_id, outcomes, recommendations), chosen
-    )
-    return PlanResult(
-        spark, output, plan_id, spec, outcomes, recommendations, time.monotonic() - began
+    rows = plan_rows(spec, plan_id, outcomes, recommendations, ran)
+    write_plan_table(spark, output, plan_id, rows, chosen)
+    elapsed = time.monotonic() - began
+    return PlanResult(spark, output, plan_id, spec, outcomes, recommendations, elapsed, ran)
+
+
+def _search_case(
+    spec: PlanSpec,
+    case: PlanPoint,
+    numbers: Iterator[int],
+    run_point: Callable[[PlanPoint, str], list[Outcome]],
+    say: Progress,
+) -> None:
+    """Bisect the searched key within one case (the settings of the other axes)."""
+    search = spec.search
+    assert search is not None
+    shown = ", ".join(f"{k}={v}" for k, v in case.settings.items())
+    say(f"searching {search} for group {search.group}" + (f" [{shown}]" if shown else "") + " ...")
+    probes: list[tuple[int, bool]] = []
+    most = probes_at_most(search)
+
+    def meets(value: int) -> bool:
+        settings = {**case.settings, search.key: str(value)}
+        point = PlanPoint(next(numbers), settings, point_scenario(spec.data, settings))
+        found = run_point(
+            point, f"point {point.number} (probe {len(probes) + 1} of at most {most})"
+        )
+        verdict = next(o for o in found if o.group == search.group).meets
+        probes.append((value, verdict))
+        return verdict
+
+    answer = smallest_meeting(meets, search.low, search.high)
+    tried = ", ".join(f"{value} {'met' if ok else 'missed'}" for value, ok in probes)
+    say(
+        f"search {search.field} for group {search.group}: "
+        + (f"smallest meeting {answer}" if answer is not None else "no value in the range meets")
+        + f" ({len(probes)} probes: {tried})"
     )
 
 
-def _outcome(spec: PlanSpec, point: PlanPoint, group: str, metrics: dict[str, Any]) -> Outcome:
+def _outcome(
+    spec: PlanSpec, point: PlanPoint, group: str, runs: Sequence[dict[str, Any]]
+) -> Outcome:
+    """A point's outcome for ``group`` from its replications' summary rows: the metrics are
+    their means, the targets judged per replication."""
     config = next(g for g in point.scenario.groups if g.name == group)
     consumers = config.consumers
     unlimited = consumers.pool_size is None
     topology = policy_for(config, point.scenario.broker.message_delay_level).topology
+    found = {column: interval([run.get(column) for run in runs]) for column in PLAN_METRICS}
+    metrics: dict[str, Any] = dict(runs[0])  # the non-numeric ones (busiest_instance) as run 1
+    metrics.update({column: found[column].mean for column in PLAN_METRICS})
+    failed, misses, share = judge(runs, spec.targets, group)
     return Outcome(
         point=point.number,
         group=group,
@@ -236,14 +332,21 @@ def _outcome(spec: PlanSpec, point: PlanPoint, group: str, metrics: dict[str, An
         threads=None if unlimited else consumers.threads,
         pool=consumers.pool_size,
         metrics=metrics,
-        failed=tuple(evaluate(metrics, spec.targets, group)),
+        failed=failed,
         topology=topology,
+        replications=len(runs),
+        met_share=share,
+        confidence=spec.confidence,
+        misses=misses,
+        intervals={c: (i.low, i.high) for c, i in found.items() if i.low is not None},
     )
 
 
 def _brief(outcome: Outcome) -> str:
     m = outcome.metrics
     verdict = "" if not outcome.failed else " misses " + ",".join(t.metric for t in outcome.failed)
+    if outcome.failed and outcome.replications > 1:
+        verdict += f" ({_met(outcome)} meet all)"
     return (
         f"{outcome.group} p99 commit {show('duration', m.get('p99_time_to_commit_ms'))}, "
         f"max Ready {show('count', m.get('max_ready_backlog'))}{verdict}"
@@ -251,11 +354,15 @@ def _brief(outcome: Outcome) -> str:
 
 
 def plan_rows(
-    spec: PlanSpec, plan_id: str, outcomes: Sequence[Outcome], recs: Sequence[Recommendation]
+    spec: PlanSpec,
+    plan_id: str,
+    outcomes: Sequence[Outcome],
+    recs: Sequence[Recommendation],
+    points: Sequence[PlanPoint] | None = None,
 ) -> list[tuple]:
     """Rows of the plan table (its data schema: every column but run_id)."""
     chosen = {(r.group, r.point): r for r in recs if r.found}
-    settings = {p.number: p.setting_values() for p in spec.points}
+    settings = {p.number: p.setting_values() for p in (spec.points if points is None else points)}
     names = [f.name for f in data_schema(PLAN).fields]
     rows = []
     for o in outcomes:
@@ -270,17 +377,22 @@ def plan_rows(
             "instances": o.instances,
             "threads": o.threads,
             "pool": o.pool,
-            **{column: o.metrics.get(column) for column in SUMMARY_COLUMNS},
-            "max_oldest_ready_age_ms": o.metrics.get("max_oldest_ready_age_ms"),
-            "busiest_instance_utilization": o.metrics.get("busiest_instance_utilization"),
-            "idle_instances": o.metrics.get("idle_instances"),
+            **{column: o.metrics.get(column) for column in PLAN_METRICS},
             "targets_json": json.dumps(targets, sort_keys=True),
+            "replications": o.replications,
+            "confidence": spec.confidence if spec.targets else None,
+            "meets_targets_share": o.met_share if spec.targets else None,
             "meets_targets": o.meets if spec.targets else None,
             "failed_targets": ",".join(t.metric for t in o.failed) or None,
             "recommended": rec is not None,
             "binding_target": (",".join(t.metric for t in rec.binding) or "none") if rec else None,
+            **{
+                f"{column}_ci_{end}": bounds[k]
+                for column, bounds in o.intervals.items()
+                for k, end in enumerate(("low", "high"))
+            },
         }
-        rows.append(tuple(_typed(values[name], PLAN[name].dataType) for name in names))
+        rows.append(tuple(_typed(values.get(name), PLAN[name].dataType) for name in names))
     return rows
 
 
@@ -327,19 +439,26 @@ _COLUMNS = (
 def format_plan(result: PlanResult) -> str:
     """The plan as a compact table per group, then the recommendations."""
     spec = result.spec
-    lines = [f"plan {result.plan_id}: {len(spec.points)} points in {result.elapsed_s:.0f}s"]
+    runs = f" x {spec.replications} replications" if spec.replications > 1 else ""
+    lines = [f"plan {result.plan_id}: {len(result.points)} points{runs} in {result.elapsed_s:.0f}s"]
     lines.append("targets: " + ("; ".join(map(str, spec.targets)) or "none given"))
+    if spec.search is not None:
+        lines.append(f"search: bisection of {spec.search} (each point a probe)")
+    if spec.replications > 1:
+        lines.append(
+            f"each value: the mean of {spec.replications} replications ± half its 95% interval; "
+            f"a pool meets the targets when {spec.confidence:.0%} of its replications meet them all"
+        )
     chosen = {(r.group, r.point) for r in result.recommendations if r.found}
     for group in dict.fromkeys(o.group for o in result.outcomes):
         lines.append(f"group {group}")
         table = [["point", "case", "pool", *(c[0] for c in _COLUMNS), "targets"]]
-        for o in (o for o in result.outcomes if o.group == group):
+        mine = [o for o in result.outcomes if o.group == group]
+        if spec.search is not None:  # probes in pool order, not the order they ran
+            mine.sort(key=lambda o: (o.case, o.pool is None, o.pool or 0))
+        for o in mine:
             pool = "unlimited" if o.pool is None else f"{o.instances}x{o.threads}={o.pool}"
-            verdict = (
-                "-"
-                if not spec.targets
-                else ("met" if o.meets else "missed: " + ",".join(t.metric for t in o.failed))
-            )
+            verdict = "-" if not spec.targets else _verdict(o)
             if (group, o.point) in chosen:
                 verdict += "  <- recommended"
             case = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in o.case) or "-"
@@ -348,7 +467,7 @@ def format_plan(result: PlanResult) -> str:
                     f"p{o.point}",
                     case,
                     pool,
-                    *(show(kind, o.metrics.get(col)) for _, col, kind in _COLUMNS),
+                    *(_with_interval(o, col, kind) for _, col, kind in _COLUMNS),
                     verdict,
                 ]
             )
@@ -364,6 +483,35 @@ def format_plan(result: PlanResult) -> str:
                 + (f"{pool:,} consumer threads" if pool else "no swept pool meets them all")
             )
     return "\n".join(lines)
+
+
+def _met(outcome: Outcome) -> str:
+    n = outcome.replications
+    return f"{round((outcome.met_share or 0) * n)}/{n}"
+
+
+def _verdict(outcome: Outcome) -> str:
+    """met / missed and the targets missed; with replications how many met them all and how
+    many missed each."""
+    if outcome.replications == 1:
+        return "met" if outcome.meets else "missed: " + ",".join(t.metric for t in outcome.failed)
+    n = outcome.replications
+    text = f"{'met' if outcome.meets else 'missed'} ({_met(outcome)} meet all)"
+    if outcome.failed:
+        text += ": " + ",".join(
+            f"{t.metric} {outcome.misses[t.metric]}/{n}" for t in outcome.failed
+        )
+    return text
+
+
+def _with_interval(outcome: Outcome, column: str, kind: str) -> str:
+    """The mean, and ± half the interval's width when there is one (its upper half: the low
+    end is cut at 0)."""
+    mean = outcome.metrics.get(column)
+    _, high = outcome.intervals.get(column, (None, None))
+    if mean is None or high is None or high == mean:
+        return show(kind, mean)
+    return f"{show(kind, mean)}±{show(kind, high - mean)}"
 
 
 def _aligned(rows: list[list[str]]) -> list[str]:

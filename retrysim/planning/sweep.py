@@ -38,6 +38,7 @@ __all__ = [
     "grid",
     "parse_sweep",
     "plan_points",
+    "point_scenario",
 ]
 
 
@@ -176,7 +177,8 @@ def grid(axes: Sequence[SweepAxis]) -> list[dict[str, str]]:
     ]
 
 
-def _with(data: Mapping[str, Any], settings: Mapping[str, str]) -> Scenario:
+def point_scenario(data: Mapping[str, Any], settings: Mapping[str, str]) -> Scenario:
+    """The scenario of ``data`` with ``settings`` (key -> raw value) applied, validated."""
     return build_scenario(
         apply_overrides(copy.deepcopy(dict(data)), [f"{k}={v}" for k, v in settings.items()])
     )
@@ -191,13 +193,13 @@ def plan_points(data: Mapping[str, Any], axes: Sequence[SweepAxis]) -> list[Plan
     for axis in axes:
         for value in axis.values:
             try:
-                _with(data, {axis.key: value})
+                point_scenario(data, {axis.key: value})
             except ScenarioError as error:
                 raise ScenarioError(f"--sweep {axis.given}", f"value {value!r}: {error}") from None
     points = []
     for number, settings in enumerate(grid(axes), start=1):
         try:
-            points.append(PlanPoint(number, settings, _with(data, settings)))
+            points.append(PlanPoint(number, settings, point_scenario(data, settings)))
         except ScenarioError as error:
             shown = ", ".join(f"{key}={value}" for key, value in settings.items())
             raise ScenarioError("--sweep", f"point {number} ({shown}): {error}") from None

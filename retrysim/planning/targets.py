@@ -10,13 +10,16 @@ does not set that group's pool (``behavior.fail_probability=0.05``, say). Within
 points are ordered by pool size (``instances x threads``); the recommended point is the
 smallest pool that meets every target, and the *binding* targets are those the next smaller
 pool swept fails -- the constraint that decided the answer. When the smallest pool swept
-already meets everything, nothing is binding. Pure Python: no Spark here.
+already meets everything, nothing is binding. With replications (``--replications N``) a
+point meets the targets when at least ``--confidence`` of its replications meet every one,
+and its metrics are their means. Pure Python: no Spark here.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +52,7 @@ __all__ = [
     "Recommendation",
     "Target",
     "evaluate",
+    "judge",
     "overall_pool",
     "parse_target",
     "recommend",
@@ -172,9 +176,26 @@ def evaluate(
     return [target for target, _ in sorted(failed, key=lambda item: -item[1])]
 
 
+def judge(
+    runs: Sequence[Mapping[str, float | None]], targets: Iterable[Target], group: str
+) -> tuple[tuple[Target, ...], dict[str, int], float]:
+    """Over the replications' metrics ``runs``: the targets some replication misses (most
+    often missed first, then worst), how many replications miss each (by metric), and the
+    share of replications that meet every target."""
+    targets = list(targets)
+    missed = [evaluate(metrics, targets, group) for metrics in runs]
+    misses = Counter(target.metric for failed in missed for target in failed)
+    first = list(dict.fromkeys(target for failed in missed for target in failed))
+    failed = sorted(first, key=lambda target: -misses[target.metric])
+    share = sum(not failed for failed in missed) / len(runs) if runs else 0.0
+    return tuple(failed), dict(misses), share
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """One point's result for one group: its case, pool and metrics, and the targets it misses."""
+    """One point's result for one group: its case, pool and metrics (the mean across its
+    replications), the targets a replication misses, and whether it meets them: in at least
+    ``confidence`` of its replications."""
 
     point: int
     group: str
@@ -185,10 +206,32 @@ class Outcome:
     metrics: Mapping[str, float | None]
     failed: tuple[Target, ...] = ()
     topology: Topology | None = None  # how the point spreads the group over its instances
+    replications: int = 1
+    met_share: float | None = None  # of replications meeting every target; None: judge by failed
+    confidence: float = 1.0
+    misses: Mapping[str, int] = field(default_factory=dict)  # metric -> replications missing it
+    # column -> (low, high) of the mean's interval across replications (absent for one)
+    intervals: Mapping[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
     @property
     def meets(self) -> bool:
-        return not self.failed
+        if self.met_share is None:
+            return not self.failed
+        return self.met_share >= self.confidence - 1e-12
+
+    def missed(self, target: Target, compare: str = " > ") -> str:
+        """How this point misses ``target``: its value against the limit, and with
+        replications how many of them missed it."""
+        value, limit = (
+            target.show_value(self.metrics.get(target.column)),
+            target.show_value(target.limit),
+        )
+        if self.replications == 1:
+            return f"{value}{compare}{limit}"
+        return (
+            f"missed by {self.misses.get(target.metric, 0)}/{self.replications} replications; "
+            f"mean {value}, limit {limit}"
+        )
 
 
 @dataclass(frozen=True)
@@ -271,7 +314,7 @@ def topology_note(outcome: Outcome | None) -> str:
         return ""
     m, topology = outcome.metrics, outcome.topology
     by_queue = topology is None or topology.balancing == BY_QUEUE
-    idle = m.get("idle_instances") or 0
+    idle = round(m.get("idle_instances") or 0)
     if idle and outcome.instances and by_queue:
         return (
             f" {idle} of {outcome.instances} instances ran no delivery at point "
@@ -308,10 +351,7 @@ def describe(recommendation: Recommendation) -> str:
     if not r.found:
         if r.closest is None:
             return f"group {r.group}{case}: no finite consumer pool was swept"
-        missed = ", ".join(
-            f"{t.metric} {t.show_value(r.closest.metrics.get(t.column))} > {t.show_value(t.limit)}"
-            for t in r.closest.failed
-        )
+        missed = ", ".join(f"{t.metric} {r.closest.missed(t)}" for t in r.closest.failed)
         return (
             f"group {r.group}{case}: no point meets the targets; the largest pool swept "
             f"({r.closest.pool:,} threads, point p{r.closest.point}) misses {missed}. "
@@ -321,14 +361,15 @@ def describe(recommendation: Recommendation) -> str:
         f"group {r.group}{case}: {r.pool:,} consumer threads "
         f"({r.instances} instances x {r.threads} threads, point p{r.point})"
     )
+    if r.chosen is not None and r.chosen.replications > 1:
+        text += (
+            f", meeting every target in {r.chosen.met_share:.0%} of "
+            f"{r.chosen.replications} replications (confidence {r.chosen.confidence:.0%})"
+        )
     if r.smaller is None:
         text += "; no target is binding: the smallest pool swept already meets them all"
     else:
-        missed = ", ".join(
-            f"{t.metric} ({t.show_value(r.smaller.metrics.get(t.column))} > "
-            f"{t.show_value(t.limit)})"
-            for t in r.binding
-        )
+        missed = ", ".join(f"{t.metric} ({r.smaller.missed(t)})" for t in r.binding)
         text += f"; binding: {missed} at the next smaller pool ({r.smaller.pool:,} threads)"
     if r.larger_failing:
         points = ", ".join(f"p{p}" for p in r.larger_failing)

@@ -315,7 +315,8 @@ def tradeoff_figure(
     plan: pd.DataFrame, group: str, targets: Mapping[str, float] | None = None, title: str = ""
 ) -> Figure:
     """Pool size vs the plan's metrics for one group: a line per case (the settings that do
-    not set the pool), target limits dashed, the recommended points starred."""
+    not set the pool) with its 95 % band across replications, target limits dashed, the
+    recommended points starred."""
     rows = plan[(plan["group"] == group) & plan["pool"].notna()].copy()
     targets = targets or {}
     fig, axes = _figure(2, 3, height=3.0)
@@ -323,7 +324,17 @@ def tradeoff_figure(
     for ax, (column, name, scale, unit) in zip(axes, TRADEOFFS, strict=True):
         for case, part in rows.groupby("case", sort=False):
             part = part.sort_values("pool")
-            ax.plot(part["pool"], part[column] * scale, marker="o", label=case or None)
+            (line,) = ax.plot(part["pool"], part[column] * scale, marker="o", label=case or None)
+            low, high = f"{column}_ci_low", f"{column}_ci_high"
+            if high in part and part[high].notna().any():  # replications: the 95 % band
+                ax.fill_between(
+                    part["pool"],
+                    part[low].astype(float) * scale,
+                    part[high].astype(float) * scale,
+                    color=line.get_color(),
+                    alpha=0.2,
+                    linewidth=0,
+                )
             best = part[part["recommended"].fillna(False).astype(bool)]
             ax.scatter(
                 best["pool"], best[column] * scale, marker="*", s=220, color="#d62728", zorder=5
@@ -338,7 +349,8 @@ def tradeoff_figure(
             )
         ax.set(title=name, xlabel="consumer threads", ylabel=unit)
         _pool_axis(ax, sorted(rows["pool"].dropna().unique()))
-        top = float((rows[column] * scale).max()) if rows[column].notna().any() else 0.0
+        shown = rows[[c for c in (column, f"{column}_ci_high") if c in rows]].astype(float)
+        top = float(shown.max().max() * scale) if shown.notna().any().any() else 0.0
         ax.set_ylim(0, max(top, targets.get(column, 0) * scale, 1.0) * 1.1)
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
@@ -346,7 +358,9 @@ def tradeoff_figure(
         fig.legend(
             handles, labels, loc="outside lower center", ncol=min(4, len(labels)), fontsize=8
         )
-    fig.suptitle(title or f"{group}: trade-offs (★ recommended)")
+    runs = int(rows["replications"].max()) if "replications" in rows and len(rows) else 1
+    bands = f"; means of {runs} replications, 95 % bands" if runs > 1 else ""
+    fig.suptitle(title or f"{group}: trade-offs (★ recommended{bands})")
     return fig
 
 

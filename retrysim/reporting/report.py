@@ -119,6 +119,14 @@ def _value(kind: str, value: object) -> str:
     return html.escape(show(kind, float(value)))
 
 
+def _plan_value(row: pd.Series, column: str, kind: str) -> str:
+    """A plan metric: the mean, and its 95 % interval across replications when there is one."""
+    value, high = _value(kind, row[column]), row.get(f"{column}_ci_high")
+    if high is None or pd.isna(high) or high == row[f"{column}_ci_low"]:
+        return value
+    return f"{value} [{_value(kind, row[f'{column}_ci_low'])}, {_value(kind, high)}]"
+
+
 def _table(
     headers: Sequence[str], rows: Iterable[Sequence[str]], classes: Sequence[str] = ()
 ) -> str:
@@ -344,6 +352,8 @@ def plan_report_html(plan: pd.DataFrame, plan_id: str, output: str = "") -> str:
         body.append("<h3>Points</h3>" + _points_table(rows))
     if output:
         example = plan["point_run_id"].iloc[0]
+        if plan["replications"].iloc[0] > 1:
+            example += "-r1"
         body.append(
             f'<p class="note">A point\'s own report: <code>retrysim report --output '
             f"{html.escape(output)} --run-id {html.escape(example)}</code></p>"
@@ -373,7 +383,8 @@ def _recommendation_html(rows: pd.DataFrame) -> str:
         items.append(
             f"<li>{html.escape(case)}<b>{int(row['pool']):,} consumer threads</b> "
             f"({int(row['instances'])} instances x {int(row['threads'])} threads, point "
-            f"p{int(row['point'])}, run {html.escape(row['point_run_id'])}); {why}</li>"
+            f"p{int(row['point'])}, run {html.escape(row['point_run_id'])}){_share(row)}; "
+            f"{why}</li>"
         )
     cases = rows.apply(_case, axis=1)
     missing = sorted(set(cases) - set(chosen.apply(_case, axis=1)) if len(chosen) else set(cases))
@@ -385,13 +396,25 @@ def _recommendation_html(rows: pd.DataFrame) -> str:
     return f"<ul>{''.join(items)}</ul>"
 
 
+def _share(row: pd.Series) -> str:
+    if row["replications"] <= 1:
+        return ""
+    return (
+        f", meeting every target in {row['meets_targets_share']:.0%} of its "
+        f"{int(row['replications'])} replications (confidence {row['confidence']:.0%})"
+    )
+
+
 def _case(row: pd.Series) -> str:
     label = analysis.case_label(row["settings"], row["group"])
     return f"[{label}] " if label else ""
 
 
 def _points_table(rows: pd.DataFrame) -> str:
-    headers = ["point", "settings", "pool", *(label for _, label, _ in _PLAN), "missed targets"]
+    runs = int(rows["replications"].max()) if len(rows) else 1
+    shares = ["meet all"] if runs > 1 else []
+    headers = ["point", "settings", "pool", *(label for _, label, _ in _PLAN), *shares]
+    headers.append("missed targets")
     body, classes = [], []
     for _, row in rows.iterrows():
         pool = (
@@ -406,7 +429,8 @@ def _points_table(rows: pd.DataFrame) -> str:
                 f"p{int(row['point'])}",
                 html.escape(settings),
                 pool,
-                *(_value(kind, row[col]) for col, _, kind in _PLAN),
+                *(_plan_value(row, col, kind) for col, _, kind in _PLAN),
+                *([_value("fraction", row["meets_targets_share"])] if shares else []),
                 html.escape(missed),
             ]
         )

@@ -86,3 +86,9 @@ DEFAULT_PROCESSING_MS = 10
 # A lognormal with p99 above exp(z99^2 / 2) ~ 14.97 x its mean does not exist.
 LOGNORMAL_MAX_P99_RATIO = 14.97
 Z_99 = 2.3263478740408408
+# Replications of a scenario or plan point (--replications), and runs in one plan.
+MAX_REPLICATIONS = 100
+MAX_PLAN_RUNS = 1_000
+# Traffic shapes: the highest rate of a profile piece, and the largest scale of a file.
+MAX_PROFILE_RATE = 10_000_000.0
+MAX_TRAFFIC_SCALE = 1_000.0

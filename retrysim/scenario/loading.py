@@ -38,6 +38,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ScenarioError("--scenario", f"{path} is not valid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ScenarioError("--scenario", f"{path} must hold a mapping of keys, not {data!r}")
+    return _files_beside(data, path.resolve().parent)
+
+
+def _files_beside(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A traffic file named in the scenario is found beside it (``--set`` paths are taken
+    from the working folder, as a shell gives them)."""
+    for group in data.get("groups") or ():
+        workload = group.get("workload") if isinstance(group, dict) else None
+        name = workload.get("file") if isinstance(workload, dict) else None
+        if isinstance(name, str) and name.strip() and not Path(name).is_absolute():
+            workload["file"] = str(folder / name)
     return data
 
 

@@ -23,6 +23,7 @@ from pydantic import (
 from retrysim.model import flavors
 from retrysim.scenario import limits
 from retrysim.scenario.errors import FieldRuleError
+from retrysim.scenario.traffic import TrafficFileError, read_counts
 from retrysim.scenario.units import (
     DelayLevels,
     Duration,
@@ -107,6 +108,22 @@ class OutcomeMix(_Model):
         return self
 
 
+class BehaviorPiece(_Model):
+    """One piece of a behavior profile: from the previous piece's end until ``until``, the
+    listener fails with ``fail_probability`` and runs ``processing_time`` (each, when left
+    out, the group's own)."""
+
+    until: Annotated[Duration, in_range(1, limits.MAX_HORIZON_MS, duration=True)]
+    fail_probability: Probability | None = None
+    processing_time: ProcessingTimeField | None = None
+
+    @model_validator(mode="after")
+    def _sets_something(self) -> BehaviorPiece:
+        if self.fail_probability is None and self.processing_time is None:
+            raise ValueError("needs fail_probability, processing_time or both")
+        return self
+
+
 class Behavior(_Model):
     """What makes a delivery fail and how long it runs (docs/model.md §3)."""
 
@@ -119,6 +136,44 @@ class Behavior(_Model):
     send_back_failure_probability: Probability = 0.0
     send_back_fallback_probability: Probability = 0.0
     ready_wait: Annotated[Duration, in_range(0, limits.HOUR_MS, duration=True)] = 0
+    # the listener over time: consecutive pieces, each a window of its own (docs/model.md §3)
+    profile: tuple[BehaviorPiece, ...] = ()
+
+    @property
+    def windows(self) -> tuple[Outage, ...]:
+        """The time windows with their own failure chance or processing time: the profile's
+        pieces first, then the outages (so an outage's processing time wins where they
+        overlap, and the higher failure chance)."""
+        pieces, start = [], 0
+        for piece in self.profile:
+            pieces.append(
+                Outage.model_construct(
+                    start=start,
+                    end=piece.until,
+                    fail_probability=(
+                        self.fail_probability
+                        if piece.fail_probability is None
+                        else piece.fail_probability
+                    ),
+                    processing_time=piece.processing_time,
+                )
+            )
+            start = piece.until
+        return (*pieces, *self.outages)
+
+    @model_validator(mode="after")
+    def _profile_in_order(self) -> Behavior:
+        previous = 0
+        for index, piece in enumerate(self.profile):
+            if piece.until <= previous:
+                raise FieldRuleError(
+                    f"profile[{index}].until",
+                    f"value {format_duration(piece.until)}: must be after the previous "
+                    f"piece's end ({format_duration(previous)}); pieces are listed in order "
+                    "and do not overlap",
+                )
+            previous = piece.until
+        return self
 
     @model_validator(mode="after")
     def _send_back_shares(self) -> Behavior:
@@ -132,12 +187,128 @@ class Behavior(_Model):
         return self
 
 
+class ProfilePiece(_Model):
+    """One piece of a traffic profile: messages arrive at ``per_second`` (or ``count`` of
+    them in all, as a recorded file gives them) from the previous piece's end until ``until``."""
+
+    until: Annotated[Duration, in_range(1, limits.MAX_HORIZON_MS, duration=True)]
+    per_second: Annotated[float, in_range(0.0, limits.MAX_PROFILE_RATE)] | None = None
+    count: Annotated[StrictInt, in_range(0, limits.MAX_MESSAGES_PER_GROUP)] | None = None
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> ProfilePiece:
+        if (self.per_second is None) == (self.count is None):
+            raise ValueError("needs per_second (or count, as a recorded file gives), not both")
+        return self
+
+
+# A workload's arrivals as pieces: (start_ms, length_ms, first msg_id, messages).
+Piece = tuple[int, int, int, int]
+
+
 class Workload(_Model):
+    """What is published: ``messages`` spread ``uniform``ly or as a ``poisson`` process over
+    ``over``, or a traffic shape whose pieces give the count (docs/scenario.md, Workload)."""
+
     messages: Annotated[StrictInt, in_range(1, limits.MAX_MESSAGES_PER_GROUP)] = 10_000
     over: NonNegativeDuration = 3_600_000
-    arrival: Literal["uniform", "poisson"] = "uniform"
+    arrival: Literal["uniform", "poisson", "profile", "file"] = "uniform"
     queues: Annotated[StrictInt, in_range(1, limits.MAX_QUEUES)] = 8
     size_bytes: Annotated[StrictInt, in_range(1, limits.MAX_MESSAGE_BYTES)] = 1024
+    # traffic shapes: arrival profile (the pieces) or file (read into the pieces), and how
+    # messages arrive within a piece
+    profile: tuple[ProfilePiece, ...] | None = None
+    within: Literal["uniform", "poisson"] = "uniform"
+    file: str | None = None
+    scale: Annotated[float, in_range(0.0, limits.MAX_TRAFFIC_SCALE)] = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_file(cls, data: Any, info: ValidationInfo) -> Any:
+        """``arrival: file``: the file's counts become the profile (a stored scenario holds
+        them already, so it never needs the file again)."""
+        if is_stored(info) or not isinstance(data, dict) or data.get("arrival") != "file":
+            return data
+        if data.get("profile") is not None:
+            raise FieldRuleError("profile", "not with arrival: file (the file gives the pieces)")
+        if not isinstance(data.get("file"), str) or not data["file"].strip():
+            raise FieldRuleError("file", "is required with arrival: file (a CSV or Parquet path)")
+        scale = data.get("scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise FieldRuleError("scale", f"value {scale!r}: must be a number > 0")
+        try:
+            counts = read_counts(data["file"], float(scale))
+        except TrafficFileError as error:
+            raise FieldRuleError("file", str(error)) from None
+        return {**data, "profile": [{"until": f"{u}ms", "count": c} for u, c in counts]}
+
+    @model_validator(mode="after")
+    def _shape(self, info: ValidationInfo) -> Workload:
+        shaped = self.arrival in ("profile", "file")
+        if not shaped:
+            for key in ("profile", "file"):
+                if getattr(self, key) is not None:
+                    raise FieldRuleError(key, "only with arrival: profile or file")
+            for key in ("within", "scale"):
+                if key in self.model_fields_set and not is_stored(info):
+                    raise FieldRuleError(key, "only with arrival: profile or file")
+            return self
+        if self.arrival == "profile" and self.file is not None:
+            raise FieldRuleError("file", "only with arrival: file")
+        if self.arrival == "profile" and "scale" in self.model_fields_set and not is_stored(info):
+            raise FieldRuleError("scale", "only with arrival: file")
+        if not self.profile:
+            raise FieldRuleError("profile", "must list at least one {until, per_second} piece")
+        if not is_stored(info):
+            for key in ("messages", "over"):
+                if key in self.model_fields_set:
+                    raise FieldRuleError(
+                        key, f"follows from the {self.arrival}; leave it out of the workload"
+                    )
+        previous = 0
+        for index, piece in enumerate(self.profile):
+            if piece.until <= previous:
+                raise FieldRuleError(
+                    f"profile[{index}].until",
+                    f"value {format_duration(piece.until)}: must be after the previous "
+                    f"piece's end ({format_duration(previous)}); pieces are listed in order "
+                    "and do not overlap",
+                )
+            previous = piece.until
+        total = sum(count for *_, count in _pieces(self.profile))
+        if not 1 <= total <= limits.MAX_MESSAGES_PER_GROUP:
+            raise FieldRuleError(
+                "profile",
+                f"gives {total:,} messages; it must give between 1 and "
+                f"{limits.MAX_MESSAGES_PER_GROUP:,}",
+            )
+        object.__setattr__(self, "messages", total)  # derived, as documented
+        object.__setattr__(self, "over", previous)
+        return self
+
+    @property
+    def pieces(self) -> tuple[Piece, ...]:
+        """The arrivals as ``(start_ms, length_ms, first msg_id, messages)`` pieces, those
+        with no message left out: one piece over ``over`` for uniform and poisson arrivals."""
+        if self.profile is None:
+            return ((0, self.over, 0, self.messages),)
+        return tuple(piece for piece in _pieces(self.profile) if piece[3] > 0)
+
+    @property
+    def spread(self) -> str:
+        """How messages arrive within a piece: uniform or poisson."""
+        return self.arrival if self.profile is None else self.within
+
+
+def _pieces(profile: tuple[ProfilePiece, ...]) -> list[Piece]:
+    """A profile's pieces with their first ids: a rate gives ``round(rate x length)``."""
+    pieces, start, first = [], 0, 0
+    for piece in profile:
+        length = piece.until - start
+        count = piece.count if piece.count is not None else round(piece.per_second * length / 1000)
+        pieces.append((start, length, first, count))
+        start, first = piece.until, first + count
+    return pieces
 
 
 def _unlimited(value: Any) -> Any:

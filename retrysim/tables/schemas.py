@@ -46,6 +46,12 @@ RUNS = nullable_schema(
     ("status", StringType()),
     ("rounds", IntegerType()),
     ("tables", StringType()),
+    # replications (docs/planning.md §3): the id the replications of one scenario or plan
+    # point share, the plan point (null outside a plan) and the replication, 1-based; a
+    # single run is replication 1 of itself
+    ("replication_of", StringType()),
+    ("point", IntegerType()),
+    ("replication", IntegerType()),
 )
 
 MESSAGES = nullable_schema(
@@ -242,7 +248,16 @@ assert sorted(STAGE.fieldNames()) == sorted(ATTEMPTS.fieldNames()[1:]), "STAGE !
 STAGE_ARROW = to_arrow_schema(STAGE)
 
 # A capacity plan (retrysim plan): one row per sweep point and group. Its run_id is the plan's
-# id; each point is a run of its own, named in point_run_id.
+# id; each point is a run of its own (with replications, runs <point_run_id>-r<k>).
+# The metrics are summary columns; with replications each is the mean across them, with its
+# 95 % interval in <metric>_ci_low and <metric>_ci_high (null for one replication).
+PLAN_METRICS = (
+    "messages", "deliveries", "commits", "dlq", "discards", "pending", "amplification",
+    "write_amplification", "p50_time_to_commit_ms", "p95_time_to_commit_ms",
+    "p99_time_to_commit_ms", "p99_time_to_dlq_ms", "max_ready_backlog", "max_waiting_retry",
+    "max_oldest_ready_age_ms", "peak_utilization", "busiest_instance_utilization",
+    "idle_instances",
+)  # fmt: skip
 PLAN = nullable_schema(
     ("run_id", StringType()),
     ("point", IntegerType()),
@@ -252,29 +267,17 @@ PLAN = nullable_schema(
     ("instances", IntegerType()),
     ("threads", IntegerType()),
     ("pool", IntegerType()),
-    ("messages", LongType()),
-    ("deliveries", LongType()),
-    ("commits", LongType()),
-    ("dlq", LongType()),
-    ("discards", LongType()),
-    ("pending", LongType()),
-    ("amplification", DoubleType()),
-    ("write_amplification", DoubleType()),
-    ("p50_time_to_commit_ms", DoubleType()),
-    ("p95_time_to_commit_ms", DoubleType()),
-    ("p99_time_to_commit_ms", DoubleType()),
-    ("p99_time_to_dlq_ms", DoubleType()),
-    ("max_ready_backlog", LongType()),
-    ("max_waiting_retry", LongType()),
-    ("max_oldest_ready_age_ms", LongType()),
-    ("peak_utilization", DoubleType()),
-    ("busiest_instance_utilization", DoubleType()),
-    ("idle_instances", IntegerType()),
+    *((metric, DoubleType()) for metric in PLAN_METRICS),
     ("targets_json", StringType()),
+    ("replications", IntegerType()),
+    # the share of replications that must meet every target, and the share that did
+    ("confidence", DoubleType()),
+    ("meets_targets_share", DoubleType()),
     ("meets_targets", BooleanType()),
     ("failed_targets", StringType()),
     ("recommended", BooleanType()),
     ("binding_target", StringType()),
+    *((f"{metric}_ci_{end}", DoubleType()) for metric in PLAN_METRICS for end in ("low", "high")),
 )
 
 SCHEMAS: dict[str, StructType] = {

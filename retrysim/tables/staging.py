@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -172,6 +173,16 @@ def derived_for_lean(
     return derived
 
 
+@dataclass(frozen=True)
+class RunLabel:
+    """Where a run belongs among replications: the id they share (None: the run's own), its
+    plan point (None outside a plan) and its replication number (1-based)."""
+
+    replication_of: str | None = None
+    point: int | None = None
+    replication: int = 1
+
+
 def runs_row(
     spark: SparkSession,
     scenario: Scenario,
@@ -180,8 +191,10 @@ def runs_row(
     rounds: int,
     status: str = STATUS_COMPLETE,
     tables: str = "full",
+    label: RunLabel | None = None,
 ) -> tuple:
     """The run's ``runs`` row, in the staged table's columns (``run_id`` is its partition)."""
+    label = label or RunLabel()
     return (
         scenario.name,
         scenario.seed,
@@ -193,4 +206,7 @@ def runs_row(
         status,
         rounds,
         tables,
+        label.replication_of or run_id,
+        label.point,
+        label.replication,
     )

@@ -162,7 +162,7 @@ CASES = [
     ),
     Case(
         "arrival-unknown",
-        ("groups[0].workload.arrival", "'uniform' or 'poisson'"),
+        ("groups[0].workload.arrival", "'uniform', 'poisson', 'profile' or 'file'"),
         edit(**{g0 + "workload__arrival": "burst"}),
     ),
     Case(

@@ -391,3 +391,49 @@ def test_the_sequential_engine_dispatches_at_the_replay_moment():
     assert {(a["msg_id"], a["delivery"]): a["start_ms"] for a in expected} == {
         key: None if pd.isna(value) else int(value) for key, value in starts.items()
     }
+
+
+# Traffic and behavior shapes (scenario.md, Workload and behavior): a day in pieces with a
+# quiet gap, the downstream slower and failing more at the peak, on rounds (an unlimited
+# pool) and event by event (a pool that fills at the peak), Poisson and uniform within.
+SHAPES = {
+    "name": "shapes", "seed": 7, "horizon": "2h", "load_bucket": "1m",
+    "groups": [
+        {
+            "name": "spiky", "flavor": "rocketmq4.concurrently", "consumers": "unlimited",
+            "workload": {"arrival": "profile", "within": "poisson", "queues": 4, "profile": [
+                {"until": "2m", "per_second": 2}, {"until": "3m", "per_second": 20},
+                {"until": "5m", "per_second": 0}, {"until": "6m", "per_second": 3.5}]},
+            "behavior": {
+                "fail_probability": 0.05, "processing_time": "30ms",
+                "profile": [{"until": "2m", "fail_probability": 0.01},
+                            {"until": "4m", "fail_probability": 0.4,
+                             "processing_time": {"dist": "exponential", "mean": "2s"}}],
+                "outages": [{"start": "3m", "end": "210s", "fail_probability": 0.2,
+                             "processing_time": "5s"}],
+            },
+        },
+        {
+            "name": "pooled", "flavor": "rocketmq4.concurrently",
+            "consumers": {"instances": 2, "threads": 2},
+            "workload": {"arrival": "profile", "queues": 4, "profile": [
+                {"until": "1m", "per_second": 1}, {"until": "90s", "per_second": 12.5},
+                {"until": "4m", "count": 40}]},
+            "behavior": {
+                "fail_probability": 0.1, "processing_time": "200ms",
+                "profile": [{"until": "1m", "processing_time": "50ms"},
+                            {"until": "2m", "fail_probability": 0.3, "processing_time": "400ms"}],
+            },
+        },
+    ],
+}  # fmt: skip
+
+
+def test_traffic_and_behavior_profiles_equal_the_reference(spark, tmp_path_factory):
+    scenario = build_scenario(SHAPES)
+    result = simulate(spark, scenario, output=str(tmp_path_factory.mktemp("shapes")), run_id="s")
+    engines = {r["group"]: r["engine"] for r in result.summary.collect()}
+    assert engines == {"spiky": "rounds", "pooled": "sequential"}
+    counts = {g.name: g.workload.messages for g in scenario.groups}
+    assert counts == {"spiky": 240 + 1200 + 0 + 210, "pooled": 60 + 375 + 40}  # rate x length
+    compare(spark, result, simulate_scenario(SHAPES))

@@ -194,6 +194,42 @@ class _Dist:
         raise ValueError(f"unknown processing-time dist {self.kind!r}")
 
 
+def _traffic_pieces(wl: dict) -> list[tuple[int, int, int]] | None:
+    """``arrival: profile``: each piece's (start, length, messages), a rate times its
+    length rounded (scenario.md, Workload); None without a profile."""
+    if wl.get("arrival") != "profile":
+        return None
+    pieces, start = [], 0
+    for piece in wl["profile"]:
+        until = parse_duration_ms(piece["until"])
+        length = until - start
+        count = (
+            int(piece["count"])
+            if "count" in piece
+            else round(float(piece["per_second"]) * length / 1000)
+        )
+        pieces.append((start, length, count))
+        start = until
+    return pieces
+
+
+def _behavior_pieces(bh: dict) -> list[_Outage]:
+    """``behavior.profile``: consecutive windows, each piece's failure chance and processing
+    time (the group's where it gives none), listed before the outages (model.md §3)."""
+    windows, start = [], 0
+    for piece in bh.get("profile") or []:
+        until = parse_duration_ms(piece["until"])
+        chance = piece.get("fail_probability", bh.get("fail_probability", 0) or 0)
+        timing = piece.get("processing_time")
+        windows.append(
+            _Outage(
+                start, until, float(chance), _parse_dist(timing) if timing is not None else None
+            )
+        )
+        start = until
+    return windows
+
+
 def _parse_dist(value: Any) -> _Dist:
     if isinstance(value, dict):
         p99 = value.get("p99")
@@ -252,6 +288,8 @@ class _Group:
     n: int
     over: int
     arrival: str
+    # a traffic shape (scenario.md, Workload): (start_ms, length_ms, count) per piece
+    pieces: list[tuple[int, int, int]] | None
     queues: int
     size_bytes: int
     # behavior
@@ -394,7 +432,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
     wl = g.get("workload") or {}
     bh = g.get("behavior") or {}
     mix = bh.get("outcome_mix") or {}
-    outages = [
+    outages = _behavior_pieces(bh) + [
         _Outage(
             parse_duration_ms(o["start"]),
             parse_duration_ms(o["end"]),
@@ -403,6 +441,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         )
         for o in bh.get("outages") or []
     ]
+    pieces = _traffic_pieces(wl)
     replay = g.get("replay")
     batch = int(g.get("consume_message_batch_max_size", 1) or 1)
     ack = g.get("ack_index")
@@ -435,9 +474,10 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         brokers=int(g.get("brokers", 1)),
         retry_queue_nums=int(g.get("retry_queue_nums", 1)),
         allocate=str(g.get("allocate", "averagely")),
-        n=int(wl.get("messages", 10_000)),
+        n=int(wl.get("messages", 10_000)) if pieces is None else sum(p[2] for p in pieces),
         over=parse_duration_ms(wl.get("over", "1h")),
-        arrival=str(wl.get("arrival", "uniform")),
+        arrival=str(wl.get("within", "uniform") if pieces else wl.get("arrival", "uniform")),
+        pieces=pieces,
         queues=int(wl.get("queues", 8)),
         size_bytes=int(wl.get("size_bytes", 1024)),
         fail_p=float(bh.get("fail_probability", 0) or 0),
@@ -580,11 +620,17 @@ class _GroupSim:
         self.messages: list[_Msg] = []
         ids = np.arange(cfg.n, dtype=np.int64)
         poison = uniform_np(cfg.seed, cfg.name, "poison", ids, 0) if cfg.n else np.empty(0)
-        if cfg.arrival == "poisson":
-            arrival = uniform_np(cfg.seed, cfg.name, "arrival", ids, 0) if cfg.n else []
-            born = [math.floor(float(a) * cfg.over) for a in arrival]
-        else:
-            born = [(i * cfg.over) // cfg.n for i in range(cfg.n)]
+        arrival = uniform_np(cfg.seed, cfg.name, "arrival", ids, 0) if cfg.n else []
+        born = []
+        first = 0
+        # a workload without a shape is one piece (scenario.md, Workload; model.md §1)
+        for start, length, count in cfg.pieces or [(0, cfg.over, cfg.n)]:
+            for i in range(first, first + count):
+                if cfg.arrival == "poisson":
+                    born.append(start + math.floor(float(arrival[i]) * length))
+                else:
+                    born.append(start + ((i - first) * length) // count)
+            first += count
         for i in range(cfg.n):
             msg = _Msg(i, i % cfg.queues, born[i], float(poison[i]) < cfg.poison_fraction)
             self.messages.append(msg)

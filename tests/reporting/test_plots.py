@@ -6,6 +6,7 @@ time plot, and counts from zero (an all-zero series drew negative ticks)."""
 from __future__ import annotations
 
 import pandas as pd
+from matplotlib.collections import PolyCollection
 from matplotlib.patches import Rectangle
 
 from retrysim.reporting import plots
@@ -69,3 +70,34 @@ def test_every_time_plot_shades_the_outages_and_counts_from_zero():
         line for line in figures[3].axes[0].get_lines() if line.get_label() == "pool capacity"
     ]
     assert capacity and set(capacity[0].get_ydata()) == {100}
+
+
+def test_tradeoffs_draw_each_metrics_interval_as_a_band_around_its_mean():
+    plan = pd.DataFrame(
+        {
+            "group": ["g"] * 3,
+            "point": [1, 2, 3],
+            "pool": [4, 8, 16],
+            "settings": [{"groups.g.consumers.instances": i} for i in (1, 2, 4)],
+            "recommended": [False, True, False],
+            "replications": [5] * 3,
+        }
+    )
+    for column, *_ in plots.TRADEOFFS:
+        plan[column] = [300.0, 200.0, 100.0]
+        plan[f"{column}_ci_low"] = [250.0, 150.0, 50.0]
+        plan[f"{column}_ci_high"] = [350.0, 250.0, 150.0]
+    fig = plots.tradeoff_figure(plan, "g")
+    for ax, (_, _, scale, _) in zip(fig.axes, plots.TRADEOFFS, strict=False):
+        (band,) = _bands(ax)
+        ys = band.get_paths()[0].vertices[:, 1]
+        assert min(ys) == 50.0 * scale and max(ys) == 350.0 * scale
+        assert ax.get_ylim()[1] >= 350.0 * scale  # the band's top is in view
+    assert "means of 5 replications" in fig.texts[0].get_text()
+    one = plan.assign(replications=1, **{f"{c}_ci_high": None for c, *_ in plots.TRADEOFFS})
+    assert not any(_bands(ax) for ax in plots.tradeoff_figure(one, "g").axes)
+
+
+def _bands(ax) -> list[PolyCollection]:
+    """The axis' filled bands (fill_between's polygons; the starred point is a scatter)."""
+    return [c for c in ax.collections if isinstance(c, PolyCollection)]

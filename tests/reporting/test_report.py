@@ -33,6 +33,7 @@ from retrysim.reporting.report import (
     write_run_report,
 )
 from retrysim.store.sinks import DeltaRsSink, run_rows
+from retrysim.tables.schemas import PLAN, data_schema
 
 CONF = PROJECT / "conf"
 # Each scenario of issue 5, shrunk: fewer messages, shorter horizons and, where the ladder is
@@ -215,11 +216,13 @@ def test_a_report_drawn_while_the_run_is_checked_is_the_one_its_published_tables
 
 
 def _plan_rows() -> list[tuple]:
-    """Three points of one group, as the plan table stores them (no run needed)."""
+    """Three points of one group with three replications each, as the plan table stores
+    them (no run needed): means, their intervals and the share that met every target."""
     targets = json.dumps({"p99_time_to_commit_ms": 60_000.0, "max_ready_backlog": 1000.0})
+    names = data_schema(PLAN).fieldNames()
     rows = []
-    for point, (instances, p99, backlog) in enumerate(
-        [(1, 400_000.0, 9000), (2, 50_000.0, 800), (4, 2_000.0, 10)], start=1
+    for point, (instances, p99, backlog, share) in enumerate(
+        [(1, 400_000.0, 9000, 0.0), (2, 50_000.0, 800, 1.0), (4, 2_000.0, 10, 1.0)], start=1
     ):
         misses = [
             n
@@ -229,40 +232,37 @@ def _plan_rows() -> list[tuple]:
             )
             if bad
         ]
-        rows.append(
-            (
-                point,
-                f"cap-p{point}",
-                "svc",
-                json.dumps({"groups.svc.consumers.instances": instances}),
-                instances,
-                4,
-                instances * 4,
-                1000,
-                1100,
-                1000,
-                0,
-                0,
-                0,
-                1.1,
-                1.2,
-                10.0,
-                20.0,
-                p99,
-                None,
-                backlog,
-                5,
-                backlog * 10,
-                0.9,
-                0.95,
-                0,
-                targets,
-                not misses,
-                ",".join(misses) or None,
-                point == 2,
-                "p99_time_to_commit,max_ready_backlog" if point == 2 else None,
-            )
-        )
+        metrics = {
+            "messages": 1000, "deliveries": 1100, "commits": 1000, "dlq": 0, "discards": 0,
+            "pending": 0, "amplification": 1.1, "write_amplification": 1.2,
+            "p50_time_to_commit_ms": 10.0, "p95_time_to_commit_ms": 20.0,
+            "p99_time_to_commit_ms": p99, "max_ready_backlog": backlog, "max_waiting_retry": 5,
+            "max_oldest_ready_age_ms": backlog * 10, "peak_utilization": 0.9,
+            "busiest_instance_utilization": 0.95, "idle_instances": 0,
+        }  # fmt: skip
+        values = {
+            "point": point,
+            "point_run_id": f"cap-p{point}",
+            "group": "svc",
+            "settings_json": json.dumps({"groups.svc.consumers.instances": instances}),
+            "instances": instances,
+            "threads": 4,
+            "pool": instances * 4,
+            **{name: float(value) for name, value in metrics.items()},
+            "targets_json": targets,
+            "replications": 3,
+            "confidence": 0.9,
+            "meets_targets_share": share,
+            "meets_targets": not misses,
+            "failed_targets": ",".join(misses) or None,
+            "recommended": point == 2,
+            "binding_target": "p99_time_to_commit,max_ready_backlog" if point == 2 else None,
+            "p99_time_to_commit_ms_ci_low": p99 * 0.9,
+            "p99_time_to_commit_ms_ci_high": p99 * 1.1,
+            "max_ready_backlog_ci_low": backlog * 0.8,
+            "max_ready_backlog_ci_high": backlog * 1.2,
+        }
+        rows.append(tuple(values.get(name) for name in names))
     return rows
 
 
@@ -282,6 +282,8 @@ def test_plan_report_shows_the_recommendation_and_the_tradeoffs(spark, plan_outp
     assert Path(path) == plan_output / "reports" / "cap.html"
     assert "Trade-off curves" in text and "Recommendation" in text
     assert "<b>8 consumer threads</b> (2 instances x 4 threads, point p2" in text
+    assert "meeting every target in 100% of its 3 replications (confidence 90%)" in text
+    assert "50.0s [45.0s, 55.0s]" in text and "800 [640, 960]" in text  # mean [95 % interval]
     assert "binding target: <b>p99_time_to_commit,max_ready_backlog</b>" in text
     assert text.count('<tr class="recommended">') == 1
     assert len(_IMAGE.findall(text)) == 1

@@ -1,0 +1,107 @@
+"""``--search``: bisection for the smallest pool that meets the targets. The probes are
+checked against a brute-force scan, the bad input against the one-line contract, and a
+search end to end against the probes' own summary tables: the recommended value meets the
+targets, the value below it was probed and misses them."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+from support import PROJECT
+
+from retrysim.planning.plan import format_plan, prepare_plan, run_plan
+from retrysim.planning.search import parse_search, probes_at_most, smallest_meeting
+from retrysim.scenario.errors import ScenarioError
+from retrysim.store.sinks import read_table
+
+ONE = {"groups": [{"name": "g", "flavor": "rocketmq4.concurrently"}]}
+
+
+@pytest.mark.parametrize(("low", "high"), [(1, 64), (1, 2), (3, 17), (5, 6)])
+def test_bisection_finds_what_a_scan_finds_within_its_probe_budget(low, high):
+    axis = parse_search(f"consumers.instances={low}..{high}", ONE)
+    for threshold in range(low - 1, high + 2):
+        probed: list[int] = []
+
+        def meets(value: int, threshold: int = threshold, probed: list = probed) -> bool:
+            probed.append(value)
+            return value >= threshold
+
+        scan = next((v for v in range(low, high + 1) if v >= threshold), None)
+        assert smallest_meeting(meets, low, high) == scan
+        assert len(probed) <= probes_at_most(axis) and len(set(probed)) == len(probed)
+        if scan is not None and scan > low:
+            assert scan - 1 in probed  # the binding targets come from the value just below
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("consumers.instances", "expected key=LO..HI"),
+        ("consumers.instances=8..2", "range 8..2: need 1 <= LO < HI"),
+        ("consumers.instances=0..4", "range 0..4: need 1 <= LO < HI"),
+        ("consumers.instances=1-4", "value '1-4': expected LO..HI"),
+        ("workload.queues=1..8", "only a group's consumers.instances or consumers.threads"),
+        ("horizon=1..8", "only a group's consumers.instances or consumers.threads"),
+    ],
+)
+def test_bad_searches_name_the_flag(text, expect):
+    with pytest.raises(ScenarioError, match=r"^--search") as raised:
+        parse_search(text, ONE)
+    assert expect in str(raised.value)
+
+
+def test_a_search_needs_targets_and_its_own_pool_and_valid_ends():
+    scenario = PROJECT / "conf" / "flash-sale.yaml"
+    target = ["p99_time_to_commit=2s"]
+    with pytest.raises(ScenarioError, match="give a --target to search for"):
+        prepare_plan(scenario, search="consumers.instances=1..8")
+    with pytest.raises(ScenarioError, match="sets the same group's pool"):
+        prepare_plan(scenario, sweeps=["consumers.threads=2,4"], targets=target,
+                     search="consumers.instances=1..8")  # fmt: skip
+    with pytest.raises(ScenarioError, match=r"^--search consumers.instances: value 100001"):
+        prepare_plan(scenario, targets=target, search="consumers.instances=1..100001")
+    spec = prepare_plan(scenario, sweeps=["behavior.fail_probability=0,0.1"], targets=target,
+                        search="consumers.instances=1..64")  # fmt: skip
+    assert spec.most_points == 2 * 8  # two cases, 2 + log2(63) probes each
+
+
+# conf/flash-sale.yaml small (as test_plan's end-to-end plan): 200 orders in 1 s; one
+# instance misses both targets, two the backlog, four meet both: the answer lies between.
+SMALL = (
+    "groups.0.workload.messages=200",
+    "groups.0.workload.over=1s",
+    "groups.0.behavior.fail_probability=0",
+    "horizon=2m",
+    "load_bucket=1s",
+)
+TARGETS = ("p99_time_to_commit=2s", "max_ready_backlog=100")
+
+
+def test_a_search_recommends_the_smallest_probe_that_meets_and_probes_the_one_below(
+    spark, tmp_path
+):
+    spec = prepare_plan(PROJECT / "conf" / "flash-sale.yaml", SMALL, (), TARGETS,
+                        search="consumers.instances=1..16")  # fmt: skip
+    lines: list[str] = []
+    result = run_plan(spark, spec, str(tmp_path / "out"), "s", lines.append, validate=False)
+    rows = {r["point"]: r.asDict() for r in result.table.collect()}
+    summary = {
+        r["run_id"]: r.asDict()
+        for r in read_table(spark, result.output, "summary").where(F.col("run_id") != "").collect()
+    }
+    meets = {}
+    for point, row in rows.items():
+        truth = summary[row["point_run_id"]]
+        meets[row["instances"]] = (
+            truth["p99_time_to_commit_ms"] <= 2_000 and truth["max_ready_backlog"] <= 100
+        )
+        assert row["meets_targets"] == meets[row["instances"]], point
+    assert len(rows) <= probes_at_most(spec.search) and 16 in meets and 1 in meets
+    (best,) = [row["instances"] for row in rows.values() if row["recommended"]]
+    assert meets[best] and not meets[best - 1]
+    assert all(not ok for value, ok in meets.items() if value < best)
+    assert best not in (1, 2, 4, 8, 16)  # between the points a doubling grid would sweep
+    text = format_plan(result)
+    assert f"({best} instances x 4 threads" in text and "search: bisection" in text
+    assert any(line.startswith("search consumers.instances for group checkout") for line in lines)
