@@ -87,8 +87,6 @@ def _print_summary(result) -> None:
         rows = [row.asDict() for row in result.summary.collect()]
     rows.sort(key=lambda row: row["group"])
     say(f"run {result.run_id} finished in {result.elapsed_s:.1f}s over {result.rounds} rounds")
-    if result.report:
-        say(f"report: {result.report}")
     for row in rows:
         say(
             f"group {row['group']}: {row['messages']:,} messages, {row['deliveries']:,} "
@@ -104,6 +102,8 @@ def _print_summary(result) -> None:
         )
     written = ",".join(sorted(TABLE_SETS[result.tables], key=list(ALL_SCHEMAS).index))
     say(f"tables ({result.sink}, {result.tables}): {result.output}/{{{written}}}")
+    if result.report:
+        say(f"report: {result.report}")
 
 
 def _ms(value: float | None) -> str:

@@ -4,12 +4,14 @@
 axes (:mod:`retrysim.planning.sweep`) and ``--target metric=limit`` bounds
 (:mod:`retrysim.planning.targets`).
 Every point of the grid is validated before Spark starts; then each point is one
-:func:`retrysim.runner.simulate` run, ``<plan-id>-p<k>``, into the same output folder. The
-driver reads back only each run's ``summary`` rows and one aggregate of its ``load`` table
-(the oldest Ready age), never message-level rows. The ``plan`` table gets one row per point
-and group (run_id = the plan id; running the same plan id again replaces its rows) with
-the metrics, the targets each point misses, the recommended point of each group and case,
-and the binding target.
+:func:`retrysim.runner.simulate` run, ``<plan-id>-p<k>``, into the same output folder, or
+with ``--replications N`` N runs ``<plan-id>-p<k>-r<j>`` under their own seeds
+(:mod:`retrysim.planning.replications`); ``--search`` makes the points as it bisects
+(:mod:`retrysim.planning.search`). The driver reads back only each run's ``summary`` rows,
+never message-level rows. The ``plan`` table gets one row per point and group (run_id = the
+plan id; running the same plan id again replaces its rows) with the metrics (means across
+the replications, with intervals), the targets a replication misses, the share that meets
+them all, the recommended point of each group and case, and the binding target.
 
 >>> spec = prepare_plan("conf/flash-sale.yaml", sweeps=["consumers.threads=8,16,32"],
 ...                     targets=["p99_time_to_commit=1m"])  # doctest: +SKIP
@@ -248,7 +250,7 @@ def run_plan(
             spec.replications,
             output=output,
             run_id=point_run_id(plan_id, point.number),
-            progress=(lambda line, t=tag: say(f"  {t}: {line}")) if verbose else None,
+            progress=_point_progress(say, tag, spec.replications) if verbose else None,
             point=point.number,
             sink=chosen,
             validate=validate,
@@ -275,6 +277,14 @@ def run_plan(
     write_plan_table(spark, output, plan_id, rows, chosen)
     elapsed = time.monotonic() - began
     return PlanResult(spark, output, plan_id, spec, outcomes, recommendations, elapsed, ran)
+
+
+def _point_progress(say: Progress, tag: str, replications: int) -> Progress:
+    """A point's progress: every engine line of its one run, or with replications only a
+    line as each starts (their engine lines would repeat N times)."""
+    if replications == 1:
+        return lambda line: say(f"  {tag}: {line}")
+    return lambda line: None if line.startswith(" ") else say(f"  {tag}: {line}")
 
 
 def _search_case(

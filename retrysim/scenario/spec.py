@@ -108,6 +108,21 @@ class OutcomeMix(_Model):
         return self
 
 
+def _check_in_order(profile: tuple[ProfilePiece | BehaviorPiece, ...]) -> int:
+    """Pieces listed in order, each ending after the one before; returns the last end."""
+    previous = 0
+    for index, piece in enumerate(profile):
+        if piece.until <= previous:
+            raise FieldRuleError(
+                f"profile[{index}].until",
+                f"value {format_duration(piece.until)}: must be after the previous piece's "
+                f"end ({format_duration(previous)}); pieces are listed in order and do not "
+                "overlap",
+            )
+        previous = piece.until
+    return previous
+
+
 class BehaviorPiece(_Model):
     """One piece of a behavior profile: from the previous piece's end until ``until``, the
     listener fails with ``fail_probability`` and runs ``processing_time`` (each, when left
@@ -163,16 +178,7 @@ class Behavior(_Model):
 
     @model_validator(mode="after")
     def _profile_in_order(self) -> Behavior:
-        previous = 0
-        for index, piece in enumerate(self.profile):
-            if piece.until <= previous:
-                raise FieldRuleError(
-                    f"profile[{index}].until",
-                    f"value {format_duration(piece.until)}: must be after the previous "
-                    f"piece's end ({format_duration(previous)}); pieces are listed in order "
-                    "and do not overlap",
-                )
-            previous = piece.until
+        _check_in_order(self.profile)
         return self
 
     @model_validator(mode="after")
@@ -265,16 +271,7 @@ class Workload(_Model):
                     raise FieldRuleError(
                         key, f"follows from the {self.arrival}; leave it out of the workload"
                     )
-        previous = 0
-        for index, piece in enumerate(self.profile):
-            if piece.until <= previous:
-                raise FieldRuleError(
-                    f"profile[{index}].until",
-                    f"value {format_duration(piece.until)}: must be after the previous "
-                    f"piece's end ({format_duration(previous)}); pieces are listed in order "
-                    "and do not overlap",
-                )
-            previous = piece.until
+        previous = _check_in_order(self.profile)
         total = sum(count for *_, count in _pieces(self.profile))
         if not 1 <= total <= limits.MAX_MESSAGES_PER_GROUP:
             raise FieldRuleError(

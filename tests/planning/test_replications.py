@@ -233,11 +233,16 @@ def replicated_plan(spark, tmp_path_factory):
         PROJECT / "conf" / "flash-sale.yaml", PLAN_SET, ["consumers.instances=1,2,4"],
         ["p99_time_to_commit=2s", "max_ready_backlog=100"], replications=3, confidence=2 / 3,
     )  # fmt: skip
-    return run_plan(spark, spec, output, "reps", validate=False)
+    lines: list[str] = []
+    result = run_plan(spark, spec, output, "reps", lines.append, verbose=True, validate=False)
+    return result, lines
 
 
 def test_a_replicated_plan_judges_each_point_over_its_replications(spark, replicated_plan):
-    result = replicated_plan
+    result, lines = replicated_plan
+    # progress: a line as each replication starts, not each replication's engine lines
+    assert sum(": replication " in line and "(seed " in line for line in lines) == 9
+    assert not [line for line in lines if "staging tables" in line]
     summary = {
         r["run_id"]: r.asDict() for r in read_table(spark, result.output, "summary").collect()
     }
