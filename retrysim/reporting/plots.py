@@ -41,6 +41,7 @@ __all__ = [
     "png_base64",
     "retries_by_level_figure",
     "schedule_backlog_figure",
+    "settle_cdf_figure",
     "state_counts_figure",
     "tradeoff_figure",
     "utilization_figure",
@@ -94,6 +95,51 @@ def png_base64(fig: Figure) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+_TIME_TICKS = tuple(
+    zip(
+        (0.001, 0.01, 0.1, 1, 10, 60, 600, 3600, 36_000, 360_000),
+        ("1ms", "10ms", "100ms", "1s", "10s", "1m", "10m", "1h", "10h", "100h"),
+        strict=True,
+    )
+)
+
+
+def settle_cdf_figure(
+    shares: Sequence[float],
+    commit: Sequence[float] | None,
+    dlq: Sequence[float] | None,
+    title: str = "",
+) -> Figure:
+    """The distribution of the time from publishing to commit and to the DLQ: the share of
+    those messages settled within a time, on a log axis (a retry ladder's steps show as
+    steps; times under a millisecond are drawn at 1 ms). ``commit`` and ``dlq`` are the
+    times at ``shares`` (the summary's quantile arrays); None or empty: nobody got there."""
+    fig, (ax,) = _figure()
+    drawn: list[float] = []
+    for label, values, color in (
+        ("to commit", commit, "#2ca02c"),
+        ("to the DLQ", dlq, "#7f7f7f"),
+    ):
+        if values is None or not len(values):
+            continue
+        seconds = [max(float(value), 1.0) / 1000 for value in values]
+        ax.plot(seconds, [share * 100 for share in shares], marker=".", color=color, label=label)
+        drawn += seconds
+    if drawn:
+        ax.set_xscale("log")
+        ticks = [(s, n) for s, n in _TIME_TICKS if min(drawn) / 10 <= s <= max(drawn) * 10]
+        ax.set_xticks([s for s, _ in ticks], [n for _, n in ticks])
+        ax.legend(loc="lower right", fontsize=8)
+    for level in (50, 95, 99):
+        ax.axhline(level, color="#999999", linewidth=0.6, linestyle=":")
+    ax.set(xlabel="time since publishing (log scale)", ylabel="% of those messages")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3, which="both")
+    if title:
+        ax.set_title(title)
+    return fig
 
 
 def state_counts_figure(

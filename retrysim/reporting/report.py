@@ -21,6 +21,7 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import SparkSession
 
@@ -29,6 +30,7 @@ from retrysim.planning.targets import METRICS, show
 from retrysim.reporting import analysis
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.units import format_duration
+from retrysim.tables.summary import QUANTILES
 
 REPORTS_DIR = "reports"
 _CSS = """
@@ -87,6 +89,7 @@ _PLAN = (
 # Section titles of a run report, per group (the tests look for them).
 RUN_SECTIONS = (
     "State counts over time",
+    "Time to commit and to the DLQ",
     "Deliveries vs retries",
     "Retries by delay level",
     "Schedule-topic backlog per level",
@@ -218,6 +221,12 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
             "pool's threads dotted; outages shaded).",
         ),
         (
+            plots.settle_cdf_figure(QUANTILES, *_settled(data, group)),
+            "The share of the messages committed (or moved to the DLQ) within a time of being "
+            "published: their distribution, from the summary's quantiles (every 5 %, then "
+            "99 %, 99.9 % and the last); 50, 95 and 99 % dotted.",
+        ),
+        (
             plots.deliveries_figure(analysis.delivery_rates(load), outages=outages),
             "First deliveries and retries per second: the share of consumer work spent on retries.",
         ),
@@ -265,6 +274,15 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
         section.append(f'<h3>{html.escape(title)}</h3><p class="note">{html.escape(note)}</p>')
         section.append(_image(fig, f"{group}: {title}"))
     return section
+
+
+def _settled(data: analysis.RunData, group: str) -> tuple:
+    """The group's time to commit and to the DLQ at QUANTILES (None: no such message)."""
+    row = data.summary.set_index("group").loc[group]
+    return tuple(
+        None if not isinstance(row.get(column), (list, tuple, np.ndarray)) else row[column]
+        for column in ("time_to_commit_quantiles_ms", "time_to_dlq_quantiles_ms")
+    )
 
 
 def _idle_text(data: analysis.RunData, group: str) -> str:

@@ -36,7 +36,7 @@ from retrysim.tables.key_peaks import GroupSums
 from retrysim.tables.load import LOAD_COUNTS, LOAD_GAUGES
 from retrysim.tables.peaks import ALL_LEVELS, GAUGES, RATES, THREAD_UNITS
 from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, data_schema, write_rows
-from retrysim.tables.summary import PERCENTILES
+from retrysim.tables.summary import PERCENTILES, QUANTILES
 
 _SETTLED = {COMMIT: "commits", DLQ: "dlq", DISCARD: "discards"}
 
@@ -369,10 +369,12 @@ def _summary_row(
         **_run_maxima(changes),
         **_instance_extremes(scenario, name, instances),
     }
-    for index, share in enumerate(PERCENTILES):
-        label = f"p{round(share * 100)}"
+    for share in PERCENTILES:
+        label, index = f"p{round(share * 100)}", QUANTILES.index(share)
         row[f"{label}_time_to_commit_ms"] = sums.ttc[index] if sums.ttc else None
         row[f"{label}_time_to_dlq_ms"] = sums.ttd[index] if sums.ttd else None
+    row["time_to_commit_quantiles_ms"] = list(sums.ttc) if sums.ttc else None
+    row["time_to_dlq_quantiles_ms"] = list(sums.ttd) if sums.ttd else None
     return row
 
 

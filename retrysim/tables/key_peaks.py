@@ -31,7 +31,7 @@ from retrysim.tables.key_counts import (
     columns_of,
 )
 from retrysim.tables.peaks import ALL_LEVELS, GAUGES, THREAD_UNITS
-from retrysim.tables.summary import PERCENTILES
+from retrysim.tables.summary import QUANTILES
 
 _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
 
@@ -451,7 +451,7 @@ def _percentiles(parts: list[np.ndarray]) -> list[float] | None:
     values = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     if not len(values):
         return None
-    positions = [float(len(values) - 1) * share for share in PERCENTILES]
+    positions = [float(len(values) - 1) * share for share in QUANTILES]
     ranks = sorted({int(f(position)) for position in positions for f in (np.floor, np.ceil)})
     values = np.partition(values, ranks)
     result = []

@@ -213,6 +213,10 @@ SUMMARY = nullable_schema(
     ("p50_time_to_dlq_ms", DoubleType()),
     ("p95_time_to_dlq_ms", DoubleType()),
     ("p99_time_to_dlq_ms", DoubleType()),
+    # the distributions: the time to commit and to the DLQ at summary.QUANTILES (every 5 %,
+    # then 99 %, 99.9 % and the largest)
+    ("time_to_commit_quantiles_ms", ArrayType(DoubleType())),
+    ("time_to_dlq_quantiles_ms", ArrayType(DoubleType())),
     ("max_ready_backlog", LongType()),
     ("max_waiting_retry", LongType()),
     ("peak_utilization", DoubleType()),

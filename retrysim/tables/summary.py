@@ -31,6 +31,10 @@ from retrysim.tables.schemas import (
 if TYPE_CHECKING:
     from retrysim.tables.key_peaks import GroupSums
 
+# The shares of the time to commit and to the DLQ each run keeps (the summary's quantile
+# arrays: the distribution a report draws as a CDF): every 5 %, then the tail.
+QUANTILES = (*(step / 20 for step in range(20)), 0.99, 0.999, 1.0)
+# The summary's own percentile columns, picked from QUANTILES.
 PERCENTILES = (0.5, 0.95, 0.99)
 
 
@@ -150,17 +154,19 @@ def summary_from(
         "write_amplification": F.col("commitlog_writes") / F.col("messages"),
         "engine": literal_map(engines)[F.col("group")],
     }
-    for index, share in enumerate(PERCENTILES):
-        label = f"p{round(share * 100)}"
+    for share in PERCENTILES:
+        label, index = f"p{round(share * 100)}", QUANTILES.index(share)
         columns[f"{label}_time_to_commit_ms"] = F.col("ttc")[index]
         columns[f"{label}_time_to_dlq_ms"] = F.col("ttd")[index]
+    columns["time_to_commit_quantiles_ms"] = F.col("ttc")
+    columns["time_to_dlq_quantiles_ms"] = F.col("ttd")
     return select_schema(joined.withColumns(columns), data_schema(SUMMARY))
 
 
 def times_to_settle(
     attempts: DataFrame, scenario: Scenario, known: dict[str, GroupSums] | None = None
 ) -> DataFrame:
-    """Per group, the exact percentiles (PERCENTILES) of the time from publishing to commit
+    """Per group, the exact quantiles (QUANTILES) of the time from publishing to commit
     (``ttc``) and to the DLQ (``ttd``), as arrays. Held in executor memory: a few rows, from
     a scan of every attempt that needs nothing else, so it can run beside the other scans;
     the groups in ``known`` bring theirs from the tasks that simulated them."""
@@ -174,7 +180,7 @@ def times_to_settle(
                     state.alias("kind"),
                     (F.col("settled_ms") - F.col("born_ms")).alias("value"),
                 ),
-                PERCENTILES,
+                QUANTILES,
             )
             .groupBy("group")
             .pivot("kind", [COMMIT, DLQ])

@@ -62,6 +62,9 @@ from retrysim.scenario.loading import build_scenario
 BUCKET_MS = 10_000
 HORIZON_MS = 1_800_000
 PERCENTILES = (("p50", "0.5"), ("p95", "0.95"), ("p99", "0.99"))
+# The distribution the summary keeps (time_to_commit_quantiles_ms), written out here: every
+# 5 %, then 99 %, 99.9 % and the largest.
+QUANTILE_SHARES = (*(f"{step}/20" for step in range(20)), "0.99", "0.999", "1")
 PERCENTILE_TOLERANCE_MS = 1e-6
 LOGNORMAL = {"dist": "lognormal", "mean": "50ms", "p99": "400ms"}
 GROUPS = [
@@ -193,6 +196,7 @@ def _expected(reference: dict[str, list[dict]], group: str) -> dict:
         "dlq": states.count("DLQ"),
         "pending": len(born) - states.count("Commit") - states.count("DLQ"),
         "percentiles": {label: _percentile(commits, share) for label, share in PERCENTILES},
+        "quantiles": [_percentile(commits, share) for share in QUANTILE_SHARES],
         "series": series,
         "oldest": oldest,
         "busy": busy,
@@ -309,6 +313,10 @@ def test_counts_dlq_and_time_to_commit_percentiles(engine, reference, group):
         got = row[f"{label}_time_to_commit_ms"]
         assert want is not None and got is not None, label
         assert abs(got - float(want)) <= PERCENTILE_TOLERANCE_MS, (label, got, float(want))
+    got = list(row["time_to_commit_quantiles_ms"])
+    assert len(got) == len(expected["quantiles"])
+    for share, value, want in zip(QUANTILE_SHARES, got, expected["quantiles"], strict=True):
+        assert abs(value - float(want)) <= PERCENTILE_TOLERANCE_MS, (share, value, float(want))
 
 
 @pytest.mark.parametrize("group", NAMES)

@@ -101,3 +101,19 @@ def test_tradeoffs_draw_each_metrics_interval_as_a_band_around_its_mean():
 def _bands(ax) -> list[PolyCollection]:
     """The axis' filled bands (fill_between's polygons; the starred point is a scatter)."""
     return [c for c in ax.collections if isinstance(c, PolyCollection)]
+
+
+def test_the_time_to_settle_is_drawn_as_a_distribution_on_a_log_axis():
+    shares = [0.0, 0.5, 0.99, 1.0]
+    fig = plots.settle_cdf_figure(shares, [0.0, 40.0, 10_000.0, 20_000.0], [17_140_000.0] * 4)
+    (ax,) = fig.axes
+    commit, dlq = ax.get_lines()[:2]
+    assert list(commit.get_xdata()) == [0.001, 0.04, 10.0, 20.0]  # s; 0 ms drawn at 1 ms
+    assert list(commit.get_ydata()) == [0.0, 50.0, 99.0, 100.0]
+    assert set(dlq.get_xdata()) == {17_140.0}
+    assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 100)
+    labels = [tick.get_text() for tick in ax.get_xticklabels()]
+    assert "1s" in labels and "1h" in labels
+    nothing = plots.settle_cdf_figure(shares, None, [])  # no commit and no dead letter
+    assert not [line for line in nothing.axes[0].get_lines() if line.get_label() in
+                ("to commit", "to the DLQ")]  # fmt: skip
