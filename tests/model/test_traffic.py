@@ -143,9 +143,14 @@ def test_read_counts_names_the_file_and_the_line(tmp_path, text, expect):
     ],
 )  # fmt: skip
 def test_bad_shapes_name_the_field(workload, expect):
+    assert f"groups[0].{expect}" in _refusal(f"groups.0.workload={workload}")
+
+
+def _refusal(setting: str) -> str:
+    """The one-line error of the default scenario with ``setting``."""
     with pytest.raises(ScenarioError) as raised:
-        load_scenario(DEFAULT, [f"groups.0.workload={workload}"])
-    assert f"groups[0].{expect}" in str(raised.value)
+        load_scenario(DEFAULT, [setting])
+    return str(raised.value)
 
 
 def test_bad_shape_on_the_command_line_exits_2_with_one_line_and_writes_nothing(tmp_path):
@@ -245,9 +250,7 @@ def test_the_daily_profile_example_publishes_its_day_piece_by_piece():
     ],
 )  # fmt: skip
 def test_bad_behavior_profiles_name_the_field(profile, expect):
-    with pytest.raises(ScenarioError) as raised:
-        load_scenario(DEFAULT, [f"groups.0.behavior.profile={profile}"])
-    assert f"groups[0].{expect}" in str(raised.value)
+    assert f"groups[0].{expect}" in _refusal(f"groups.0.behavior.profile={profile}")
 
 
 def test_behavior_pieces_are_windows_before_the_outages():
