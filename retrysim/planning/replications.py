@@ -294,13 +294,12 @@ def replicate(
 ) -> Replications:
     """Run ``scenario`` ``replications`` times, each under its own seed, as runs
     ``<run_id>-r<k>`` (the run id itself for one replication); ``options`` go to
-    :func:`retrysim.runner.simulate` (a ``report`` is drawn for every replication).
+    :func:`retrysim.runner.simulate` (with ``report``, each replication draws its own).
     ``on_result(k, result)`` is called after each replication is published.
 
     >>> reps = replicate(spark, load_scenario("conf/flash-sale.yaml"), 5)  # doctest: +SKIP
     >>> reps.intervals().query("metric == 'p99_time_to_commit_ms'")  # doctest: +SKIP
     """
-    check_replications(replications)
     base = check_run_id(run_id or default_run_id(scenario))
     check_replications(replications, base)
     output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
