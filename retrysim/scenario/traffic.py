@@ -17,6 +17,8 @@ import datetime as dt
 import math
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from retrysim.scenario.units import parse_duration
 
 __all__ = ["read_counts"]
@@ -74,8 +76,6 @@ def _csv_rows(path: Path) -> list[tuple[int, str, str]]:
 
 
 def _parquet_rows(path: Path) -> list[tuple[int, object, object]]:
-    import pyarrow.parquet as pq
-
     try:
         table = pq.read_table(path)
     except Exception as error:  # pyarrow raises its own kinds for a file that is not Parquet
