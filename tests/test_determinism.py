@@ -49,6 +49,10 @@ QUICK_JVM_CONF = (
 )
 
 
+# where it ran and where it belongs among replications: not the run's content
+RUN_LABELS = {"spark_master", "replication_of", "point", "replication"}
+
+
 def simulate_command(
     output: Path, run_id: str, master: str, *conf: str, job_master: bool = False
 ) -> list[str]:
@@ -214,11 +218,12 @@ def test_digest_columns_exclude_only_run_specific_ones():
             for field in schema.fields
             if field.name == "run_id"
             or isinstance(field.dataType, T.TimestampType)
-            or (table, field.name) in (("runs", "spark_master"), ("runs", "replication_of"))
+            or (table == "runs" and field.name in RUN_LABELS)
         }
         expected = [name for name in schema.fieldNames() if name not in excluded]
         assert digest_columns(table) == expected
         assert expected, table
     runs = digest_columns("runs")
+    assert not RUN_LABELS & set(runs)
     assert not {"run_id", "started_at", "finished_at", "spark_master"} & set(runs)
     assert {"scenario", "seed", "config_json", "status"} <= set(runs)

@@ -20,13 +20,15 @@ from retrysim.store.sinks import read_table
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS
 
 MODULUS = 2**64
-# Columns never hashed, per table ("*": every table): run_id names the run (and
-# runs.replication_of the set it belongs to), spark_master says where it ran, and
+# Columns never hashed, per table ("*": every table): run_id names the run (and runs'
+# replication_of, point and replication where it belongs among replications: a plan point
+# and a simulate of the same scenario and seed are the same tables), spark_master says
+# where it ran, and
 # TimestampType columns are wall-clock time (simulated time is *_ms).
 # Kept on purpose: runs.engine_version and rounds, the same for every run of one build.
 EXCLUDED: dict[str, frozenset[str]] = {
     "*": frozenset({PARTITION_COLUMN}),
-    "runs": frozenset({"spark_master", "replication_of"}),
+    "runs": frozenset({"spark_master", "replication_of", "point", "replication"}),
 }
 _DECIMAL = T.DecimalType(38, 0)
 

@@ -23,7 +23,7 @@ from retrysim.engine.sizing import check_size
 from retrysim.planning.replications import Replications, check_replications, replicate
 from retrysim.planning.targets import show
 from retrysim.reporting.report import draw_run_report
-from retrysim.runner import check_run_id
+from retrysim.runner import check_run_id, default_run_id
 from retrysim.scenario.loading import load_scenario
 from retrysim.scenario.units import human_ms
 from retrysim.session import build_session, stop_session
@@ -154,8 +154,8 @@ def _print_intervals(reps: Replications) -> None:
 def simulate_command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     output = check_output(args.output)
-    if args.run_id:
-        check_replications(args.replications, check_run_id(args.run_id))
+    run_id = check_run_id(args.run_id or default_run_id(scenario))
+    check_replications(args.replications, run_id)
     check_size(scenario, output, args.master, force=args.force, runs=args.replications)
     check_spark(args.master, args.delta_sink)
     for group in scenario.groups:
@@ -174,7 +174,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             scenario,
             args.replications,
             output=output,
-            run_id=args.run_id,
+            run_id=run_id,
             progress=None if args.quiet else say,
             on_result=lambda _k, result: _print_summary(result),
             sink=args.delta_sink,

@@ -155,9 +155,20 @@ def prepare_plan(
 def _check_search(
     search: SearchAxis, axes: Sequence[SweepAxis], targets: Sequence[Target], data: dict
 ) -> None:
-    """A search needs targets, no sweep of the searched group's pool, and valid ends."""
-    if not targets:
-        raise ScenarioError("--search", f"{search.given}: give a --target to search for")
+    """A search needs a target of the searched group, a finite pool, no sweep of that pool,
+    and valid ends."""
+    if not any(target.applies_to(search.group) for target in targets):
+        raise ScenarioError(
+            "--search",
+            f"{search.given}: give a --target that group {search.group} must meet to search for",
+        )
+    base = build_scenario(copy.deepcopy(data))
+    if next(g for g in base.groups if g.name == search.group).consumers.pool_size is None:
+        raise ScenarioError(
+            "--search",
+            f"{search.given}: group {search.group}'s pool is unlimited; set "
+            "consumers: {instances, threads} to search a finite one",
+        )
     for axis in axes:
         if axis.touches_pool(search.group):
             raise ScenarioError(

@@ -196,6 +196,8 @@ class Interval:
 def interval(values: Sequence[float | None], level: float = INTERVAL_LEVEL) -> Interval:
     """The mean of ``values`` (None and NaN left out) and its Student-t interval at ``level``,
     cut at 0 below (no metric is negative)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level {level!r}: must be within (0, 1)")
     present = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     missing = len(values) - len(present)
     n = len(present)

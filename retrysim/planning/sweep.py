@@ -88,7 +88,9 @@ def _group_names(data: Mapping[str, Any]) -> list[str]:
     return [str(item.get("name")) for item in groups if isinstance(item, dict)]
 
 
-def _resolve_group(token: str, names: list[str], given: str) -> tuple[str, str]:
+def _resolve_group(
+    token: str, names: list[str], given: str, flag: str = "--sweep"
+) -> tuple[str, str]:
     """(group name, canonical token) of ``groups.<token>``: an index or a name."""
     if token.isdigit() and int(token) < len(names):
         name = names[int(token)]
@@ -96,7 +98,7 @@ def _resolve_group(token: str, names: list[str], given: str) -> tuple[str, str]:
         name = token
     else:
         raise ScenarioError(
-            "--sweep",
+            flag,
             f"{given}: no group {token!r}; use an index 0..{len(names) - 1} or one of {names}",
         )
     # A group whose name is all digits keeps the index spelling (``--set`` reads digits as one).
@@ -119,7 +121,7 @@ def canonical_key(
     if head == "groups":
         if len(parts) < 3:
             raise ScenarioError(flag, f"{key}: name a key inside the group, e.g. {key}.consumers")
-        name, token = _resolve_group(parts[1], names, key)
+        name, token = _resolve_group(parts[1], names, key, flag)
         return ".".join(["groups", token, *parts[2:]]), name
     if head in GROUP_KEYS:
         if len(names) != 1:

@@ -44,7 +44,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def _files_beside(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     """A traffic file named in the scenario is found beside it (``--set`` paths are taken
     from the working folder, as a shell gives them)."""
-    for group in data.get("groups") or ():
+    groups = data.get("groups")
+    for group in groups if isinstance(groups, list) else ():
         workload = group.get("workload") if isinstance(group, dict) else None
         name = workload.get("file") if isinstance(workload, dict) else None
         if isinstance(name, str) and name.strip() and not Path(name).is_absolute():

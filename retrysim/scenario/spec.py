@@ -240,8 +240,15 @@ class Workload(_Model):
         if not isinstance(data.get("file"), str) or not data["file"].strip():
             raise FieldRuleError("file", "is required with arrival: file (a CSV or Parquet path)")
         scale = data.get("scale", 1.0)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-            raise FieldRuleError("scale", f"value {scale!r}: must be a number > 0")
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not 0 < scale <= limits.MAX_TRAFFIC_SCALE
+        ):
+            raise FieldRuleError(
+                "scale",
+                f"value {scale!r}: must be a number > 0 and <= {limits.MAX_TRAFFIC_SCALE:g}",
+            )
         try:
             counts = read_counts(data["file"], float(scale))
         except TrafficFileError as error:

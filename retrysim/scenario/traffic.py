@@ -38,6 +38,8 @@ def read_counts(path: str | Path, scale: float = 1.0) -> list[tuple[int, int]]:
         rows = _parquet_rows(path) if path.suffix.lower() == ".parquet" else _csv_rows(path)
     except OSError as error:
         raise TrafficFileError(f"cannot read {path}: {error.strerror or error}") from None
+    except (UnicodeError, csv.Error) as error:
+        raise TrafficFileError(f"cannot read {path} as a UTF-8 CSV: {error}") from None
     if len(rows) < 2:
         raise TrafficFileError(
             f"{path}: {len(rows)} data row(s); at least two are needed (each row's interval "

@@ -88,6 +88,20 @@ def test_read_counts_intervals_run_to_the_next_row_and_the_last_as_long_as_the_o
     assert read_counts(path) == rows
 
 
+def test_a_file_that_is_not_utf8_text_is_named(tmp_path):
+    path = tmp_path / "export.csv"
+    path.write_text("time,count\n0,5\n60,6\n", encoding="utf-16")
+    with pytest.raises(TrafficFileError, match=f"cannot read {path} as a UTF-8 CSV"):
+        read_counts(path)
+
+
+def test_a_scenario_whose_groups_are_not_a_list_is_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\ngroups: 3\n")
+    with pytest.raises(ScenarioError, match=r"^groups: "):
+        load_scenario(path)
+
+
 def test_read_counts_scales_and_reads_parquet(tmp_path):
     path = tmp_path / "traffic.parquet"
     pq.write_table(pa.table({"offset_s": [0, 60, 120], "count": [10, 15, 0]}), path)
@@ -139,6 +153,7 @@ def test_read_counts_names_the_file_and_the_line(tmp_path, text, expect):
         ("{arrival: file}", "workload.file: is required with arrival: file"),
         ("{arrival: file, file: no-such.csv}", "workload.file: cannot read"),
         ("{arrival: file, file: x.csv, scale: 0}", "workload.scale: value 0: must be a number > 0"),
+        ("{arrival: file, file: x.csv, scale: .inf}", "workload.scale: value inf: must be"),
         ("{arrival: rush}", "workload.arrival: value 'rush': must be one of"),
     ],
 )  # fmt: skip

@@ -70,6 +70,12 @@ def test_interval_edges_one_value_missing_values_and_the_floor_at_zero():
     assert wide.low == 0.0 and wide.high > 9.0
 
 
+def test_an_interval_level_outside_0_1_is_refused():
+    for level in (0, 1, 1.5):
+        with pytest.raises(ValueError, match="must be within"):
+            interval([1.0, 2.0], level)
+
+
 def test_seeds_first_is_the_scenarios_own_the_rest_distinct_and_reproducible():
     seeds = [replication_seed(42, k) for k in range(1, 101)]
     assert seeds[0] == 42

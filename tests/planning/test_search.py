@@ -54,8 +54,19 @@ def test_bad_searches_name_the_flag(text, expect):
 def test_a_search_needs_targets_and_its_own_pool_and_valid_ends():
     scenario = PROJECT / "conf" / "flash-sale.yaml"
     target = ["p99_time_to_commit=2s"]
-    with pytest.raises(ScenarioError, match="give a --target to search for"):
+    with pytest.raises(ScenarioError, match="give a --target that group checkout must meet"):
         prepare_plan(scenario, search="consumers.instances=1..8")
+    with pytest.raises(ScenarioError, match="give a --target that group ledger-default must"):
+        prepare_plan(PROJECT / "conf" / "orderly-blocking.yaml",
+                     targets=["ledger-bounded.p99_time_to_commit=1m"],
+                     search="groups.ledger-default.consumers.threads=1..8")  # fmt: skip
+    with pytest.raises(ScenarioError, match="pool is unlimited; set consumers"):
+        prepare_plan(scenario, ["groups.0.consumers=unlimited"], targets=target,
+                     search="consumers.instances=1..8")  # fmt: skip
+    with pytest.raises(
+        ScenarioError, match=r"^--search: groups.nope.consumers.instances: no group"
+    ):
+        prepare_plan(scenario, targets=target, search="groups.nope.consumers.instances=1..8")
     with pytest.raises(ScenarioError, match="sets the same group's pool"):
         prepare_plan(scenario, sweeps=["consumers.threads=2,4"], targets=target,
                      search="consumers.instances=1..8")  # fmt: skip
