@@ -21,7 +21,7 @@ from retrysim.cli.common import (
 from retrysim.engine.rounds import TAIL_ROWS
 from retrysim.engine.sizing import check_size
 from retrysim.planning.replications import Replications, check_replications, replicate
-from retrysim.planning.targets import show
+from retrysim.planning.targets import aligned, show
 from retrysim.reporting.report import draw_run_report
 from retrysim.runner import check_run_id, default_run_id
 from retrysim.scenario.loading import load_scenario
@@ -146,9 +146,8 @@ def _print_intervals(reps: Replications) -> None:
             if row["missing"]:
                 shown[-1] += f" (no value in {int(row['missing'])})"
             table.append(shown)
-        widths = [max(len(r[i]) for r in table) for i in range(3)]
-        for r in table:
-            say("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[3])
+        for line in aligned(table):
+            say(line)
 
 
 def simulate_command(args: argparse.Namespace) -> int:

@@ -57,6 +57,7 @@ from retrysim.planning.targets import (
     Outcome,
     Recommendation,
     Target,
+    aligned,
     check_targets,
     describe,
     judge,
@@ -139,7 +140,7 @@ def prepare_plan(
     check_targets(parsed)
     found = parse_search(search, data) if search is not None else None
     if found is not None:
-        _check_search(found, axes, parsed, data)
+        _check_search(found, axes, parsed, data, base)
     spec = PlanSpec(
         data, base, axes, parsed, tuple(plan_points(data, axes)), replications, confidence, found
     )
@@ -153,7 +154,11 @@ def prepare_plan(
 
 
 def _check_search(
-    search: SearchAxis, axes: Sequence[SweepAxis], targets: Sequence[Target], data: dict
+    search: SearchAxis,
+    axes: Sequence[SweepAxis],
+    targets: Sequence[Target],
+    data: dict,
+    base: Scenario,
 ) -> None:
     """A search needs a target of the searched group, a finite pool, no sweep of that pool,
     and valid ends."""
@@ -162,7 +167,6 @@ def _check_search(
             "--search",
             f"{search.given}: give a --target that group {search.group} must meet to search for",
         )
-    base = build_scenario(copy.deepcopy(data))
     if next(g for g in base.groups if g.name == search.group).consumers.pool_size is None:
         raise ScenarioError(
             "--search",
@@ -492,7 +496,7 @@ def format_plan(result: PlanResult) -> str:
                     verdict,
                 ]
             )
-        lines += _aligned(table)
+        lines += aligned(table)
     lines.append("recommendation:" if spec.targets else "no --target given: no recommendation")
     for rec in result.recommendations:
         lines.append("  " + describe(rec))
@@ -533,11 +537,3 @@ def _with_interval(outcome: Outcome, column: str, kind: str) -> str:
     if mean is None or high is None or high == mean:
         return show(kind, mean)
     return f"{show(kind, mean)}±{show(kind, high - mean)}"
-
-
-def _aligned(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return [
-        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1]
-        for row in rows
-    ]

@@ -51,6 +51,7 @@ __all__ = [
     "Outcome",
     "Recommendation",
     "Target",
+    "aligned",
     "evaluate",
     "judge",
     "overall_pool",
@@ -84,6 +85,16 @@ class Target:
     def __str__(self) -> str:
         where = f"{self.group}." if self.group else ""
         return f"{where}{self.metric} <= {self.show_value(self.limit)}"
+
+
+def aligned(rows: list[list[str]]) -> list[str]:
+    """Rows of text cells as indented lines, every column padded to its widest cell but the
+    last (free text, such as a verdict)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        for row in rows
+    ]
 
 
 def show(kind: str, value: float | None) -> str:
@@ -183,11 +194,11 @@ def judge(
     often missed first, then worst), how many replications miss each (by metric), and the
     share of replications that meet every target."""
     targets = list(targets)
-    missed = [evaluate(metrics, targets, group) for metrics in runs]
-    misses = Counter(target.metric for failed in missed for target in failed)
-    first = list(dict.fromkeys(target for failed in missed for target in failed))
-    failed = sorted(first, key=lambda target: -misses[target.metric])
-    share = sum(not failed for failed in missed) / len(runs) if runs else 0.0
+    per_run = [evaluate(metrics, targets, group) for metrics in runs]
+    misses = Counter(target.metric for missed in per_run for target in missed)
+    seen = dict.fromkeys(target for missed in per_run for target in missed)
+    failed = sorted(seen, key=lambda target: -misses[target.metric])
+    share = sum(not missed for missed in per_run) / len(runs) if runs else 0.0
     return tuple(failed), dict(misses), share
 
 
