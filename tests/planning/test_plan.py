@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pyspark.sql import functions as F
-from support import PROJECT
+from support import PROJECT, SMALL_FLASH_SALE
 
 from retrysim.planning.plan import (
     check_plan_id,
@@ -357,18 +357,10 @@ def test_two_group_shorthand_is_refused_by_the_cli(tmp_path):
 
 # --------------------------------------------------------------------------- end to end
 
-# conf/flash-sale.yaml, small: 200 orders in 1 s at ~100 ms each and no failures (so the tail
-# of the time to commit is queueing, not retries); pools of 4, 8 and 16 threads take about 40,
-# 80 and 160 orders per second. The smallest pool misses both targets, the middle one only the
-# backlog, so the largest is recommended and max_ready_backlog binds. This run is also the
-# flash-sale scenario's test.
-E2E_SET = (
-    "groups.0.workload.messages=200",
-    "groups.0.workload.over=1s",
-    "groups.0.behavior.fail_probability=0",
-    "horizon=2m",
-    "load_bucket=1s",
-)
+# The small flash sale (support.SMALL_FLASH_SALE): the smallest pool misses both targets, the
+# middle one only the backlog, so the largest is recommended and max_ready_backlog binds. This
+# run is also the flash-sale scenario's test.
+E2E_SET = SMALL_FLASH_SALE
 E2E_SWEEP = "consumers.instances=1,2,4"
 E2E_TARGETS = ("p99_time_to_commit=2s", "max_ready_backlog=100")
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
-from support import PROJECT
+from support import PROJECT, SMALL_FLASH_SALE
 
 from retrysim.planning.plan import format_plan, point_run_id, prepare_plan, run_plan
 from retrysim.planning.replications import (
@@ -222,14 +222,8 @@ def test_intervals_across_replications_from_the_summary_table(spark, three):
     assert len({summary[f"rep-r{k}"]["retries"] for k in (1, 2, 3)}) > 1  # the seeds differ
 
 
-# A plan of three pools with three replications each (as test_plan's end-to-end plan).
-PLAN_SET = (
-    "groups.0.workload.messages=200",
-    "groups.0.workload.over=1s",
-    "groups.0.behavior.fail_probability=0",
-    "horizon=2m",
-    "load_bucket=1s",
-)
+# A plan of three pools with three replications each, on the small flash sale.
+PLAN_SET = SMALL_FLASH_SALE
 
 
 @pytest.fixture(scope="module")

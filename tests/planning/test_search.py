@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from pyspark.sql import functions as F
-from support import PROJECT
+from support import PROJECT, SMALL_FLASH_SALE
 
 from retrysim.planning.plan import format_plan, prepare_plan, run_plan
 from retrysim.planning.search import parse_search, probes_at_most, smallest_meeting
@@ -77,15 +77,9 @@ def test_a_search_needs_targets_and_its_own_pool_and_valid_ends():
     assert spec.most_points == 2 * 8  # two cases, 2 + log2(63) probes each
 
 
-# conf/flash-sale.yaml small (as test_plan's end-to-end plan): 200 orders in 1 s; one
-# instance misses both targets, two the backlog, four meet both: the answer lies between.
-SMALL = (
-    "groups.0.workload.messages=200",
-    "groups.0.workload.over=1s",
-    "groups.0.behavior.fail_probability=0",
-    "horizon=2m",
-    "load_bucket=1s",
-)
+# The small flash sale (support.SMALL_FLASH_SALE): one instance misses both targets, two the
+# backlog, four meet both: the answer lies between.
+SMALL = SMALL_FLASH_SALE
 TARGETS = ("p99_time_to_commit=2s", "max_ready_backlog=100")
 
 
