@@ -93,7 +93,13 @@ def simulate_attempts(
         unit_messages = UNIT_MESSAGES if wide else sys.maxsize
         fewest_units = MOST_OUTPUT_PARTS + 1
     plans = group_plans(scenario)
-    by_rounds = [plan for plan in plans if not plan.policy.sequential]
+    for plan in plans:
+        if plan.group.behavior.downstream is not None:
+            say(
+                f"group {plan.name}: its downstream answers to load (each call depends on the "
+                "calls in flight); simulating it event by event"
+            )
+    by_rounds = [plan for plan in plans if not needs_events(plan)]
     full_from_start = _certainly_full(by_rounds, say)
     not_full = [plan for plan in by_rounds if plan.name not in full_from_start]
     from_start = full_from_start | _small(not_full, small_group, say)
@@ -116,9 +122,7 @@ def simulate_attempts(
     if full:
         _drop_groups(spark, rounds_dir, set(full))
     sequential = [
-        plan
-        for plan in plans
-        if plan.policy.sequential or plan.name in full or plan.name in from_start
+        plan for plan in plans if needs_events(plan) or plan.name in full or plan.name in from_start
     ]
     sums = (
         _run_sequential(
@@ -129,6 +133,13 @@ def simulate_attempts(
     )
     engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}
     return rounds, engines, sums
+
+
+def needs_events(plan: GroupPlan) -> bool:
+    """Whether a group is simulated event by event from the start, whatever its pool:
+    ordered queues and batches are decided by dispatch order, and a downstream that answers
+    to load makes each call depend on the calls in flight (the round engine declines it)."""
+    return plan.policy.sequential or plan.group.behavior.downstream is not None
 
 
 def _certainly_full(plans: list[GroupPlan], say: Progress) -> set[str]:
@@ -344,6 +355,7 @@ def lanes_are_independent(plan: GroupPlan) -> bool:
         policy.blocking
         and policy.batch_size == 1
         and policy.replay is None
+        and plan.group.behavior.downstream is None  # its calls tie the queues together
         and (
             threads is None
             or (policy.timeout_ms is None and threads >= policy.topology.most_lanes_per_instance)

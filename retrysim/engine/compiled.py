@@ -82,8 +82,10 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
  K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
  K_HORIZON, K_SIZE) = range(28)  # fmt: skip
 # The listener's doubles: base probability, kind and send-back thresholds, base distribution.
+# A downstream that answers to load: its capacity (0: none), whether the group's instances
+# share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
 (D_PROBABILITY, D_KIND_1, D_KIND_2, D_SEND_BACK_1, D_SEND_BACK_2, D_DIST, D_MEAN, D_MU,
- D_SIGMA, D_SIZE) = range(10)  # fmt: skip
+ D_SIGMA, D_CAPACITY, D_PER_GROUP, D_CALL_TIMEOUT, D_SHED, D_SIZE) = range(14)  # fmt: skip
 # Output columns: STAGE's, without group and poison_fixed (constant here).
 _OUT = STAGE.fieldNames()[1:-1]
 _WIDTH = len(_OUT)
@@ -220,21 +222,33 @@ def _conditions(windows, d, start):
 
 
 @njit(cache=True, inline="always")
-def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned):
+def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency):
     """ListenerModel.result: (outcome, processing_ms, send_back), under ``conditions``
-    (:func:`_conditions` at the delivery's start)."""
+    (:func:`_conditions` at the delivery's start) with ``concurrency`` calls in flight at
+    the downstream, its own included (behavior.under_load, the same arithmetic)."""
     probability, kind, mean, mu, sigma = conditions
+    u_a = _uniform(prefixes[2], msg_id, delivery)
+    u_b = _uniform(prefixes[3], msg_id, delivery)
+    processing = _sample(int(kind), mean, mu, sigma, u_a, u_b)
+    timed_out = False
+    capacity = np.int64(d[D_CAPACITY])
+    if capacity > 0:
+        if concurrency > capacity:
+            processing = (2 * processing * concurrency + capacity) // (2 * capacity)
+            if d[D_SHED] > 0:
+                excess = d[D_SHED] * (concurrency - capacity) / concurrency
+                probability = 1.0 - (1.0 - probability) * (1.0 - excess)
+        timeout = np.int64(d[D_CALL_TIMEOUT])
+        if timeout >= 0 and processing > timeout:
+            processing, timed_out = timeout, True
     u_fail = _uniform(prefixes[0], msg_id, delivery)
-    fails = poisoned or delivery <= k[K_FAIL_FIRST] or u_fail < probability
+    fails = poisoned or delivery <= k[K_FAIL_FIRST] or timed_out or u_fail < probability
     outcome = SUCCESS
     if fails:
         u_kind = _uniform(prefixes[1], msg_id, delivery)
         outcome = (
             LATER if u_kind < d[D_KIND_1] else EXCEPTION if u_kind < d[D_KIND_2] else NULL_RETURN
         )
-    u_a = _uniform(prefixes[2], msg_id, delivery)
-    u_b = _uniform(prefixes[3], msg_id, delivery)
-    processing = _sample(int(kind), mean, mu, sigma, u_a, u_b)
     send_back = _SEND_BACK_DONE
     if d[D_SEND_BACK_2] > 0:
         u_send_back = _uniform(prefixes[4], msg_id, delivery)
@@ -634,8 +648,8 @@ def _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps,
 @njit(cache=True)
 def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_levels,
            resend_intervals, msg_ids, queue_ids, born, poisoned, count, member, eligible,
-           first_instance, order, taken, arrived, free, touched, touched_list, heaps, sizes,
-           slots, spare, event_keys, event_values, out, state):  # fmt: skip
+           first_instance, order, taken, arrived, free, busy, touched, touched_list, heaps,
+           sizes, slots, spare, event_keys, event_values, out, state):  # fmt: skip
     """:func:`_run`'s turns, until a chunk is full, every so many turns, the end, or a turn
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
@@ -645,7 +659,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     come as tuples and the per-delivery helpers are straight-line code or take scalars;
     the retries' rules, the waiting heaps and the event heap still take arrays. The caller
     grows the arrays on _ROOM and calls again; ``state`` holds the scalars between calls
-    (:data:`_STATE`)."""
+    (:data:`_STATE`); ``busy`` the calls in flight per instance and in all (the last),
+    counted for a downstream that answers to load."""
     n = NULL
     k = to_fixed_tuple(k_array, K_SIZE)
     d = to_fixed_tuple(d_array, D_SIZE)
@@ -655,6 +670,9 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     ack_index = k[K_ACK_INDEX]
     acked_later = ack_index != n and ack_index < 0  # a success is retried (docs/model.md §7)
     base = _base_conditions(d)
+    loaded = d[D_CAPACITY] > 0
+    per_group = d[D_PER_GROUP] > 0
+    everyone = k[K_INSTANCES]  # busy's entry for the whole group
     next_arrival, deliveries, first = state[_NEXT_ARRIVAL], state[_DELIVERIES], state[_FIRST]
     turns, events, spare_count = state[_TURNS], state[_EVENTS], state[_SPARE_COUNT]
     used, rows = state[_USED], state[_ROWS]
@@ -691,7 +709,11 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
         while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
             instance = _event_pop(event_keys, event_values, events)
             events -= 1
-            free[instance] += 1
+            if threads != n:
+                free[instance] += 1
+            if loaded:
+                busy[instance] -= 1
+                busy[everyone] -= 1
             if not touched[instance]:
                 touched[instance] = True
                 touched_list[touched_count] = instance
@@ -722,7 +744,10 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 touched_count += 1
         # dispatch: each touched instance starts what waits while it has a free thread, in
         # (eligible_ms, msg_id, delivery) order over its queue of first deliveries and its
-        # heap of retries
+        # heap of retries; in instance order where they share a downstream (each call
+        # counts the ones started before it)
+        if per_group and touched_count > 1:
+            touched_list[:touched_count].sort()
         for t in range(touched_count):
             instance = touched_list[t]
             touched[instance] = False
@@ -749,8 +774,9 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     sizes[instance] -= 1
                 index = slots[S_INDEX, slot]
                 msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
+                concurrency = (busy[everyone] if per_group else busy[instance]) + 1
                 outcome, processing, send_back = _listen(
-                    k, d, prefixes, conditions, msg_id, delivery, poisoned[index]
+                    k, d, prefixes, conditions, msg_id, delivery, poisoned[index], concurrency
                 )
                 outcome, end = _consume_result(k, now, processing, outcome)
                 deliveries += 1
@@ -758,6 +784,10 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     first += 1
                 if threads != n:
                     free[instance] -= 1
+                if loaded:
+                    busy[instance] += 1
+                    busy[everyone] += 1
+                if threads != n or loaded:
                     _event_push(
                         event_keys,
                         event_values,
@@ -834,6 +864,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     taken = starts[:-1].copy()  # per instance: its next first delivery to start
     arrived = starts[:-1].copy()  # and the end of those eligible so far
     free = np.full(instances, threads if threads != n else np.iinfo(np.int64).max, np.int64)
+    busy = np.zeros(instances + 1, np.int64)
     touched = np.zeros(instances, np.bool_)
     touched_list = np.empty(instances, np.int64)
     heaps = List()  # per instance: retries waiting for a thread
@@ -860,7 +891,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
         now, status = _turns(
             k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals,
             msg_ids, queue_ids, born, poisoned, count, member, eligible, first_instance, order,
-            taken, arrived, free, touched, touched_list, heaps, sizes, slots, spare,
+            taken, arrived, free, busy, touched, touched_list, heaps, sizes, slots, spare,
             event_keys, event_values, out, state,
         )  # fmt: skip
         if status == _DONE:
@@ -973,7 +1004,11 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     threads = k[K_THREADS]
     ack_index = k[K_ACK_INDEX]
     base = _base_conditions(d)
+    loaded = d[D_CAPACITY] > 0
+    per_group = d[D_PER_GROUP] > 0
     free = np.full(instances, threads if threads != n else np.iinfo(np.int64).max, np.int64)
+    busy = np.zeros(instances, np.int64)  # calls in flight, for a downstream under load
+    busy_all = 0
     touched = np.zeros(instances, np.bool_)
     touched_list = np.empty(instances, np.int64)
     touched_count = 0
@@ -1026,7 +1061,11 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
             events -= 1
             if payload < 0:
                 instance = -1 - payload
-                free[instance] += 1
+                if threads != n:
+                    free[instance] += 1
+                if loaded:
+                    busy[instance] -= 1
+                    busy_all -= 1
                 if not touched[instance]:
                     touched[instance] = True
                     touched_list[touched_count] = instance
@@ -1091,7 +1130,10 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     touched_list[touched_count] = instance
                     touched_count += 1
         # dispatch: each touched instance starts the lane with the smallest head while it
-        # has a free thread, a batch of that lane's waits in order
+        # has a free thread, a batch of that lane's waits in order (in instance order where
+        # they share a downstream)
+        if per_group and touched_count > 1:
+            touched_list[:touched_count].sort()
         for t in range(touched_count):
             instance = touched_list[t]
             touched[instance] = False
@@ -1124,11 +1166,12 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                 # the consume request: each member's listener, one processing time
                 processing = 0
                 failing = SUCCESS
+                concurrency = (busy_all if per_group else busy[instance]) + 1
                 for j in range(taken):
                     slot = batch[j]
                     outcome_j, processing_j, send_j = _listen(
                         k, d, prefixes, conditions, slots[S_MSG_ID, slot],
-                        slots[S_DELIVERY, slot], poisoned[slots[S_INDEX, slot]],
+                        slots[S_DELIVERY, slot], poisoned[slots[S_INDEX, slot]], concurrency,
                     )  # fmt: skip
                     outcomes[j], sends[j] = outcome_j, send_j
                     processing += processing_j
@@ -1141,6 +1184,10 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                         first += 1
                 if threads != n:
                     free[instance] -= 1
+                if loaded:
+                    busy[instance] += 1
+                    busy_all += 1
+                if threads != n or loaded:
                     if events == len(event_keys):
                         event_keys, event_values = _grow(event_keys), _grow(event_values)
                     _event_push(
@@ -1278,7 +1325,13 @@ def _doubles(model: ListenerModel) -> tuple[np.ndarray, np.ndarray]:
     d[D_PROBABILITY] = model.base_probability
     d[D_KIND_1], d[D_KIND_2] = model.kind_thresholds
     d[D_SEND_BACK_1], d[D_SEND_BACK_2] = model.send_back_thresholds
-    d[D_DIST:D_SIZE] = _dist_row(model.base_dist)
+    d[D_DIST : D_SIGMA + 1] = _dist_row(model.base_dist)
+    downstream = model.downstream
+    if downstream is not None:
+        d[D_CAPACITY] = downstream.capacity
+        d[D_PER_GROUP] = downstream.per == "group"
+        d[D_CALL_TIMEOUT] = -1 if downstream.timeout is None else downstream.timeout
+        d[D_SHED] = downstream.shed
     windows = np.full((len(model.windows), 7), -1.0)
     for row, (start, end, probability, dist) in enumerate(model.windows):
         windows[row, :3] = start, end, probability

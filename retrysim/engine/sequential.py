@@ -171,6 +171,11 @@ class _Simulation:
         self.topology = topology = self.policy.topology
         # free threads per instance (None: unlimited)
         self.free = None if topology.threads is None else [topology.threads] * topology.instances
+        # calls in flight at a downstream that answers to load, per instance and in all
+        downstream = spec.behavior.downstream
+        self.loaded = downstream is not None
+        self.per_group = self.loaded and downstream.per == "group"
+        self.busy, self.busy_all = [0] * topology.instances, 0
         self.events: list[tuple] = []
         self.sequence = 0
         self.lane_ids: dict[tuple[str, int], int] = {}  # blocking lanes
@@ -345,8 +350,13 @@ class _Simulation:
             while self.events and self.events[0][0] == now and self.events[0][1] == _FREE:
                 payload = heapq.heappop(self.events)[3]
                 if payload < 0:
-                    self.free[-1 - payload] += 1
-                    self.touched.add(-1 - payload)
+                    instance = -1 - payload
+                    if self.free is not None:
+                        self.free[instance] += 1
+                    if self.loaded:
+                        self.busy[instance] -= 1
+                        self.busy_all -= 1
+                    self.touched.add(instance)
                 else:
                     self._release(payload, now)
             self._take_arrivals(now)
@@ -415,10 +425,11 @@ class _Simulation:
     def _start(self, batch: list[_Delivery], instance: int, now: int) -> None:
         policy = self.policy
         results = []
+        concurrency = (self.busy_all if self.per_group else self.busy[instance]) + 1
         for entry in batch:
             draws = self.draws.get(entry.index, entry.delivery)
             poisoned = self.draws.is_poisoned(entry.index) and entry.index not in self.fixed
-            results.append(self.model.result(draws, entry.delivery, now, poisoned))
+            results.append(self.model.result(draws, entry.delivery, now, poisoned, concurrency))
         processing = sum(result[1] for result in results)
         failing = next((result[0] for result in results if result[0] != CONSUME_SUCCESS), None)
         outcome, end = policy.consume_result(now, processing, failing or CONSUME_SUCCESS)
@@ -426,6 +437,10 @@ class _Simulation:
         self.first_deliveries += sum(entry.delivery == 1 for entry in batch)
         if self.free is not None:
             self.free[instance] -= 1
+        if self.loaded:
+            self.busy[instance] += 1
+            self.busy_all += 1
+        if self.free is not None or self.loaded:
             self._push(now + processing, _FREE, -1 - instance)
         for position, (entry, result) in enumerate(zip(batch, results, strict=True)):
             beyond_ack = (
@@ -700,11 +715,17 @@ def as_batch(rows: pa.RecordBatch | Columns) -> pa.RecordBatch:
 
 def units_of(spec: KeySpec) -> Units | None:
     """The units a group is simulated in (:meth:`Topology.units`), or None when it runs
-    whole: only where the compiled loop covers it and its retries go to the topology's
-    retry queues."""
-    policy = spec.policy
+    whole: only where the compiled loop covers it, its retries go to the topology's retry
+    queues, and no downstream shared by its instances ties them together."""
+    policy, downstream = spec.policy, spec.behavior.downstream
     lanes = policy.blocking or policy.batch_size > 1  # the lanes' loop runs a group whole
-    if not compiled_covers(policy) or lanes or policy.retry_topic != policy.topology.retry_topic:
+    shared = downstream is not None and downstream.per == "group"
+    if (
+        not compiled_covers(policy)
+        or lanes
+        or shared
+        or policy.retry_topic != policy.topology.retry_topic
+    ):
         return None
     return policy.topology.units()
 

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from retrysim.model.rng import uniform, uniform_np
 from retrysim.scenario import limits
-from retrysim.scenario.spec import Behavior, ProcessingTime
+from retrysim.scenario.spec import Behavior, Downstream, ProcessingTime
 
 CONSUME_SUCCESS = "CONSUME_SUCCESS"
 RECONSUME_LATER = "RECONSUME_LATER"
@@ -114,6 +114,11 @@ def send_back_thresholds(behavior: Behavior) -> tuple[float, float]:
 def listener_draw_columns(behavior: Behavior, seed: int, group: str) -> dict[str, Column]:
     """The columns :func:`with_listener_draws` adds, as expressions (the round engine
     builds them once per run and applies them every round)."""
+    if behavior.downstream is not None:  # its calls depend on each other: events only
+        raise ValueError(
+            f"group {group}: a downstream that answers to load is simulated event by event; "
+            "the round engine declines it"
+        )
     msg_id, delivery, start = F.col("msg_id"), F.col("delivery"), F.col("start_ms")
 
     def u(stream: str) -> Column:
@@ -189,13 +194,21 @@ class ListenerModel:
         self.base_dist = _Dist.of(behavior.processing_time)
         self.kind_thresholds = _kind_thresholds(behavior)
         self.send_back_thresholds = send_back_thresholds(behavior)
+        self.downstream = behavior.downstream
 
     def result(
-        self, draws: tuple[float, ...], delivery: int, start_ms: int, poisoned: bool
+        self,
+        draws: tuple[float, ...],
+        delivery: int,
+        start_ms: int,
+        poisoned: bool,
+        concurrency: int = 1,
     ) -> tuple[str, int, int]:
         """(listener_outcome, processing_ms, send_back) of one delivery.
 
-        ``draws`` are the delivery's uniforms in :data:`DELIVERY_STREAMS` order.
+        ``draws`` are the delivery's uniforms in :data:`DELIVERY_STREAMS` order;
+        ``concurrency`` the calls in flight at the downstream when it starts, its own
+        included (:func:`under_load`).
         """
         u_fail, u_kind, u_a, u_b, u_send_back = draws
         probability, dist = None, self.base_dist
@@ -207,10 +220,38 @@ class ListenerModel:
                     dist = window_dist
         if probability is None:
             probability = self.base_probability
-        fails = poisoned or delivery <= self.fail_first or u_fail < probability
+        processing, timed_out = dist.sample(u_a, u_b), False
+        if self.downstream is not None:
+            processing, probability, timed_out = under_load(
+                processing, probability, concurrency, self.downstream
+            )
+        fails = poisoned or delivery <= self.fail_first or timed_out or u_fail < probability
         outcome = _band(u_kind, self.kind_thresholds, _KINDS) if fails else CONSUME_SUCCESS
         send_back = _band(u_send_back, self.send_back_thresholds, _SEND_BACKS)
-        return outcome, dist.sample(u_a, u_b), send_back
+        return outcome, processing, send_back
+
+
+def under_load(
+    processing_ms: int, probability: float, concurrency: int, downstream: Downstream
+) -> tuple[int, float, bool]:
+    """A call under load (docs/model.md §3): ``(processing_ms, fail probability, timed
+    out)`` for one that would take ``processing_ms`` alone and starts with ``concurrency``
+    calls in flight at the downstream, itself included. Beyond the capacity C, a call runs
+    c / C times longer (C calls served at full speed, shared among c: rounded half up in
+    integers, so every loop gets the same milliseconds) and the downstream sheds
+    ``shed x (c - C) / c`` of the calls on top of the listener's own failures; a call that
+    would outlast the timeout fails when it runs out. The compiled loops inline the same
+    arithmetic (compiled._listen)."""
+    capacity = downstream.capacity
+    if concurrency > capacity:
+        processing_ms = (2 * processing_ms * concurrency + capacity) // (2 * capacity)
+        if downstream.shed > 0:
+            excess = downstream.shed * (concurrency - capacity) / concurrency
+            probability = 1.0 - (1.0 - probability) * (1.0 - excess)
+    timeout = downstream.timeout
+    if timeout is not None and processing_ms > timeout:
+        return timeout, probability, True
+    return processing_ms, probability, False
 
 
 def poisoned(seed: int, group: str, msg_ids: np.ndarray, poison_fraction: float) -> np.ndarray:

@@ -139,6 +139,20 @@ class BehaviorPiece(_Model):
         return self
 
 
+class Downstream(_Model):
+    """The service the listener calls, answering to load (docs/model.md §3, "A downstream
+    that answers to load"): beyond ``capacity`` calls at once, each call runs
+    ``concurrency / capacity`` times longer, fails with ``shed`` times the share of calls
+    beyond capacity, and fails when it would outlast ``timeout``. ``per: group`` is one
+    service every instance calls; ``per: instance`` a resource of each instance's own (its
+    connection pool, its cores)."""
+
+    capacity: Annotated[StrictInt, in_range(1, limits.MAX_DOWNSTREAM_CAPACITY)]
+    per: Literal["group", "instance"] = "group"
+    timeout: Annotated[Duration, in_range(1, limits.HOUR_MS, duration=True)] | None = None
+    shed: Probability = 0.0
+
+
 class Behavior(_Model):
     """What makes a delivery fail and how long it runs (docs/model.md §3)."""
 
@@ -153,6 +167,7 @@ class Behavior(_Model):
     ready_wait: Annotated[Duration, in_range(0, limits.HOUR_MS, duration=True)] = 0
     # the listener over time: consecutive pieces, each a window of its own (docs/model.md §3)
     profile: tuple[BehaviorPiece, ...] = ()
+    downstream: Downstream | None = None
 
     @property
     def windows(self) -> tuple[Outage, ...]:

@@ -28,6 +28,7 @@ from retrysim.engine.sequential import (
     compiled_covers,
     read_heartbeats,
     simulate_key,
+    units_of,
 )
 from retrysim.model.policy import next_reconsume_times
 from retrysim.model.rng import key_prefix, uniform_np
@@ -309,6 +310,10 @@ def _in_units(spec, msg_ids, queue_ids, born) -> pd.DataFrame:
             "allocate": "averagely_by_circle",
             "workload": {"queues": 8},
         },
+        {  # a downstream of each instance's own (model.md §3) keeps the units apart
+            "consumers": {"instances": 3, "threads": 3},
+            "behavior": {"downstream": {"capacity": 2, "per": "instance", "timeout": "2s"}},
+        },
     ],
 )
 def test_a_group_in_units_gives_the_whole_groups_rows(topology):
@@ -316,10 +321,11 @@ def test_a_group_in_units_gives_the_whole_groups_rows(topology):
     retry owners after them, fed those instances' retries, give the rows of the group
     simulated whole, on a full pool with timeouts, failed send-backs and the fallback."""
     group = {**SATURATED["groups"][0], **topology}
-    group["workload"] = {**SATURATED["groups"][0]["workload"], **topology.get("workload", {})}
+    for key in ("workload", "behavior"):
+        group[key] = {**SATURATED["groups"][0][key], **topology.get(key, {})}
     config = build_scenario({**SATURATED, "groups": [group]})
     spec = key_specs(config, group_plans(config))[0]
-    assert spec.policy.topology.units() is not None
+    assert units_of(spec) is not None
     data = messages(spec, 6000, 120_000, seed=5)
     whole = pd.concat(simulate_key(spec, *data), ignore_index=True)
     units = _in_units(spec, *data)
@@ -351,6 +357,10 @@ def test_which_groups_run_in_units():
     assert in_units(specs, set(), 0, MOST_OUTPUT_PARTS + 1) == {"wide"}
     assert in_units(specs, set(), 6001) == set()  # too few messages
     assert in_units(specs, {"wide"}, 0) == {"busy"}  # per lane: never
+    # a downstream the instances share ties them together: never (model.md §3)
+    shared = {**wide["behavior"], "downstream": {"capacity": 2}}
+    config = build_scenario({**SATURATED, "groups": [{**wide, "behavior": shared}]})
+    assert in_units(key_specs(config, group_plans(config)), set(), 0) == set()
 
 
 @pytest.mark.parametrize("ids", ["ascending", "shuffled"])  # shuffled: the lexsort

@@ -437,3 +437,53 @@ def test_traffic_and_behavior_profiles_equal_the_reference(spark, tmp_path_facto
     counts = {g.name: g.workload.messages for g in scenario.groups}
     assert counts == {"spiky": 240 + 1200 + 0 + 210, "pooled": 60 + 375 + 40}  # rate x length
     compare(spark, result, simulate_scenario(SHAPES))
+
+
+# A downstream that answers to load (model.md §3): one shared by a group's instances, one
+# per instance with batches, and an ordered flavor on an unlimited pool; each is pushed
+# beyond its capacity by a burst, so calls slow down, are shed and time out.
+DOWNSTREAM = {
+    "name": "downstream", "seed": 3, "horizon": "30m", "load_bucket": "1m",
+    "groups": [
+        {
+            "name": "shared", "flavor": "rocketmq5.push",
+            "consumers": {"instances": 2, "threads": 6},
+            "workload": {"messages": 200, "over": "4s", "arrival": "poisson", "queues": 4},
+            "behavior": {
+                "processing_time": {"dist": "lognormal", "mean": "100ms", "p99": "300ms"},
+                "outages": [{"start": "1s", "end": "2s", "fail_probability": 1.0,
+                             "processing_time": "5ms"}],
+                "downstream": {"capacity": 3, "timeout": "400ms", "shed": 0.3},
+            },
+        },
+        {
+            "name": "own", "flavor": "rocketmq4.concurrently",
+            "consumers": {"instances": 3, "threads": 4}, "consume_message_batch_max_size": 2,
+            "workload": {"messages": 120, "over": "1s", "queues": 6},
+            "behavior": {
+                "fail_probability": 0.1, "processing_time": {"dist": "exponential", "mean": "80ms"},
+                "downstream": {"capacity": 2, "per": "instance", "timeout": "250ms"},
+            },
+        },
+        {
+            "name": "ordered", "flavor": "http.ordered", "consumers": "unlimited",
+            "workload": {"messages": 80, "over": "200ms", "queues": 8},
+            "behavior": {"processing_time": "60ms", "downstream": {"capacity": 4, "shed": 1.0}},
+        },
+    ],
+}  # fmt: skip
+
+
+def test_a_downstream_under_load_equals_the_reference(spark, tmp_path_factory):
+    result = simulate(
+        spark, build_scenario(DOWNSTREAM), output=str(tmp_path_factory.mktemp("ds")), run_id="d"
+    )
+    engines = {r["group"]: r["engine"] for r in result.summary.collect()}
+    assert engines == dict.fromkeys(("shared", "own", "ordered"), "sequential")
+    attempts = result.attempts
+    # the load showed: calls cut off at their timeout, and slowed beyond any base time
+    assert attempts.where((F.col("group") == "shared") & (F.col("processing_ms") == 400)).count()
+    assert attempts.where((F.col("group") == "own") & (F.col("processing_ms") == 250)).count()
+    slowed = attempts.where((F.col("group") == "ordered") & (F.col("processing_ms") > 60))
+    assert slowed.count() and attempts.where(F.col("group") == "ordered").count() > 80  # shed
+    compare(spark, result, simulate_scenario(DOWNSTREAM))

@@ -99,6 +99,11 @@ Interpretations (where the docs are silent or ambiguous, the reading chosen here
 19. A group without ``flavor`` is ``rocketmq4.concurrently`` (conf/default.yaml's flavor).
 20. Row order: messages by (group order, msg_id), attempts by (group, msg_id, delivery),
     transitions by (group, msg_id, seq).
+21. ``behavior.downstream`` (model.md §3): a consume request's load is the requests running
+    when it starts, on its instance (``per: instance``) or on every instance (``per:
+    group``), plus itself; requests that start in one millisecond count those started
+    before them, instances served in ascending order. Every member of a batch is one call
+    at that load. The processing time is scaled exactly (fractions) and rounded half up.
 """
 
 from __future__ import annotations
@@ -299,6 +304,8 @@ class _Group:
     processing: _Dist
     outages: list[_Outage]
     mix: tuple[float, float, float]
+    # a downstream that answers to load: (capacity, shared by the instances, timeout, shed)
+    downstream: tuple[int, bool, int | None, float] | None
     # replay
     replay_at: int | None
     replay_rate: Fraction | None
@@ -490,9 +497,22 @@ def _group_config(scenario: dict, g: dict) -> _Group:
             float(mix.get("exception", 0.0)),
             float(mix.get("null_return", 0.0)),
         ),
+        downstream=_downstream(bh.get("downstream")),
         replay_at=parse_duration_ms(replay["at"]) if replay else None,
         replay_rate=_parse_rate(replay.get("rate", "100/s")) if replay else None,
         poison_fixed=bool(replay.get("poison_fixed", True)) if replay else True,
+    )
+
+
+def _downstream(raw: dict | None) -> tuple[int, bool, int | None, float] | None:
+    if raw is None:
+        return None
+    timeout = raw.get("timeout")
+    return (
+        int(raw["capacity"]),
+        raw.get("per", "group") == "group",
+        None if timeout is None else parse_duration_ms(timeout),
+        float(raw.get("shed", 0.0)),
     )
 
 
@@ -595,6 +615,7 @@ class _GroupSim:
         self.events: list = []
         self.counter = 0
         self.free = [cfg.threads] * cfg.instances  # per instance
+        self.calls = [0] * cfg.instances  # consume requests running, per instance
         self.waiting: list[list] = [[] for _ in range(cfg.instances)]  # per instance
         per_broker = cfg.queues // cfg.brokers
         self.per_broker = per_broker
@@ -689,6 +710,7 @@ class _GroupSim:
     # -- phase 0
     def on_free(self, t: int, instance: int) -> None:
         self.free[instance] += 1
+        self.calls[instance] -= 1
 
     def on_ready(self, t: int, spec: tuple) -> None:
         msg, d, rt, topic, queue, reason, brt = spec
@@ -956,9 +978,14 @@ class _GroupSim:
     def start(self, t: int, members: list[_Delivery]) -> None:
         cfg = self.cfg
         total, outcome = 0, SUCCESS
+        instance = members[0].instance
+        # the calls at the downstream when this request starts, its own included: the
+        # instance's, or every instance's where they share it (model.md §3)
+        shared = cfg.downstream is not None and cfg.downstream[1]
+        load = (sum(self.calls) if shared else self.calls[instance]) + 1
         for dv in members:
             dv.started = True
-            kind, proc = self.listen(dv.msg, dv.d, t)
+            kind, proc = self.listen(dv.msg, dv.d, t, load)
             total += proc
             if outcome == SUCCESS and kind != SUCCESS:
                 outcome = kind
@@ -975,14 +1002,15 @@ class _GroupSim:
         for dv in members:
             dv.start_ms, dv.processing_ms, dv.batch_size = t, total, len(members)
             dv.result_state = "Inflight"
-        instance = members[0].instance
         self.free[instance] -= 1
+        self.calls[instance] += 1
         self.push(t + total, 0, "free", instance)
         if end < cfg.horizon:
             self.push(end, 0, "end", (members, outcome))
 
-    def listen(self, msg: _Msg, d: int, start: int) -> tuple[str, int]:
-        """model.md §3: the listener's result kind and processing_ms for delivery d at start."""
+    def listen(self, msg: _Msg, d: int, start: int, load: int) -> tuple[str, int]:
+        """model.md §3: the listener's result kind and processing_ms for delivery d at start,
+        with ``load`` calls at the downstream."""
         cfg = self.cfg
         u, m = self.u, msg.msg_id
         p = cfg.fail_p
@@ -993,9 +1021,27 @@ class _GroupSim:
             for w in windows:
                 if w.processing is not None:
                     dist = w.processing
+        if dist.kind == "constant" or dist.mean == 0:
+            proc = dist.mean
+        else:
+            proc = dist.sample(u("time_a", m, d), u("time_b", m, d))
+        timed_out = False
+        if cfg.downstream is not None:
+            capacity, _, call_timeout, shed = cfg.downstream
+            if load > capacity:  # C calls served at full speed, shared among `load`
+                proc = _half_up(Fraction(proc * load, capacity))
+                if shed > 0:
+                    p = 1.0 - (1.0 - p) * (1.0 - shed * (load - capacity) / load)
+            if call_timeout is not None and proc > call_timeout:
+                proc, timed_out = call_timeout, True
         poisoned = msg.poisoned and not (msg.replayed and cfg.poison_fixed)
         # u is in (0, 1): p <= 0 never fails, p >= 1 always does (no draw needed)
-        fails = poisoned or d <= cfg.fail_first or (p > 0 and (p >= 1 or u("fail", m, d) < p))
+        fails = (
+            poisoned
+            or d <= cfg.fail_first
+            or timed_out
+            or (p > 0 and (p >= 1 or u("fail", m, d) < p))
+        )
         kind = SUCCESS
         if fails:
             rl, ex, nr = cfg.mix
@@ -1007,10 +1053,6 @@ class _GroupSim:
                 kind = "EXCEPTION"
             else:
                 kind = "NULL_RETURN"
-        if dist.kind == "constant" or dist.mean == 0:
-            proc = dist.mean
-        else:
-            proc = dist.sample(u("time_a", m, d), u("time_b", m, d))
         return kind, proc
 
     # -- rows

@@ -68,6 +68,15 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
         behavior["outages"] = [
             {"start": start, "end": "3m", "fail_probability": draw(st.sampled_from([0.5, 1.0]))}
         ]
+    if draw(st.booleans()):  # a downstream that answers to load (model.md §3)
+        behavior["downstream"] = {
+            "capacity": draw(st.integers(1, 3)),
+            "per": draw(st.sampled_from(["group", "instance"])),
+            "shed": draw(st.sampled_from([0.0, 0.0, 0.5, 1.0])),
+        }
+        timeout = draw(st.sampled_from([None, "50ms", "1s", "10s"]))
+        if timeout is not None:
+            behavior["downstream"]["timeout"] = timeout
     g: dict[str, Any] = {
         "name": name,
         "flavor": flavor.split("+")[0],
