@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from retrysim.engine.choice import lanes_are_independent
+from retrysim.engine.choice import lanes_are_independent, needs_events
 from retrysim.engine.rounds import GroupPlan, group_plans
 from retrysim.model.policy import Policy
 from retrysim.model.workload import peak_rate_per_ms
@@ -98,9 +98,15 @@ def _share(start: int, end: int, over: int) -> float:
 def deliveries_per_message(group: Group, policy: Policy, horizon_ms: int) -> float:
     """Expected deliveries per message: poison messages use every delivery that fits; the
     others fail with the group's chance; a message first delivered during an outage keeps
-    failing with the outage's chance for the retries that fit in half the outage."""
+    failing with the outage's chance for the retries that fit in half the outage. A
+    downstream whose calls fail under load can keep every message failing long after its
+    trigger (docs/planning.md, "A storm that outlives its outage"): there, every delivery
+    that fits."""
     behavior = group.behavior
     cap = 1 + _retries_within(policy, horizon_ms)
+    downstream = behavior.downstream
+    if downstream is not None and (downstream.timeout is not None or downstream.shed > 0):
+        return float(cap) * (2 if policy.replay is not None else 1)
     normal = min(cap, _expected(behavior.fail_probability, cap, behavior.fail_first))
     extra = 0.0
     for outage in behavior.windows:
@@ -138,7 +144,7 @@ def estimate(scenario: Scenario) -> list[GroupEstimate]:
                 name=plan.name,
                 messages=workload.messages,
                 per_message=per_message * published / workload.messages,
-                sequential=policy.sequential or _may_fill(plan, published * per_message),
+                sequential=needs_events(plan) or _may_fill(plan, published * per_message),
                 key_messages=(
                     math.ceil(workload.messages / workload.queues)
                     if lanes_are_independent(plan)

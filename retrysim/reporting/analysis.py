@@ -260,6 +260,16 @@ class RunData:
         found = self._group(group)
         return found.consumers.pool_size if found else None
 
+    def downstream_capacity(self, group: str) -> int | None:
+        """The calls the group's downstream serves at once at full speed, over all its
+        instances (None: no downstream that answers to load)."""
+        found = self._group(group)
+        downstream = found.behavior.downstream if found else None
+        if downstream is None:
+            return None
+        per_instance = downstream.per == "instance"
+        return downstream.capacity * (found.consumers.instances if per_instance else 1)
+
 
 def run_data(
     spark: SparkSession, output: str, run_id: str, retries: pd.DataFrame | None = None

@@ -147,30 +147,37 @@ def state_counts_figure(
     title: str = "",
     outages: Sequence[tuple[float, float]] = (),
     pool: int | None = None,
+    downstream: int | None = None,
 ) -> Figure:
-    """Ready backlog (its own axis: it can be thousands of times the rest) above Inflight
-    and WaitingRetry: lines at bucket ends, and faint steps at each bucket's highest, so a
-    burst between two bucket ends still shows; Inflight against the pool's threads."""
-    fig = Figure(figsize=(WIDTH, HEIGHT * 1.7), dpi=DPI, layout="constrained")
-    ready_ax, other_ax = fig.subplots(2, 1, sharex=True, height_ratios=(1, 1))
+    """Ready backlog, WaitingRetry and Inflight, each on its own axis (one can be thousands
+    of times another): lines at bucket ends, and faint steps at each bucket's highest, so a
+    burst between two bucket ends still shows; Inflight against the pool's threads and the
+    calls its downstream serves at full speed (beyond them, every call slows down)."""
+    fig = Figure(figsize=(WIDTH, HEIGHT * 2.2), dpi=DPI, layout="constrained")
+    axes = fig.subplots(3, 1, sharex=True)
     x, label = _time(states["minute_end"])
     starts = states["minute"] / (60 if _hours(label) else 1)
-    for ax, names in ((ready_ax, ("Ready",)), (other_ax, ("Inflight", "WaitingRetry"))):
-        for state in names:
-            color = COLORS[state]
-            ax.plot(x, states[state], label=state, color=color, linewidth=1.2)
-            ax.step(starts, states[f"{state} max"], where="post", color=color, linewidth=0.8,
-                    alpha=0.35, linestyle="--")  # fmt: skip
+    for ax, state in zip(axes, ("Ready", "WaitingRetry", "Inflight"), strict=True):
+        color = COLORS[state]
+        ax.plot(x, states[state], label=state, color=color, linewidth=1.2)
+        ax.step(starts, states[f"{state} max"], where="post", color=color, linewidth=0.8,
+                alpha=0.35, linestyle="--")  # fmt: skip
+    inflight_ax = axes[2]
     if pool is not None:
-        other_ax.axhline(pool, color="#1f77b4", linestyle=":", linewidth=1,
-                         label=f"pool: {pool:,} threads")  # fmt: skip
-    for ax in (ready_ax, other_ax):
+        inflight_ax.axhline(pool, color="#1f77b4", linestyle=":", linewidth=1,
+                            label=f"pool: {pool:,} threads")  # fmt: skip
+    if downstream is not None:
+        inflight_ax.axhline(downstream, color="#d62728", linestyle=":", linewidth=1,
+                            label=f"downstream: {downstream:,} calls at full speed")  # fmt: skip
+    inflight_ax.plot([], [], color="gray", linestyle="--", alpha=0.5,
+                     label="highest within a bucket")  # fmt: skip
+    for ax in axes:  # after every line: fixing the bottom stops the axis growing for more
         _decorate(ax, label, outages)
-    other_ax.plot([], [], color="gray", linestyle="--", alpha=0.5, label="highest within a bucket")
-    ready_ax.set(ylabel="Ready backlog", title=title or "messages by state")
-    other_ax.set(xlabel=label, ylabel="messages")
-    for ax in (ready_ax, other_ax):
-        ax.legend(loc="upper right", fontsize=8)
+    axes[0].set(ylabel="Ready backlog", title=title or "messages by state")
+    axes[1].set(ylabel="WaitingRetry")
+    inflight_ax.set(xlabel=label, ylabel="Inflight")
+    for ax in axes:
+        ax.legend(loc="best", fontsize=8)  # a pool held full draws its line at the top
     return fig
 
 

@@ -215,10 +215,14 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
     figures = [
         (
             plots.state_counts_figure(
-                analysis.state_counts(load), outages=outages, pool=data.pool(group)
+                analysis.state_counts(load),
+                outages=outages,
+                pool=data.pool(group),
+                downstream=data.downstream_capacity(group),
             ),
-            "Ready backlog, and Inflight and WaitingRetry, at the end of each load bucket (the "
-            "pool's threads dotted; outages shaded).",
+            "Ready backlog, WaitingRetry and Inflight at the end of each load bucket, each on "
+            "its own axis (Inflight against the pool's threads, dotted, and the calls a "
+            "downstream that answers to load serves at full speed; outages shaded).",
         ),
         (
             plots.settle_cdf_figure(QUANTILES, *_settled(data, group)),

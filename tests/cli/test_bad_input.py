@@ -218,6 +218,16 @@ CASES = [
         edit(**{b0 + "outages__0__fail_probability": 1.2}),
     ),
     Case(
+        "downstream-capacity-zero",
+        ("groups[0].behavior.downstream.capacity", "value 0: must be between 1 and 1,000,000"),
+        edit(**{b0 + "downstream": {"capacity": 0}}),
+    ),
+    Case(
+        "downstream-scope-unknown",
+        ("groups[0].behavior.downstream.per", "'host'", "'group' or 'instance'"),
+        edit(**{b0 + "downstream": {"capacity": 4, "per": "host"}}),
+    ),
+    Case(
         "fail-first-negative",
         ("groups[0].behavior.fail_first", "between 0 and 100,000"),
         edit(**{b0 + "fail_first": -1}),

@@ -17,6 +17,7 @@ from support import PROJECT
 from retrysim import load_scenario
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import simulate_key
+from retrysim.engine.sizing import estimate
 from retrysim.model.workload import messages_np
 
 STORM = PROJECT / "conf" / "metastable-storm.yaml"
@@ -58,3 +59,18 @@ def test_a_pool_that_recovers(remedy):
     share = failing_share_per_minute(remedy)
     assert (share[5:8] == 1.0).all()  # the same outage
     assert (share[12:] < 0.01).all()  # recovered within 4 minutes of its end
+
+
+def test_the_size_guard_counts_a_storm_that_may_not_end():
+    """A downstream whose calls fail under load may keep every message failing: the guard
+    counts every delivery that fits, above what the storm made (586,058 deliveries) and
+    above its estimate for the same scenario without the downstream."""
+    (storm,) = estimate(load_scenario(STORM))
+    assert storm.sequential and storm.deliveries >= 586_058
+    calm = load_scenario(STORM)
+    group = calm.groups[0]
+    without = group.model_copy(
+        update={"behavior": group.behavior.model_copy(update={"downstream": None})}
+    )
+    (plain,) = estimate(calm.model_copy(update={"groups": (without,)}))
+    assert plain.deliveries < storm.deliveries

@@ -1,7 +1,8 @@
 """What a planner looks for in the run report's figures (retrysim.reporting.plots), on the
-figure objects themselves: the Ready backlog on an axis of its own, the pool's threads
-against Inflight and its capacity against utilization, the outage windows shaded on every
-time plot, and counts from zero (an all-zero series drew negative ticks)."""
+figure objects themselves: each state on an axis of its own, the pool's threads (and a
+downstream's capacity) against Inflight and the pool's capacity against utilization, the
+outage windows shaded on every time plot, and counts from zero (an all-zero series drew
+negative ticks)."""
 
 from __future__ import annotations
 
@@ -30,16 +31,19 @@ def _shaded(ax) -> list[tuple[float, float]]:
     return [(p.get_x(), p.get_x() + p.get_width()) for p in spans if p.get_alpha() == 0.08]
 
 
-def test_ready_has_its_own_axis_and_inflight_is_drawn_against_the_pool():
-    fig = plots.state_counts_figure(_states([0, 5000, 20000, 0]), outages=OUTAGES, pool=16)
-    ready_ax, other_ax = fig.axes[:2]
-    assert ready_ax.get_lines()[0].get_label() == "Ready"
-    assert {line.get_label() for line in other_ax.get_lines()} >= {"Inflight", "WaitingRetry"}
-    assert ready_ax.get_ylim()[1] > 20000 > other_ax.get_ylim()[1]  # not squeezed together
-    pool = [line for line in other_ax.get_lines() if line.get_label() == "pool: 16 threads"]
-    assert pool and set(pool[0].get_ydata()) == {16}
-    assert other_ax.get_ylim()[1] > 16  # the pool line is in view
-    for ax in (ready_ax, other_ax):
+def test_each_state_has_its_own_axis_and_inflight_is_drawn_against_the_pool():
+    fig = plots.state_counts_figure(
+        _states([0, 5000, 20000, 0]), outages=OUTAGES, pool=16, downstream=3
+    )
+    ready_ax, waiting_ax, inflight_ax = fig.axes
+    for ax, state in ((ready_ax, "Ready"), (waiting_ax, "WaitingRetry"), (inflight_ax, "Inflight")):
+        assert ax.get_lines()[0].get_label() == state
+    assert ready_ax.get_ylim()[1] > 20000 > waiting_ax.get_ylim()[1]  # not squeezed together
+    assert inflight_ax.get_ylim()[1] < 20  # 4 in flight is not a sliver under 9 retries
+    lines = {line.get_label(): set(line.get_ydata()) for line in inflight_ax.get_lines()}
+    assert lines["pool: 16 threads"] == {16} and lines["downstream: 3 calls at full speed"] == {3}
+    assert inflight_ax.get_ylim()[1] > 16  # the pool line is in view
+    for ax in fig.axes:
         assert _shaded(ax) == OUTAGES and ax.get_ylim()[0] == 0
 
 
