@@ -227,22 +227,24 @@ def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency)
     (:func:`_conditions` at the delivery's start) with ``concurrency`` calls in flight at
     the downstream, its own included (behavior.under_load, the same arithmetic)."""
     probability, kind, mean, mu, sigma = conditions
+    u_fail = _uniform(prefixes[0], msg_id, delivery)
     u_a = _uniform(prefixes[2], msg_id, delivery)
     u_b = _uniform(prefixes[3], msg_id, delivery)
     processing = _sample(int(kind), mean, mu, sigma, u_a, u_b)
-    timed_out = False
+    refused = False
     capacity = np.int64(d[D_CAPACITY])
     if capacity > 0:
         if concurrency > capacity:
-            processing = (2 * processing * concurrency + capacity) // (2 * capacity)
-            if d[D_SHED] > 0:
+            if d[D_SHED] > 0 and u_fail >= probability:
                 excess = d[D_SHED] * (concurrency - capacity) / concurrency
-                probability = 1.0 - (1.0 - probability) * (1.0 - excess)
+                if u_fail < 1.0 - (1.0 - probability) * (1.0 - excess):
+                    processing, refused = 0, True  # shed at once
+            if not refused:
+                processing = (2 * processing * concurrency + capacity) // (2 * capacity)
         timeout = np.int64(d[D_CALL_TIMEOUT])
         if timeout >= 0 and processing > timeout:
-            processing, timed_out = timeout, True
-    u_fail = _uniform(prefixes[0], msg_id, delivery)
-    fails = poisoned or delivery <= k[K_FAIL_FIRST] or timed_out or u_fail < probability
+            processing, refused = timeout, True
+    fails = poisoned or delivery <= k[K_FAIL_FIRST] or refused or u_fail < probability
     outcome = SUCCESS
     if fails:
         u_kind = _uniform(prefixes[1], msg_id, delivery)
@@ -699,7 +701,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             p = next_arrival
             while p < count and eligible[p] == now:
                 p += 1
-            most = events + p - next_arrival
+            # the events of deliveries (a loaded group's calls in flight are events too)
+            most = events - (busy[everyone] if loaded else 0) + p - next_arrival
         if (rows + most > out.shape[1] or events + 2 * most > len(event_keys)
                 or spare_count + slots.shape[1] - used < most):  # fmt: skip
             status = _ROOM

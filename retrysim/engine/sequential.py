@@ -401,7 +401,8 @@ class _Simulation:
 
     def _dispatch(self, now: int) -> None:
         """Start what waits, per instance, while the instance has a free thread. Instances
-        do not share threads, so the order they are served in changes nothing."""
+        do not share threads; in ascending order, because a downstream they share counts
+        the calls started before each one (docs/model.md §3)."""
         size, free = self.policy.batch_size, self.free
         touched, self.touched = self.touched, set()
         for instance in sorted(touched):

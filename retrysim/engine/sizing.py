@@ -99,13 +99,12 @@ def deliveries_per_message(group: Group, policy: Policy, horizon_ms: int) -> flo
     """Expected deliveries per message: poison messages use every delivery that fits; the
     others fail with the group's chance; a message first delivered during an outage keeps
     failing with the outage's chance for the retries that fit in half the outage. A
-    downstream whose calls fail under load can keep every message failing long after its
-    trigger (docs/planning.md, "A storm that outlives its outage"): there, every delivery
-    that fits."""
+    downstream that answers to load can keep every message failing long after its trigger
+    (its calls slowed past a timeout, its own or the consume timeout, or shed; docs/
+    planning.md, "A storm that outlives its outage"): there, every delivery that fits."""
     behavior = group.behavior
     cap = 1 + _retries_within(policy, horizon_ms)
-    downstream = behavior.downstream
-    if downstream is not None and (downstream.timeout is not None or downstream.shed > 0):
+    if behavior.downstream is not None:
         return float(cap) * (2 if policy.replay is not None else 1)
     normal = min(cap, _expected(behavior.fail_probability, cap, behavior.fail_first))
     extra = 0.0

@@ -220,38 +220,44 @@ class ListenerModel:
                     dist = window_dist
         if probability is None:
             probability = self.base_probability
-        processing, timed_out = dist.sample(u_a, u_b), False
+        processing, refused = dist.sample(u_a, u_b), False
         if self.downstream is not None:
-            processing, probability, timed_out = under_load(
-                processing, probability, concurrency, self.downstream
+            processing, refused = under_load(
+                processing, probability, concurrency, self.downstream, u_fail
             )
-        fails = poisoned or delivery <= self.fail_first or timed_out or u_fail < probability
+        fails = poisoned or delivery <= self.fail_first or refused or u_fail < probability
         outcome = _band(u_kind, self.kind_thresholds, _KINDS) if fails else CONSUME_SUCCESS
         send_back = _band(u_send_back, self.send_back_thresholds, _SEND_BACKS)
         return outcome, processing, send_back
 
 
 def under_load(
-    processing_ms: int, probability: float, concurrency: int, downstream: Downstream
-) -> tuple[int, float, bool]:
-    """A call under load (docs/model.md §3): ``(processing_ms, fail probability, timed
-    out)`` for one that would take ``processing_ms`` alone and starts with ``concurrency``
-    calls in flight at the downstream, itself included. Beyond the capacity C, a call runs
-    c / C times longer (C calls served at full speed, shared among c: rounded half up in
-    integers, so every loop gets the same milliseconds) and the downstream sheds
-    ``shed x (c - C) / c`` of the calls on top of the listener's own failures; a call that
-    would outlast the timeout fails when it runs out. The compiled loops inline the same
-    arithmetic (compiled._listen)."""
+    processing_ms: int,
+    probability: float,
+    concurrency: int,
+    downstream: Downstream,
+    u_fail: float,
+) -> tuple[int, bool]:
+    """A call under load (docs/model.md §3): ``(processing_ms, refused)`` for one that would
+    take ``processing_ms`` alone, fail on its own with ``probability`` (``u_fail`` its
+    draw) and starts with ``concurrency`` calls in flight at the downstream, itself
+    included. Beyond the capacity C, the downstream sheds ``shed x (c - C) / c`` of the
+    calls the listener would not fail itself, at once (0 ms), and the others run c / C
+    times longer (C calls served at full speed, shared among c: rounded half up in
+    integers, so every loop gets the same milliseconds); a call that would outlast the
+    timeout fails when it runs out. ``refused``: shed or timed out. The compiled loops
+    inline the same arithmetic (compiled._listen)."""
     capacity = downstream.capacity
     if concurrency > capacity:
-        processing_ms = (2 * processing_ms * concurrency + capacity) // (2 * capacity)
-        if downstream.shed > 0:
+        if downstream.shed > 0 and u_fail >= probability:
             excess = downstream.shed * (concurrency - capacity) / concurrency
-            probability = 1.0 - (1.0 - probability) * (1.0 - excess)
+            if u_fail < 1.0 - (1.0 - probability) * (1.0 - excess):
+                return 0, True
+        processing_ms = (2 * processing_ms * concurrency + capacity) // (2 * capacity)
     timeout = downstream.timeout
     if timeout is not None and processing_ms > timeout:
-        return timeout, probability, True
-    return processing_ms, probability, False
+        return timeout, True
+    return processing_ms, False
 
 
 def poisoned(seed: int, group: str, msg_ids: np.ndarray, poison_fraction: float) -> np.ndarray:

@@ -167,11 +167,21 @@ def _check_search(
             "--search",
             f"{search.given}: give a --target that group {search.group} must meet to search for",
         )
-    if next(g for g in base.groups if g.name == search.group).consumers.pool_size is None:
+    group = next(g for g in base.groups if g.name == search.group)
+    if group.consumers.pool_size is None:
         raise ScenarioError(
             "--search",
             f"{search.given}: group {search.group}'s pool is unlimited; set "
             "consumers: {instances, threads} to search a finite one",
+        )
+    downstream = group.behavior.downstream
+    if downstream is not None and (search.field.endswith("threads") or downstream.per == "group"):
+        raise ScenarioError(
+            "--search",
+            f"{search.given}: group {search.group} has a downstream that answers to load: a "
+            "larger pool can miss a target a smaller one meets (more calls at once), so a "
+            "bisection can miss the answer; sweep a grid instead (--sweep "
+            f"{search.field}=...)",
         )
     for axis in axes:
         if axis.touches_pool(search.group):

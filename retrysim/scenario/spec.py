@@ -542,6 +542,16 @@ class Group(_Model):
         self._check_max_retries(flavor)
         if self.replay is not None and (not self.dlq_enabled or not flavor.has_dlq):
             raise FieldRuleError("replay", "needs a dead-letter queue (dlq_enabled: true)")
+        downstream = self.behavior.downstream
+        shared = downstream is not None and downstream.per == "group"
+        if shared and record.balancing == flavors.BROADCAST and self.consumers.instances > 1:
+            raise FieldRuleError(
+                "behavior.downstream.per",
+                f"value 'group': {flavor.name} follows one instance (each consumes every "
+                f"message), so the calls of its {self.consumers.instances} instances at a "
+                "shared downstream are not simulated; use per: instance (each instance's own) "
+                "or 1 instance",
+            )
         if self.workload.queues % self.brokers:
             raise FieldRuleError(
                 "brokers",

@@ -228,6 +228,17 @@ CASES = [
         edit(**{b0 + "downstream": {"capacity": 4, "per": "host"}}),
     ),
     Case(
+        "downstream-shared-by-broadcasting-instances",
+        ("groups[0].behavior.downstream.per", "value 'group'", "follows one instance", "2"),
+        edit(
+            **{
+                g0 + "flavor": "rocketmq4.broadcasting",
+                g0 + "consumers": {"instances": 2, "threads": 2},
+                b0 + "downstream": {"capacity": 2},
+            }
+        ),
+    ),
+    Case(
         "fail-first-negative",
         ("groups[0].behavior.fail_first", "between 0 and 100,000"),
         edit(**{b0 + "fail_first": -1}),

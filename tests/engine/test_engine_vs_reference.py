@@ -440,8 +440,9 @@ def test_traffic_and_behavior_profiles_equal_the_reference(spark, tmp_path_facto
 
 
 # A downstream that answers to load (model.md §3): one shared by a group's instances, one
-# per instance with batches, and an ordered flavor on an unlimited pool; each is pushed
-# beyond its capacity by a burst, so calls slow down, are shed and time out.
+# per instance with batches, one shared by instances taking batches (the lanes' loop serves
+# the instances in order), and an ordered flavor on an unlimited pool; each is pushed beyond
+# its capacity by a burst, so calls slow down, are shed (at once) and time out.
 DOWNSTREAM = {
     "name": "downstream", "seed": 3, "horizon": "30m", "load_bucket": "1m",
     "groups": [
@@ -466,6 +467,16 @@ DOWNSTREAM = {
             },
         },
         {
+            "name": "batched", "flavor": "rocketmq4.concurrently", "retry_queue_nums": 3,
+            "pull_interval": "100ms",  # many start in one millisecond, on every instance
+            "consumers": {"instances": 3, "threads": 2}, "consume_message_batch_max_size": 3,
+            "workload": {"messages": 150, "over": "1s", "queues": 6, "arrival": "poisson"},
+            "behavior": {
+                "fail_probability": 0.2, "processing_time": {"dist": "exponential", "mean": "60ms"},
+                "downstream": {"capacity": 2, "timeout": "400ms", "shed": 0.5},
+            },
+        },
+        {
             "name": "ordered", "flavor": "http.ordered", "consumers": "unlimited",
             "workload": {"messages": 80, "over": "200ms", "queues": 8},
             "behavior": {"processing_time": "60ms", "downstream": {"capacity": 4, "shed": 1.0}},
@@ -479,11 +490,13 @@ def test_a_downstream_under_load_equals_the_reference(spark, tmp_path_factory):
         spark, build_scenario(DOWNSTREAM), output=str(tmp_path_factory.mktemp("ds")), run_id="d"
     )
     engines = {r["group"]: r["engine"] for r in result.summary.collect()}
-    assert engines == dict.fromkeys(("shared", "own", "ordered"), "sequential")
+    assert engines == dict.fromkeys(("shared", "own", "batched", "ordered"), "sequential")
     attempts = result.attempts
     # the load showed: calls cut off at their timeout, and slowed beyond any base time
     assert attempts.where((F.col("group") == "shared") & (F.col("processing_ms") == 400)).count()
     assert attempts.where((F.col("group") == "own") & (F.col("processing_ms") == 250)).count()
     slowed = attempts.where((F.col("group") == "ordered") & (F.col("processing_ms") > 60))
-    assert slowed.count() and attempts.where(F.col("group") == "ordered").count() > 80  # shed
+    assert slowed.count() and attempts.where(F.col("group") == "ordered").count() > 80
+    shed = attempts.where((F.col("processing_ms") == 0) & (F.col("outcome") != "CONSUME_SUCCESS"))
+    assert shed.where(F.col("group") == "ordered").count()  # rejected at once
     compare(spark, result, simulate_scenario(DOWNSTREAM))

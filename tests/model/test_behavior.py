@@ -27,26 +27,37 @@ from retrysim.scenario.spec import Behavior, Downstream
 def test_beyond_capacity_a_call_runs_concurrency_over_capacity_times_longer(
     processing, concurrency, expected
 ):
-    assert under_load(processing, 0.1, concurrency, Downstream(capacity=4)) == (
+    assert under_load(processing, 0.1, concurrency, Downstream(capacity=4), 0.5) == (
         expected,
-        0.1,
         False,
     )
 
 
-def test_the_shed_share_of_the_excess_fails_on_top_of_the_listeners_own_failures():
-    downstream = Downstream(capacity=2, shed=0.5)
-    assert under_load(10, 0.2, 2, downstream)[1] == 0.2  # nothing beyond capacity
-    # 8 calls, 6 beyond capacity: 0.5 x 6/8 = 0.375 shed, and 0.2 of the listener's own
-    assert under_load(10, 0.2, 8, downstream)[1] == pytest.approx(1 - 0.8 * 0.625)
-    assert under_load(10, 0.0, 8, Downstream(capacity=2, shed=1.0))[1] == pytest.approx(0.75)
+@pytest.mark.parametrize(
+    ("u_fail", "refused"),
+    [
+        (0.1, False),  # below 0.2: the listener's own failure (the caller decides it)
+        (0.2, True),  # from 0.2 up to 1 - 0.8 x (1 - 0.5 x 6/8) = 0.5: shed
+        (0.49, True),
+        (0.51, False),  # above: served, slowly
+    ],
+)
+def test_the_shed_share_of_the_excess_is_refused_at_once(u_fail, refused):
+    """8 calls, 6 beyond a capacity of 2: the downstream sheds 0.5 x 6/8 of the calls the
+    listener (failing 0.2 on its own) would not fail itself."""
+    processing = under_load(100, 0.2, 8, Downstream(capacity=2, shed=0.5), u_fail)
+    assert processing == ((0, True) if refused else (400, False))
+
+
+def test_nothing_is_shed_within_capacity():
+    assert under_load(100, 0.2, 2, Downstream(capacity=2, shed=1.0), 0.3) == (100, False)
 
 
 def test_a_call_that_would_outlast_the_timeout_fails_when_it_runs_out():
     downstream = Downstream(capacity=2, timeout="300ms")
-    assert under_load(200, 0.0, 3, downstream) == (300, 0.0, False)  # exactly the timeout
-    assert under_load(200, 0.0, 4, downstream) == (300, 0.0, True)  # 400 ms: cut at 300
-    assert under_load(500, 0.0, 1, downstream) == (300, 0.0, True)  # slow even alone
+    assert under_load(200, 0.0, 3, downstream, 0.5) == (300, False)  # exactly the timeout
+    assert under_load(200, 0.0, 4, downstream, 0.5) == (300, True)  # 400 ms: cut at 300
+    assert under_load(500, 0.0, 1, downstream, 0.5) == (300, True)  # slow even alone
 
 
 def test_a_timed_out_call_fails_as_the_listener_fails():

@@ -77,6 +77,23 @@ def test_a_search_needs_targets_and_its_own_pool_and_valid_ends():
     assert spec.most_points == 2 * 8  # two cases, 2 + log2(63) probes each
 
 
+def test_a_search_refuses_a_downstream_that_more_consumers_can_overload():
+    """conf/metastable-storm.yaml's 4 threads meet targets its 20 miss (planning.md, "A
+    storm that outlives its outage"): a bisection over threads would miss them, and so
+    would one over instances calling one shared downstream; more instances of each one's
+    own downstream spread the load, and are searched."""
+    storm = PROJECT / "conf" / "metastable-storm.yaml"
+    target = ["pending=1000"]
+    with pytest.raises(
+        ScenarioError, match=r"^--search: consumers.threads: group payments has a downstream"
+    ):
+        prepare_plan(storm, targets=target, search="consumers.threads=2..20")
+    with pytest.raises(ScenarioError, match="sweep a grid instead"):
+        prepare_plan(storm, ["groups.0.behavior.downstream.per=group"], targets=target,
+                     search="consumers.instances=2..16")  # fmt: skip
+    assert prepare_plan(storm, targets=target, search="consumers.instances=2..16").search
+
+
 # The small flash sale (support.SMALL_FLASH_SALE): one instance misses both targets, two the
 # backlog, four meet both: the answer lies between.
 SMALL = SMALL_FLASH_SALE

@@ -102,8 +102,10 @@ Interpretations (where the docs are silent or ambiguous, the reading chosen here
 21. ``behavior.downstream`` (model.md §3): a consume request's load is the requests running
     when it starts, on its instance (``per: instance``) or on every instance (``per:
     group``), plus itself; requests that start in one millisecond count those started
-    before them, instances served in ascending order. Every member of a batch is one call
-    at that load. The processing time is scaled exactly (fractions) and rounded half up.
+    before them, instances served in ascending order (a zero-time call makes a second pass
+    in the same millisecond, which starts from the lowest instance again). Every member of
+    a batch is one call at that load. The processing time is scaled exactly (fractions) and
+    rounded half up; a shed call fails at once (0 ms).
 """
 
 from __future__ import annotations
@@ -1025,21 +1027,26 @@ class _GroupSim:
             proc = dist.mean
         else:
             proc = dist.sample(u("time_a", m, d), u("time_b", m, d))
-        timed_out = False
+        refused = False
         if cfg.downstream is not None:
             capacity, _, call_timeout, shed = cfg.downstream
-            if load > capacity:  # C calls served at full speed, shared among `load`
-                proc = _half_up(Fraction(proc * load, capacity))
-                if shed > 0:
-                    p = 1.0 - (1.0 - p) * (1.0 - shed * (load - capacity) / load)
+            if load > capacity:
+                # the downstream rejects at once a share of the calls the listener itself
+                # would not fail: those whose fail draw lands above p, below the combined
+                # chance; the others share C servers among `load` calls
+                combined = 1.0 - (1.0 - p) * (1.0 - shed * (load - capacity) / load)
+                if shed > 0 and p <= u("fail", m, d) < combined:
+                    proc, refused = 0, True
+                else:
+                    proc = _half_up(Fraction(proc * load, capacity))
             if call_timeout is not None and proc > call_timeout:
-                proc, timed_out = call_timeout, True
+                proc, refused = call_timeout, True
         poisoned = msg.poisoned and not (msg.replayed and cfg.poison_fixed)
         # u is in (0, 1): p <= 0 never fails, p >= 1 always does (no draw needed)
         fails = (
             poisoned
             or d <= cfg.fail_first
-            or timed_out
+            or refused
             or (p > 0 and (p >= 1 or u("fail", m, d) < p))
         )
         kind = SUCCESS

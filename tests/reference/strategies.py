@@ -71,7 +71,10 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
     if draw(st.booleans()):  # a downstream that answers to load (model.md §3)
         behavior["downstream"] = {
             "capacity": draw(st.integers(1, 3)),
-            "per": draw(st.sampled_from(["group", "instance"])),
+            # broadcasting follows one instance: a shared downstream is refused there
+            "per": draw(st.sampled_from(["group", "instance"]))
+            if flavor != "rocketmq4.broadcasting"
+            else "instance",
             "shed": draw(st.sampled_from([0.0, 0.0, 0.5, 1.0])),
         }
         timeout = draw(st.sampled_from([None, "50ms", "1s", "10s"]))
