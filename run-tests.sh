@@ -5,5 +5,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$ROOT/scripts/bootstrap.sh"
 "$ROOT/scripts/class-archive.sh" >/dev/null || true  # the launcher's faster JVM start, for the tests that launch it
+"$ROOT/scripts/test-browser.sh"  # headless Chromium for the report's screenshot test, where apt can
 cd "$ROOT"
 exec "$ROOT/.venv/bin/python" -m pytest "$@"

@@ -15,7 +15,7 @@ frame, so a notebook can convert once and slice many times.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,30 @@ def active_span(load: Frame, margin: float = 0.1) -> pd.DataFrame:
     last = float(busy["minute_end"].max())
     step = float(pdf["bucket_ms"].iloc[0]) / MINUTE_MS
     return pdf[pdf["minute"] < last + max(last * margin, step)].reset_index(drop=True)
+
+
+# The share of a run's deliveries the zoomed time axes hold, and how much narrower than the
+# active span they must be to zoom at all (a storm of 30 minutes in a 6-hour run).
+BUSY_SHARE, ZOOM_BELOW = 0.99, 0.6
+
+
+def busy_window(
+    load: pd.DataFrame, outages: Sequence[tuple[float, float]] = ()
+) -> pd.DataFrame | None:
+    """The first buckets of ``load`` (an :func:`active_span`) holding :data:`BUSY_SHARE` of
+    the deliveries and every outage (minutes), plus 10 % (at least one bucket): where a
+    planner looks. None when that is not much narrower than the span (:data:`ZOOM_BELOW`),
+    or nothing was delivered."""
+    if load.empty or load["deliveries"].sum() == 0:
+        return None
+    share = load["deliveries"].cumsum() / load["deliveries"].sum()
+    end = float(load.loc[share >= BUSY_SHARE, "minute_end"].iloc[0])
+    end = max([end, *(stop for _, stop in outages)])
+    step = float(load["bucket_ms"].iloc[0]) / MINUTE_MS
+    end += max(end * 0.1, step)
+    if end >= ZOOM_BELOW * float(load["minute_end"].max()):
+        return None
+    return load[load["minute"] < end].reset_index(drop=True)
 
 
 def _of(load: Frame, group: str | None) -> pd.DataFrame:

@@ -23,6 +23,7 @@ from retrysim.reporting.analysis import case_label
 WIDTH, HEIGHT, DPI = 9.0, 3.2, 96
 HOURS_AFTER_MINUTES = 180
 COLORS = {"Ready": "#d62728", "Inflight": "#1f77b4", "WaitingRetry": "#ff7f0e"}
+POOL_COLOR = "#9467bd"  # the pool's threads, apart from the Inflight line they bound
 # Plan trade-off panels: (plan column, title, scale to the shown unit, unit).
 TRADEOFFS = (
     ("p99_time_to_commit_ms", "p99 time to commit", 1 / 1000, "s"),
@@ -164,7 +165,7 @@ def state_counts_figure(
                 alpha=0.35, linestyle="--")  # fmt: skip
     inflight_ax = axes[2]
     if pool is not None:
-        inflight_ax.axhline(pool, color="#1f77b4", linestyle=":", linewidth=1,
+        inflight_ax.axhline(pool, color=POOL_COLOR, linestyle=":", linewidth=1.2,
                             label=f"pool: {pool:,} threads")  # fmt: skip
     if downstream is not None:
         inflight_ax.axhline(downstream, color="#d62728", linestyle=":", linewidth=1,

@@ -206,34 +206,24 @@ def _summary_table(data: analysis.RunData, groups: list[str]) -> str:
 def _group_section(data: analysis.RunData, group: str) -> list[str]:
     from retrysim.reporting import plots  # matplotlib only when a report is drawn: a fast CLI start
 
-    load = analysis.active_span(data.load[data.load["group"] == group])
+    whole = analysis.active_span(data.load[data.load["group"] == group])
+    outages = data.outages(group)
+    zoom = analysis.busy_window(whole, outages)
+    load = whole if zoom is None else zoom
     messages = int(data.summary.set_index("group").at[group, "messages"])
     retries = data.retries[data.retries["group"] == group]
     delays = data.delay_levels_ms
     backlog = analysis.schedule_backlog(load)
-    outages = data.outages(group)
+    over_time = _over_time(data, group, load)
     figures = [
-        (
-            plots.state_counts_figure(
-                analysis.state_counts(load),
-                outages=outages,
-                pool=data.pool(group),
-                downstream=data.downstream_capacity(group),
-            ),
-            "Ready backlog, WaitingRetry and Inflight at the end of each load bucket, each on "
-            "its own axis (Inflight against the pool's threads, dotted, and the calls a "
-            "downstream that answers to load serves at full speed; outages shaded).",
-        ),
+        over_time["State counts over time"],
         (
             plots.settle_cdf_figure(QUANTILES, *_settled(data, group)),
             "The share of the messages committed (or moved to the DLQ) within a time of being "
             "published: their distribution, from the summary's quantiles (every 5 %, then "
             "99 %, 99.9 % and the last); 50, 95 and 99 % dotted.",
         ),
-        (
-            plots.deliveries_figure(analysis.delivery_rates(load), outages=outages),
-            "First deliveries and retries per second: the share of consumer work spent on retries.",
-        ),
+        over_time["Deliveries vs retries"],
         (
             plots.retries_by_level_figure(retries, delays, analysis.RETRY_NUMBER_CAP),
             "Failed deliveries sent to retry, by the delay level they wait on (4.x schedule "
@@ -253,11 +243,7 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
             "Broker commitlog writes (publish, schedule copy, retry copy, DLQ, replay) per "
             "second, and writes so far per message.",
         ),
-        (
-            plots.utilization_figure(analysis.utilization(load), outages=outages),
-            "Busy thread time over pool time per bucket (the pool's capacity dotted), and the "
-            "age of the oldest Ready message.",
-        ),
+        over_time["Consumer utilization and oldest Ready age"],
         (
             plots.instances_figure(analysis.instance_utilization(data.instances, group, load)),
             "Each instance's busy thread time over its threads per bucket: a hot instance (the "
@@ -267,17 +253,63 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
         ),
     ]
     shown = float(load["minute_end"].max()) * analysis.MINUTE_MS if len(load) else 0.0
+    where = (
+        f"{analysis.BUSY_SHARE:.0%} of the deliveries"
+        + (" and the outages" if outages else "")
+        + " (the whole run is at the end of this section)"
+        if zoom is not None
+        else "where the activity is"
+    )
     section = [
         f'<h2 id="group-{html.escape(group)}">Group {html.escape(group)} '
         f"({html.escape(data.flavor(group))})</h2>",
         f'<p class="note">The time axes show the first {format_duration(int(shown))} of the '
-        f"{format_duration(data.scenario.horizon)} horizon, where the activity is; the "
+        f"{format_duration(data.scenario.horizon)} horizon, {where}; the "
         "<code>load</code> and <code>instance_load</code> tables hold every bucket.</p>",
     ]
     for title, (fig, note) in zip(RUN_SECTIONS, figures, strict=True):
         section.append(f'<h3>{html.escape(title)}</h3><p class="note">{html.escape(note)}</p>')
         section.append(_image(fig, f"{group}: {title}"))
+    if zoom is not None:
+        span = format_duration(int(float(whole["minute_end"].max()) * analysis.MINUTE_MS))
+        section.append(
+            f"<details><summary>The whole run: the first {span} (to the last activity)</summary>"
+        )
+        for title, (fig, note) in _over_time(data, group, whole).items():
+            section.append(f"<h3>{html.escape(title)}, the whole run</h3>")
+            section.append(f'<p class="note">{html.escape(note)}</p>')
+            section.append(_image(fig, f"{group}: {title}, the whole run"))
+        section.append("</details>")
     return section
+
+
+def _over_time(data: analysis.RunData, group: str, load: pd.DataFrame) -> dict[str, tuple]:
+    """The figures a planner reads over time, of ``load`` (drawn twice when zoomed)."""
+    from retrysim.reporting import plots
+
+    outages = data.outages(group)
+    return {
+        "State counts over time": (
+            plots.state_counts_figure(
+                analysis.state_counts(load),
+                outages=outages,
+                pool=data.pool(group),
+                downstream=data.downstream_capacity(group),
+            ),
+            "Ready backlog, WaitingRetry and Inflight at the end of each load bucket, each on "
+            "its own axis (Inflight against the pool's threads, dotted, and the calls a "
+            "downstream that answers to load serves at full speed; outages shaded).",
+        ),
+        "Deliveries vs retries": (
+            plots.deliveries_figure(analysis.delivery_rates(load), outages=outages),
+            "First deliveries and retries per second: the share of consumer work spent on retries.",
+        ),
+        "Consumer utilization and oldest Ready age": (
+            plots.utilization_figure(analysis.utilization(load), outages=outages),
+            "Busy thread time over pool time per bucket (the pool's capacity dotted), and the "
+            "age of the oldest Ready message.",
+        ),
+    }
 
 
 def _settled(data: analysis.RunData, group: str) -> tuple:
