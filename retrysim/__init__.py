@@ -23,6 +23,7 @@ _PUBLIC = {
     "Scenario": "retrysim.scenario.spec",
     "build_session": "retrysim.session",
     "read_table": "retrysim.store.sinks",
+    "on_clock": "retrysim.store.clock",
     "complete_files": "retrysim.store.sinks",
     "register_views": "retrysim.store.views",
     "transitions_from_attempts": "retrysim.tables.transitions",
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from retrysim.scenario.loading import load_scenario
     from retrysim.scenario.spec import Scenario
     from retrysim.session import build_session
+    from retrysim.store.clock import on_clock
     from retrysim.store.sinks import complete_files, read_table
     from retrysim.store.views import register_views
     from retrysim.tables.transitions import transitions_from_attempts
@@ -57,6 +59,7 @@ __all__ = [
     "build_session",
     "complete_files",
     "load_scenario",
+    "on_clock",
     "read_table",
     "register_views",
     "simulate",

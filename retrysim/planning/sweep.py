@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from retrysim.scenario.errors import ScenarioError
-from retrysim.scenario.loading import apply_overrides, build_scenario
+from retrysim.scenario.loading import apply_overrides, build_scenario, parse_yaml
 from retrysim.scenario.spec import Group, Scenario
 
 MAX_POINTS = 100
@@ -76,7 +76,7 @@ class PlanPoint:
 
 def _parse_value(raw: str) -> Any:
     try:
-        return yaml.safe_load(raw)
+        return parse_yaml(raw)
     except yaml.YAMLError:
         return raw
 

@@ -174,10 +174,12 @@ def run_report_html(data: analysis.RunData) -> str:
     """The HTML of one run's report: a summary table, then the plots of every group."""
     run = data.run
     groups = list(data.summary["group"])
+    start_at = data.scenario.start_at
+    clock = "" if start_at is None else f" from {start_at:%Y-%m-%d %H:%M:%S} UTC (time 0)"
     body = [
         f"<p>run <b>{html.escape(data.run_id)}</b> of scenario "
         f"<b>{html.escape(str(run.get('scenario')))}</b>, seed {run.get('seed')}, "
-        f"horizon {format_duration(data.scenario.horizon)}, "
+        f"horizon {format_duration(data.scenario.horizon)}{clock}, "
         f"load bucket {format_duration(data.scenario.load_bucket)}; "
         f"Spark {html.escape(str(run.get('spark_master')))}, retrysim "
         f"{html.escape(str(run.get('engine_version')))}, {run.get('rounds')} rounds.</p>",

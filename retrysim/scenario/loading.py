@@ -22,6 +22,23 @@ from retrysim.scenario.units import STORED
 DEFAULT_SCENARIO_PATH = Path(__file__).resolve().parents[2] / "conf" / "default.yaml"
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML without its timestamp type: a date stays text, so ``start_at`` is read (and a
+    wrong one named) like every other field, not half-parsed by the YAML reader."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def parse_yaml(text: str) -> Any:
+    """``text`` as plain data (:class:`_Loader`): what scenario files and ``--set`` values
+    are read with."""
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: plain data only
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a scenario file into plain data, turning every failure into a ScenarioError."""
     path = Path(path)
@@ -30,7 +47,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as error:
         raise ScenarioError("--scenario", f"cannot read {path}: {error.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -60,7 +77,7 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
         if not sep or not key.strip():
             raise ScenarioError("--set", f"expected key=value, got {item!r}")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = parse_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         _set_path(data, key.strip().split("."), value, key.strip())

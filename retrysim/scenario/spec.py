@@ -8,6 +8,8 @@ silently ignored.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -590,6 +592,20 @@ class Broker(_Model):
     message_delay_level: DelayLevels = parse_delay_levels(limits.DEFAULT_MESSAGE_DELAY_LEVEL)
 
 
+def _timestamp(value: Any) -> dt.datetime:
+    """An ISO 8601 date and time (text; a number is no timestamp here) on UTC: a timestamp
+    without a zone is UTC, as metrics systems export them."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):  # then named below, as anything else
+            value = dt.datetime.fromisoformat(value.strip())
+    if not isinstance(value, dt.datetime):
+        raise ValueError("expected an ISO 8601 date and time such as 2026-11-27T08:00:00Z")
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+StartAt = Annotated[dt.datetime, BeforeValidator(_timestamp)]
+
+
 def _unique_names(groups: tuple[Group, ...]) -> tuple[Group, ...]:
     names = [group.name for group in groups]
     duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -607,6 +623,9 @@ class Scenario(_Model):
     load_bucket: Annotated[Duration, in_range(100, None, duration=True)] = 60_000
     broker: Broker = Broker()
     groups: Annotated[tuple[Group, ...], Field(min_length=1), AfterValidator(_unique_names)]
+    # the real moment simulated time 0 stands for: readers add a clock column beside every
+    # time in milliseconds (docs/scenario.md, "start_at")
+    start_at: StartAt | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from retrysim.engine.rounds import all_messages
 from retrysim.scenario.loading import scenario_from_json
+from retrysim.store.clock import on_clock
 from retrysim.store.sinks import read_table
 from retrysim.tables.schemas import (
     DERIVED_IN_LEAN,
@@ -64,7 +65,8 @@ def table(spark: SparkSession, output: str, name: str, run_id: str | None = None
 
 def register_views(spark: SparkSession, output: str) -> list[str]:
     """A temporary SQL view per table of ``output``, named after it (``transitions`` and
-    ``messages`` include the lean runs' derived rows). Returns the view names."""
+    ``messages`` include the lean runs' derived rows), each moment in milliseconds with its
+    timestamp beside it (:func:`retrysim.store.clock.on_clock`). Returns the view names."""
     for name in SCHEMAS:
-        table(spark, output, name).createOrReplaceTempView(name)
+        on_clock(spark, output, table(spark, output, name), name).createOrReplaceTempView(name)
     return list(SCHEMAS)

@@ -52,6 +52,8 @@ RUNS = nullable_schema(
     ("replication_of", StringType()),
     ("point", IntegerType()),
     ("replication", IntegerType()),
+    # the scenario's start_at: the real moment its time 0 stands for (null: none given)
+    ("start_at", TimestampType()),
 )
 
 MESSAGES = nullable_schema(

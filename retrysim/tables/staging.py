@@ -209,4 +209,5 @@ def runs_row(
         label.replication_of or run_id,
         label.point,
         label.replication,
+        scenario.start_at,
     )

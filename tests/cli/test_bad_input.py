@@ -218,6 +218,11 @@ CASES = [
         edit(**{b0 + "outages__0__fail_probability": 1.2}),
     ),
     Case(
+        "start-at-not-a-timestamp",
+        ("start_at", "value '2026-11-31T08:00:00Z'", "expected an ISO 8601 date and time"),
+        edit(start_at="2026-11-31T08:00:00Z"),
+    ),
+    Case(
         "downstream-capacity-zero",
         ("groups[0].behavior.downstream.capacity", "value 0: must be between 1 and 1,000,000"),
         edit(**{b0 + "downstream": {"capacity": 0}}),
