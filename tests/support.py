@@ -31,6 +31,17 @@ SMALL_FLASH_SALE = (
     "load_bucket=1s",
 )
 
+# conf/retry-storm.yaml, small: 1,500 orders in 5 minutes, a 2-minute outage, every retry on
+# instance 0's one retry queue (the report tests draw its report and its screenshot).
+SMALL_RETRY_STORM = (
+    "groups.0.workload.messages=1500",
+    "groups.0.workload.over=5m",
+    "groups.0.behavior.outages.0.start=1m",
+    "groups.0.behavior.outages.0.end=3m",
+    "groups.0.consumers.threads=2",
+    "horizon=1h",
+)
+
 DEFAULT_TABLE_MS = (
     1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
     420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,

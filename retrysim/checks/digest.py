@@ -24,7 +24,8 @@ MODULUS = 2**64
 # replication_of, point and replication where it belongs among replications: a plan point
 # and a simulate of the same scenario and seed are the same tables), spark_master says
 # where it ran, and
-# TimestampType columns are wall-clock time (simulated time is *_ms).
+# TimestampType columns are wall-clock time (simulated time is *_ms); runs.start_at copies
+# the scenario's start_at, which config_json holds and the digest counts there.
 # Kept on purpose: runs.engine_version and rounds, the same for every run of one build.
 EXCLUDED: dict[str, frozenset[str]] = {
     "*": frozenset({PARTITION_COLUMN}),

@@ -215,7 +215,8 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
     messages = int(data.summary.set_index("group").at[group, "messages"])
     retries = data.retries[data.retries["group"] == group]
     delays = data.delay_levels_ms
-    backlog = analysis.schedule_backlog(load)
+    # the schedule topic's long levels, the DLQ and the writes so far are tails: whole
+    backlog = analysis.schedule_backlog(whole)
     over_time = _over_time(data, group, load)
     figures = [
         over_time["State counts over time"],
@@ -237,11 +238,11 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
             "other flavors wait elsewhere).",
         ),
         (
-            plots.dlq_figure(analysis.dlq_flow(load), outages=outages),
+            plots.dlq_figure(analysis.dlq_flow(whole), outages=outages),
             "Moves into %DLQ% per bucket, with the running totals of DLQ inflow and replays.",
         ),
         (
-            plots.commitlog_figure(analysis.commitlog_writes(load), messages, outages=outages),
+            plots.commitlog_figure(analysis.commitlog_writes(whole), messages, outages=outages),
             "Broker commitlog writes (publish, schedule copy, retry copy, DLQ, replay) per "
             "second, and writes so far per message.",
         ),
@@ -254,28 +255,36 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
             f"{_idle_text(data, group)}.",
         ),
     ]
-    shown = float(load["minute_end"].max()) * analysis.MINUTE_MS if len(load) else 0.0
-    where = (
-        f"{analysis.BUSY_SHARE:.0%} of the deliveries"
-        + (" and the outages" if outages else "")
-        + " (the whole run is at the end of this section)"
-        if zoom is not None
-        else "where the activity is"
-    )
+
+    def span(frame: pd.DataFrame) -> str:
+        end = float(frame["minute_end"].max()) * analysis.MINUTE_MS if len(frame) else 0.0
+        return format_duration(int(end))
+
+    horizon = format_duration(data.scenario.horizon)
+    if zoom is None:
+        where = f"the first {span(whole)} of the {horizon} horizon, where the activity is"
+    else:
+        where = (
+            f"the first {span(load)} of the {horizon} horizon, "
+            f"{analysis.BUSY_SHARE:.0%} of the deliveries"
+            + (" and the outages" if outages else "")
+            + "; the schedule-topic backlog, the DLQ and the commitlog writes show the first "
+            f"{span(whole)}, where their tails end (and so does the whole run at the end of "
+            "this section)"
+        )
     section = [
         f'<h2 id="group-{html.escape(group)}">Group {html.escape(group)} '
         f"({html.escape(data.flavor(group))})</h2>",
-        f'<p class="note">The time axes show the first {format_duration(int(shown))} of the '
-        f"{format_duration(data.scenario.horizon)} horizon, {where}; the "
-        "<code>load</code> and <code>instance_load</code> tables hold every bucket.</p>",
+        f'<p class="note">The time axes show {where}; the <code>load</code> and '
+        "<code>instance_load</code> tables hold every bucket.</p>",
     ]
     for title, (fig, note) in zip(RUN_SECTIONS, figures, strict=True):
         section.append(f'<h3>{html.escape(title)}</h3><p class="note">{html.escape(note)}</p>')
         section.append(_image(fig, f"{group}: {title}"))
     if zoom is not None:
-        span = format_duration(int(float(whole["minute_end"].max()) * analysis.MINUTE_MS))
         section.append(
-            f"<details><summary>The whole run: the first {span} (to the last activity)</summary>"
+            f"<details><summary>The whole run: the first {span(whole)} (to the last activity)"
+            "</summary>"
         )
         for title, (fig, note) in _over_time(data, group, whole).items():
             section.append(f"<h3>{html.escape(title)}, the whole run</h3>")

@@ -8,7 +8,6 @@ silently ignored.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 from typing import Annotated, Any, Literal
 
@@ -594,13 +593,22 @@ class Broker(_Model):
 
 def _timestamp(value: Any) -> dt.datetime:
     """An ISO 8601 date and time (text; a number is no timestamp here) on UTC: a timestamp
-    without a zone is UTC, as metrics systems export them."""
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):  # then named below, as anything else
-            value = dt.datetime.fromisoformat(value.strip())
-    if not isinstance(value, dt.datetime):
-        raise ValueError("expected an ISO 8601 date and time such as 2026-11-27T08:00:00Z")
-    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+    without a zone is UTC, as metrics systems export them; a date alone is its midnight."""
+    expected = "expected an ISO 8601 date and time such as 2026-11-27T08:00:00Z"
+    if isinstance(value, dt.datetime):
+        text = value
+    elif isinstance(value, str):
+        try:
+            text = dt.datetime.fromisoformat(value.strip())
+        except ValueError as error:  # the reason, as Python gives it ('day is out of range')
+            reason = str(error).removeprefix("Invalid isoformat string: ")
+            raise ValueError(f"{expected} ({reason})" if "range" in reason else expected) from None
+    else:
+        raise ValueError(expected)
+    try:
+        return text.replace(tzinfo=dt.UTC) if text.tzinfo is None else text.astimezone(dt.UTC)
+    except (OverflowError, ValueError):
+        raise ValueError(f"{expected}, within years 1-9999 on UTC") from None
 
 
 StartAt = Annotated[dt.datetime, BeforeValidator(_timestamp)]

@@ -26,7 +26,7 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "load": ("bucket_start_ms",),
     "instance_load": ("bucket_start_ms",),
 }
-_START = "__start_at_ms"
+_START = "__start_at_us"
 
 __all__ = ["TIME_COLUMNS", "clock_name", "on_clock"]
 
@@ -43,13 +43,16 @@ def on_clock(spark: SparkSession, output: str, rows: DataFrame, table: str) -> D
     moments = [name for name in TIME_COLUMNS.get(table, ()) if name in rows.columns]
     if not moments:
         return rows
-    starts = read_table(spark, output, "runs", complete_only=False).select(
-        PARTITION_COLUMN, F.unix_millis("start_at").alias(_START)
+    starts = (
+        read_table(spark, output, "runs", complete_only=False)
+        .select(PARTITION_COLUMN, F.unix_micros("start_at").alias(_START))
+        .dropDuplicates([PARTITION_COLUMN])  # one row a run; never multiply the rows
     )
     joined = rows.join(F.broadcast(starts), PARTITION_COLUMN, "left")
     columns = []
     for name in rows.columns:
         columns.append(F.col(name))
-        if name in moments:
-            columns.append(F.timestamp_millis(F.col(_START) + F.col(name)).alias(clock_name(name)))
+        if name in moments:  # in microseconds, as start_at is kept
+            moment = F.timestamp_micros(F.col(_START) + F.col(name) * 1000)
+            columns.append(moment.alias(clock_name(name)))
     return joined.select(*columns)

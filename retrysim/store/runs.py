@@ -50,6 +50,7 @@ class RunInfo:
     dlq: int = 0
     files: int = 0
     bytes: int = 0
+    start_at: object = None  # the scenario's real moment for time 0 (docs/scenario.md)
 
 
 def list_runs(output: str) -> list[RunInfo]:
@@ -71,7 +72,7 @@ def list_runs(output: str) -> list[RunInfo]:
         count, size = files.get(run_id, (0, 0))
         info = RunInfo(run_id, row["status"], row["scenario"], row["started_at"],
                        row["finished_at"], row["tables"], groups, messages, deliveries, dlq,
-                       count, size)  # fmt: skip
+                       count, size, row.get("start_at"))  # fmt: skip
         runs.append(info)
     for run_id in sorted(live_run_ids(output) - seen):
         runs.append(RunInfo(run_id, STATUS_WRITING, files=files.get(run_id, (0, 0))[0]))

@@ -287,7 +287,15 @@ def read_table(
     if not DeltaTable.is_deltatable(path):
         return spark.createDataFrame([], schema)
     if delta_classes_available(spark):
-        df = spark.read.format("delta").load(path).select(*schema.fieldNames())
+        stored = spark.read.format("delta").load(path)
+        df = stored.select(
+            *(
+                F.col(field.name)
+                if field.name in stored.columns
+                else F.lit(None).cast(field.dataType).alias(field.name)  # a column added later
+                for field in schema.fields
+            )
+        )
         hide = complete_only and table in SCHEMAS
         return df.where(F.col(PARTITION_COLUMN).isin(complete_run_ids(output))) if hide else df
     files = _file_uris(output, table, complete_only)
@@ -318,6 +326,9 @@ def _run_arrow(output: str, table: str, run_id: str) -> pa.Table:
     if not DeltaTable.is_deltatable(path):
         return arrow_schema(ALL_SCHEMAS[table]).empty_table()
     rows = DeltaTable(path).to_pyarrow_table(partitions=[(PARTITION_COLUMN, "=", run_id)])
+    for field in arrow_schema(ALL_SCHEMAS[table]):
+        if field.name not in rows.column_names:  # a nullable column a later version added
+            rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
     return rows.select(ALL_SCHEMAS[table].fieldNames())
 
 

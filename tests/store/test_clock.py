@@ -10,13 +10,14 @@ import datetime as dt
 import duckdb
 import pytest
 from chispa import assert_df_equality
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 from support import retrying_scenario
 
 from retrysim import ScenarioError, complete_files, load_scenario, on_clock, register_views
 from retrysim.runner import simulate
 from retrysim.store.clock import TIME_COLUMNS, clock_name
-from retrysim.store.sinks import read_table
+from retrysim.store.sinks import read_table, run_rows, table_path
 from retrysim.tables.schemas import SCHEMAS
 
 START = dt.datetime(2026, 11, 27, 8, 0, tzinfo=dt.UTC)
@@ -53,7 +54,7 @@ def test_the_run_stores_its_start_and_every_view_puts_each_moment_beside_it(spar
             else:
                 assert ts.replace(tzinfo=None) == (
                     START + dt.timedelta(milliseconds=ms)
-                ).astimezone().replace(tzinfo=None)  # Spark shows the session's zone
+                ).astimezone().replace(tzinfo=None)  # collect() gives Python's local time
 
 
 def test_on_clock_adds_the_timestamps_to_any_frame_of_a_table(spark, output):
@@ -104,3 +105,20 @@ def test_a_start_at_that_is_no_timestamp_names_the_field():
     for wrong in ("yesterday", "2026-13-01T00:00:00Z", "12"):  # a number is no timestamp
         with pytest.raises(ScenarioError, match=rf"^start_at: value '?{wrong}'?: expected an ISO"):
             load_scenario(overrides=[f"start_at={wrong}"])
+
+
+def test_a_folder_written_before_start_at_existed_still_reads(spark, output, tmp_path):
+    """An older version wrote runs without start_at: readers give it as null (the writers
+    refuse such a folder, as for any column change)."""
+    old = tmp_path / "old"
+    for table in ("runs", "attempts"):
+        rows = DeltaTable(table_path(output, table)).to_pyarrow_table(
+            partitions=[("run_id", "=", "no-clock")]
+        )
+        if table == "runs":
+            rows = rows.drop_columns(["start_at"])
+        write_deltalake(table_path(str(old), table), rows, partition_by=["run_id"])
+    (row,) = run_rows(str(old), "runs", "no-clock")
+    assert row["start_at"] is None and row["status"] == "complete"
+    clocked = on_clock(spark, str(old), read_table(spark, str(old), "attempts"), "attempts")
+    assert clocked.where(F.col("start_ts").isNotNull()).count() == 0 < clocked.count()
