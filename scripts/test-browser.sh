@@ -12,7 +12,7 @@ TRIED="$ROOT/.venv/.retrysim-chromium-tried"
 touch "$TRIED"
 echo "retrysim: installing Debian's chromium for the report's screenshot test (once, ~20 s)..." >&2
 export DEBIAN_FRONTEND=noninteractive
-install() { timeout 300 apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; }
-install || { timeout 300 apt-get update >/dev/null 2>&1 && install; } \
+get_chromium() { timeout 300 apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; }
+get_chromium || { timeout 300 apt-get update >/dev/null 2>&1 && get_chromium; } \
   || echo "retrysim: could not install chromium; the screenshot test will skip" >&2
 exit 0

@@ -305,7 +305,7 @@ PATHS = ("rounds first", "whole from the start", "in units")
 
 
 @settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(scenario=scenarios(groups=10, max_messages=15), path=st.sampled_from(PATHS))
+@given(scenario=scenarios(groups=8, max_messages=15), path=st.sampled_from(PATHS))
 def test_random_scenarios_equal_the_reference(spark, tmp_path_factory, scenario, path):
     """Small finite pools run event by event from the start, whole or in units, or by
     rounds and the capacity check, as larger ones do: each must be the reference."""
