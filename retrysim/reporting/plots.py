@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from retrysim.planning.targets import METRICS
 from retrysim.reporting.analysis import case_label
@@ -174,6 +175,8 @@ def state_counts_figure(
                      label="highest within a bucket")  # fmt: skip
     for ax in axes:  # after every line: fixing the bottom stops the axis growing for more
         _decorate(ax, label, outages)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # messages: whole numbers
+        ax.set_ylim(top=max(ax.get_ylim()[1], 1.0))  # an empty series shows 0 and 1
     axes[0].set(ylabel="Ready backlog", title=title or "messages by state")
     axes[1].set(ylabel="WaitingRetry")
     inflight_ax.set(xlabel=label, ylabel="Inflight")

@@ -45,6 +45,9 @@ def test_each_state_has_its_own_axis_and_inflight_is_drawn_against_the_pool():
     assert inflight_ax.get_ylim()[1] > 16  # the pool line is in view
     for ax in fig.axes:
         assert _shaded(ax) == OUTAGES and ax.get_ylim()[0] == 0
+        assert all(tick == int(tick) for tick in ax.get_yticks())  # counts: whole numbers
+    quiet = plots.state_counts_figure(_states([0, 0, 0, 0])).axes[0]  # at most 1 Ready
+    assert quiet.get_ylim()[1] >= 1 and {0, 1} <= set(quiet.get_yticks())  # not 0.01, 0.02
 
 
 def test_every_time_plot_shades_the_outages_and_counts_from_zero():
