@@ -1332,7 +1332,7 @@ def _doubles(model: ListenerModel) -> tuple[np.ndarray, np.ndarray]:
     downstream = model.downstream
     if downstream is not None:
         d[D_CAPACITY] = downstream.capacity
-        d[D_PER_GROUP] = downstream.per == "group"
+        d[D_PER_GROUP] = downstream.shared
         d[D_CALL_TIMEOUT] = -1 if downstream.timeout is None else downstream.timeout
         d[D_SHED] = downstream.shed
     windows = np.full((len(model.windows), 7), -1.0)

@@ -174,7 +174,7 @@ class _Simulation:
         # calls in flight at a downstream that answers to load, per instance and in all
         downstream = spec.behavior.downstream
         self.loaded = downstream is not None
-        self.per_group = self.loaded and downstream.per == "group"
+        self.per_group = self.loaded and downstream.shared
         self.busy, self.busy_all = [0] * topology.instances, 0
         self.events: list[tuple] = []
         self.sequence = 0
@@ -720,7 +720,7 @@ def units_of(spec: KeySpec) -> Units | None:
     queues, and no downstream shared by its instances ties them together."""
     policy, downstream = spec.policy, spec.behavior.downstream
     lanes = policy.blocking or policy.batch_size > 1  # the lanes' loop runs a group whole
-    shared = downstream is not None and downstream.per == "group"
+    shared = downstream is not None and downstream.shared
     if (
         not compiled_covers(policy)
         or lanes

@@ -175,7 +175,7 @@ def _check_search(
             "consumers: {instances, threads} to search a finite one",
         )
     downstream = group.behavior.downstream
-    if downstream is not None and (search.field.endswith("threads") or downstream.per == "group"):
+    if downstream is not None and (search.field.endswith("threads") or downstream.shared):
         raise ScenarioError(
             "--search",
             f"{search.given}: group {search.group} has a downstream that answers to load: a "

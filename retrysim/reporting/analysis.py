@@ -291,8 +291,7 @@ class RunData:
         downstream = found.behavior.downstream if found else None
         if downstream is None:
             return None
-        per_instance = downstream.per == "instance"
-        return downstream.capacity * (found.consumers.instances if per_instance else 1)
+        return downstream.capacity * (1 if downstream.shared else found.consumers.instances)
 
 
 def run_data(

@@ -279,19 +279,23 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
         "<code>instance_load</code> tables hold every bucket.</p>",
     ]
     for title, (fig, note) in zip(RUN_SECTIONS, figures, strict=True):
-        section.append(f'<h3>{html.escape(title)}</h3><p class="note">{html.escape(note)}</p>')
-        section.append(_image(fig, f"{group}: {title}"))
+        section.append(_figure(group, title, fig, note))
     if zoom is not None:
         section.append(
             f"<details><summary>The whole run: the first {span(whole)} (to the last activity)"
             "</summary>"
         )
         for title, (fig, note) in _over_time(data, group, whole).items():
-            section.append(f"<h3>{html.escape(title)}, the whole run</h3>")
-            section.append(f'<p class="note">{html.escape(note)}</p>')
-            section.append(_image(fig, f"{group}: {title}, the whole run"))
+            section.append(_figure(group, f"{title}, the whole run", fig, note))
         section.append("</details>")
     return section
+
+
+def _figure(group: str, title: str, fig, note: str) -> str:
+    """A figure of a group's section: its heading, its note and its image."""
+    return f'<h3>{html.escape(title)}</h3><p class="note">{html.escape(note)}</p>' + _image(
+        fig, f"{group}: {title}"
+    )
 
 
 def _over_time(data: analysis.RunData, group: str, load: pd.DataFrame) -> dict[str, tuple]:

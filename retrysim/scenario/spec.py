@@ -141,17 +141,22 @@ class BehaviorPiece(_Model):
 
 
 class Downstream(_Model):
-    """The service the listener calls, answering to load (docs/model.md §3, "A downstream
-    that answers to load"): beyond ``capacity`` calls at once, each call runs
-    ``concurrency / capacity`` times longer, fails with ``shed`` times the share of calls
-    beyond capacity, and fails when it would outlast ``timeout``. ``per: group`` is one
+    """What the listener's calls share, answering to load (docs/model.md §3, "A downstream
+    that answers to load"): beyond ``capacity`` calls at once, every call runs
+    ``load / capacity`` times longer, ``shed`` of the share beyond capacity is refused at
+    once, and a call that would outlast ``timeout`` fails then. ``per: group`` is one
     service every instance calls; ``per: instance`` a resource of each instance's own (its
-    connection pool, its cores)."""
+    cores)."""
 
     capacity: Annotated[StrictInt, in_range(1, limits.MAX_DOWNSTREAM_CAPACITY)]
     per: Literal["group", "instance"] = "group"
     timeout: Annotated[Duration, in_range(1, limits.HOUR_MS, duration=True)] | None = None
     shed: Probability = 0.0
+
+    @property
+    def shared(self) -> bool:
+        """Whether the group's instances share it: their calls count together."""
+        return self.per == "group"
 
 
 class Behavior(_Model):
@@ -544,7 +549,7 @@ class Group(_Model):
         if self.replay is not None and (not self.dlq_enabled or not flavor.has_dlq):
             raise FieldRuleError("replay", "needs a dead-letter queue (dlq_enabled: true)")
         downstream = self.behavior.downstream
-        shared = downstream is not None and downstream.per == "group"
+        shared = downstream is not None and downstream.shared
         if shared and record.balancing == flavors.BROADCAST and self.consumers.instances > 1:
             raise FieldRuleError(
                 "behavior.downstream.per",
@@ -596,17 +601,19 @@ def _timestamp(value: Any) -> dt.datetime:
     without a zone is UTC, as metrics systems export them; a date alone is its midnight."""
     expected = "expected an ISO 8601 date and time such as 2026-11-27T08:00:00Z"
     if isinstance(value, dt.datetime):
-        text = value
+        moment = value
     elif isinstance(value, str):
         try:
-            text = dt.datetime.fromisoformat(value.strip())
+            moment = dt.datetime.fromisoformat(value.strip())
         except ValueError as error:  # the reason, as Python gives it ('day is out of range')
             reason = str(error).removeprefix("Invalid isoformat string: ")
             raise ValueError(f"{expected} ({reason})" if "range" in reason else expected) from None
     else:
         raise ValueError(expected)
     try:
-        return text.replace(tzinfo=dt.UTC) if text.tzinfo is None else text.astimezone(dt.UTC)
+        if moment.tzinfo is None:
+            return moment.replace(tzinfo=dt.UTC)
+        return moment.astimezone(dt.UTC)
     except (OverflowError, ValueError):
         raise ValueError(f"{expected}, within years 1-9999 on UTC") from None
 
