@@ -15,20 +15,20 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
-from retrysim.checks.validate import check_staged
-from retrysim.engine.choice import SMALL_GROUP_MESSAGES, simulate_attempts
+from retrysim.checks.validate import StagedRun, check_staged_runs
+from retrysim.engine.choice import SMALL_GROUP_MESSAGES, simulate_runs_attempts
 from retrysim.engine.rounds import TAIL_ROWS, Progress
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.spec import Scenario
 from retrysim.store import views
-from retrysim.store.lease import acquire_lease
+from retrysim.store.lease import Lease, acquire_lease
 from retrysim.store.recovery import publish_run, recover
 from retrysim.store.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
 from retrysim.tables.schemas import RUNS, TABLE_SETS, data_schema, write_rows
@@ -164,44 +164,144 @@ def simulate(
     >>> result = simulate(spark, load_scenario("conf/default.yaml"))  # doctest: +SKIP
     >>> result.summary.show()  # doctest: +SKIP
     """
+    request = RunRequest(scenario, run_id, label)
+    results = simulate_runs(
+        spark, [request], output, progress, sink, tail_rows, small_group, unit_messages, tables,
+        validate, report,
+    )  # fmt: skip
+    return results[0]
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run of :func:`simulate_runs`: its scenario, run id (None: a new one) and place
+    among replications."""
+
+    scenario: Scenario
+    run_id: str | None = None
+    label: RunLabel | None = None
+
+
+def simulate_runs(
+    spark: SparkSession,
+    requests: Sequence[RunRequest],
+    output: str | None = None,
+    progress: Progress | None = None,
+    sink: str | Sink = "auto",
+    tail_rows: int = TAIL_ROWS,
+    small_group: int = SMALL_GROUP_MESSAGES,
+    unit_messages: int | None = None,
+    tables: str = "full",
+    validate: bool = True,
+    report: DrawReport | None = None,
+    on_result: Callable[[int, Result], None] | None = None,
+) -> list[Result]:
+    """:func:`simulate` for several runs at once (a plan's points and replications): each
+    is staged under its own lease and published as its own run, but their event-by-event
+    simulation is one Spark stage (:func:`retrysim.engine.choice.simulate_runs_attempts`)
+    and their check one pass, so a cluster runs them side by side and a small machine pays
+    the fixed costs once. Nothing is published unless every run passes its check; a run
+    that fails to publish leaves the ones published before it. ``on_result(k, result)`` is
+    called as the ``k``-th run (0-based) is published."""
     quiet = nullcontext(lambda _line: None)
     with never_quiet(progress) if progress is not None else quiet as say:
         if tables not in TABLE_SETS:
             raise ScenarioError("--tables", f"value {tables!r}: use one of {', '.join(TABLE_SETS)}")
         output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
-        run_id = check_run_id(run_id or default_run_id(scenario))
+        run_ids = [check_run_id(r.run_id or default_run_id(r.scenario)) for r in requests]
+        if len(set(run_ids)) < len(run_ids):
+            raise ScenarioError("--run-id", "runs simulated together need different run ids")
         chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
-        lease = acquire_lease(output, run_id)
-        staging = lease.staging
+        leases: list[Lease] = []
+        results: list[Result] = []
         started_at = dt.datetime.now(dt.UTC)
         began = time.monotonic()
         try:
+            leases += [acquire_lease(output, run_id) for run_id in run_ids]
             recover(output, say)
             written = TABLE_SETS[tables]
-            rounds, engines, sums = simulate_attempts(
-                spark, scenario, staging, say, tail_rows, small_group, unit_messages,
+            engined = simulate_runs_attempts(
+                spark,
+                [(r.scenario, lease.staging) for r, lease in zip(requests, leases, strict=True)],
+                say,
+                tail_rows, small_group, unit_messages,
                 tuple(table for table in TASK_TABLES if table in written),
             )  # fmt: skip
-            say("staging tables ...")
-            staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)
-            rows = {
-                status: write_rows(
-                    [runs_row(spark, scenario, run_id, started_at, rounds, status, tables, label)],
-                    data_schema(RUNS),
-                    os.path.join(staging, "tables", f"runs-{status}"),
+            several = len(requests) > 1  # their staging lines would repeat for each run
+            if several:
+                say(f"staging the tables of {len(requests)} runs ...")
+            staging_began = time.monotonic()
+            staged_runs = [
+                _stage_run(
+                    spark, request, lease, engine, written, started_at, tables,
+                    (lambda _line: None) if several else say, report,
                 )
-                for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
-            }
-            staged["runs"] = rows[STATUS_COMPLETE]
-            write_report = report(run_id, staged, retries) if report is not None else None
+                for request, lease, engine in zip(requests, leases, engined, strict=True)
+            ]  # fmt: skip
+            if several:
+                say(f"staged {len(requests)} runs ({time.monotonic() - staging_began:.1f}s)")
             if validate:
-                say("validating the staged run ...")
-                derived = derived_for_lean(spark, scenario, staged)
-                check_staged(spark, staged, run_id, say, derived)
-            publish_run(chosen, spark, output, staged, rows[STATUS_PUBLISHING], lease)
-            say(f"committed {len(written)} tables with the {chosen.name} sink")
+                say("validating the staged run ..." if len(requests) == 1 else
+                    f"validating the {len(requests)} staged runs ...")  # fmt: skip
+                check_staged_runs(spark, [run.check for run in staged_runs], say)
+            for number, (run, lease) in enumerate(zip(staged_runs, leases, strict=True)):
+                publish_run(chosen, spark, output, run.check.staged, run.marker, lease)
+                lease.release()
+                drawn = run.write_report() if run.write_report is not None else None
+                result = Result(
+                    spark, output, lease.run_id, run.rounds, chosen.name,
+                    time.monotonic() - began, tables, run.retries, drawn,
+                )  # fmt: skip
+                results.append(result)
+                if on_result is not None:
+                    on_result(number, result)
+            say(
+                f"committed {len(written)} tables with the {chosen.name} sink"
+                + (f" for each of {len(requests)} runs" if len(requests) > 1 else "")
+            )
         finally:
-            lease.release()
-        elapsed = time.monotonic() - began
-        drawn = write_report() if write_report is not None else None
-        return Result(spark, output, run_id, rounds, chosen.name, elapsed, tables, retries, drawn)
+            for lease in leases:
+                lease.release()
+        return results
+
+
+@dataclass
+class _StagedRun:
+    """A run staged and waiting for its check and commits."""
+
+    check: StagedRun  # its tables and their run id, as the check takes them
+    marker: str  # its runs row with status publishing
+    rounds: int
+    retries: pd.DataFrame
+    write_report: Callable[[], str] | None
+
+
+def _stage_run(
+    spark: SparkSession,
+    request: RunRequest,
+    lease: Lease,
+    engined: tuple[int, dict[str, str], dict],
+    written: tuple[str, ...],
+    started_at: dt.datetime,
+    tables: str,
+    say: Progress,
+    report: DrawReport | None,
+) -> _StagedRun:
+    """A run's tables staged from its attempts (and its runs rows, and its report begun)."""
+    rounds, engines, sums = engined
+    scenario, run_id, staging = request.scenario, lease.run_id, lease.staging
+    say("staging tables ...")
+    staged, retries = stage_tables(spark, scenario, staging, engines, written, say, sums)
+    rows = {
+        status: write_rows(
+            [runs_row(spark, scenario, run_id, started_at, rounds, status, tables, request.label)],
+            data_schema(RUNS),
+            os.path.join(staging, "tables", f"runs-{status}"),
+        )
+        for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
+    }
+    staged["runs"] = rows[STATUS_COMPLETE]
+    write_report = report(run_id, staged, retries) if report is not None else None
+    derived = derived_for_lean(spark, scenario, staged)
+    check = StagedRun(run_id, staged, derived)
+    return _StagedRun(check, rows[STATUS_PUBLISHING], rounds, retries, write_report)

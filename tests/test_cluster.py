@@ -169,19 +169,24 @@ def test_cluster_gives_the_same_tables_as_local_mode(spark, cluster, tmp_path):
     first = start(simulate_command(on_cluster, "cl", cluster.url), tmp_path / "cl.log")
     local = start(simulate_command(on_local, "lo", "local[2]"), tmp_path / "lo.log")
     finish(first, local)
+    # two replications simulated together: both runs' keys are the tasks of one stage,
+    # spread over both workers; the first replication is the scenario's own seed
     job_option = simulate_command(on_cluster, "cl-job", cluster.url, job_master=True)
+    job_option += ["--replications", "2"]
     assert "--master" not in job_option[: job_option.index("jobs/simulate.py")]
     run(job_option, tmp_path / "cl-job.log")
 
     expected = table_digests(spark, str(on_local), "lo")
     assert_scenario_exercised(expected)
-    for run_id in ("cl", "cl-job"):
+    for run_id in ("cl", "cl-job-r1"):
         actual = table_digests(spark, str(on_cluster), run_id)
         assert_same_digests(expected, actual, f"cluster run {run_id} vs local[2]")
+    second = table_digests(spark, str(on_cluster), "cl-job-r2")
+    assert second != expected, "the second replication runs under its own seed"
 
     runs = read_table(spark, str(on_cluster), "runs").select("run_id", "spark_master")
     masters = {row["run_id"]: row["spark_master"] for row in runs.collect()}
-    assert masters == {"cl": cluster.url, "cl-job": cluster.url}
+    assert masters == {"cl": cluster.url, "cl-job-r1": cluster.url, "cl-job-r2": cluster.url}
     for log in ("cl.log", "cl-job.log"):
         assert "shipping the package to executors" in (tmp_path / log).read_text()
     apps = completed_apps(cluster, 2)

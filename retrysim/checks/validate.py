@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -546,20 +546,47 @@ def check_staged(
     derived: dict[str, Callable[[], DataFrame]] | None = None,
 ) -> Report:
     """Validate a staged run; raise :class:`ValidationError` naming what broke."""
+    return check_staged_runs(spark, [StagedRun(run_id, staged, derived)], say)
+
+
+@dataclass(frozen=True)
+class StagedRun:
+    """A run's staged tables (table -> Parquet folder) and the builders of those a lean run
+    derives."""
+
+    run_id: str
+    staged: dict[str, str]
+    derived: dict[str, Callable[[], DataFrame]] | None = None
+
+
+def check_staged_runs(
+    spark: SparkSession, runs: Sequence[StagedRun], say: Callable[[str], None] = lambda _line: None
+) -> Report:
+    """Validate staged runs at once (a plan's: one pass of Spark jobs for all of them);
+    raise :class:`ValidationError` naming the runs that broke an invariant, and what."""
     began = time.monotonic()
-    tables = staged_tables(spark, staged, run_id, derived)
+    each = [staged_tables(spark, run.staged, run.run_id, run.derived) for run in runs]
+    tables = _Lazy(
+        {
+            name: lambda name=name: reduce(DataFrame.unionByName, [mine[name] for mine in each])
+            for name in SCHEMAS
+        }
+    )
     from retrysim.checks.files import GENERATED
 
-    files = dict(staged)
-    if "messages" in (derived or {}):
-        files["messages"] = GENERATED
-    report = validate_tables(
-        tables, transitions_derived="transitions" in (derived or {}), files={run_id: files}
-    )
+    files = {}
+    for run in runs:
+        files[run.run_id] = dict(run.staged)
+        if "messages" in (run.derived or {}):
+            files[run.run_id]["messages"] = GENERATED
+    lean = any("transitions" in (run.derived or {}) for run in runs)
+    report = validate_tables(tables, transitions_derived=lean, files=files)
     if not report.ok:
-        raise ValidationError(run_id, report)
+        raise ValidationError(", ".join(sorted(report.broken_by_run())), report)
     how = " (row by row: the chain digests disagreed)" if report.row_by_row else ""
-    say(f"validated: {len(INVARIANTS)} invariants hold ({time.monotonic() - began:.1f}s){how}")
+    which = f" in {len(runs)} runs" if len(runs) > 1 else ""
+    took = f"{time.monotonic() - began:.1f}s"
+    say(f"validated: {len(INVARIANTS)} invariants hold{which} ({took}){how}")
     return report
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -31,13 +32,15 @@ from retrysim.engine.rounds import (
 )
 from retrysim.engine.sequential import (
     MOST_OUTPUT_PARTS,
+    GroupKey,
     KeySpec,
+    RunFolders,
     compiled_covers,
     key_count,
     read_heartbeats,
     retry_owner_attempts,
     units_of,
-    write_sequential_attempts,
+    write_runs_attempts,
 )
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
@@ -87,23 +90,10 @@ def simulate_attempts(
     simulated whole in a task, those tasks also write the tables ``task_tables`` of
     :data:`retrysim.tables.task_tables.TASK_TABLES` (dead letters only where nothing is
     replayed) under ``staging/task_tables``, for staging to take as they are."""
-    fewest_units = 1
-    if unit_messages is None:  # only where units give more tasks than a whole group's parts
-        wide = spark.sparkContext.defaultParallelism > MOST_OUTPUT_PARTS
-        unit_messages = UNIT_MESSAGES if wide else sys.maxsize
-        fewest_units = MOST_OUTPUT_PARTS + 1
+    unit_messages, fewest_units = _unit_rule(spark, unit_messages)
     plans = group_plans(scenario)
-    for plan in plans:
-        if plan.group.behavior.downstream is not None:
-            say(
-                f"group {plan.name}: its downstream answers to load (each call depends on the "
-                "calls in flight); simulating it event by event"
-            )
-    by_rounds = [plan for plan in plans if not needs_events(plan)]
-    full_from_start = _certainly_full(by_rounds, say)
-    not_full = [plan for plan in by_rounds if plan.name not in full_from_start]
-    from_start = full_from_start | _small(not_full, small_group, say)
-    by_rounds = [plan for plan in by_rounds if plan.name not in from_start]
+    from_start = _from_start(plans, small_group, say)
+    by_rounds = [plan for plan in plans if not needs_events(plan) and plan.name not in from_start]
     rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
     if by_rounds:
         full_jit(spark)  # Spark's generated code runs every round's rows
@@ -126,13 +116,84 @@ def simulate_attempts(
     ]
     sums = (
         _run_sequential(
-            spark, scenario, sequential, staging, say, unit_messages, fewest_units, task_tables
-        )
+            spark, [EventRun(scenario, sequential, staging)], say, unit_messages, fewest_units,
+            task_tables,
+        )[0]
         if sequential
         else {}
-    )
+    )  # fmt: skip
     engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}
     return rounds, engines, sums
+
+
+def simulate_runs_attempts(
+    spark: SparkSession,
+    runs: list[tuple[Scenario, str]],
+    say: Progress,
+    tail_rows: int,
+    small_group: int = SMALL_GROUP_MESSAGES,
+    unit_messages: int | None = None,
+    task_tables: tuple[str, ...] = (),
+) -> list[tuple[int, dict[str, str], dict[str, GroupSums]]]:
+    """:func:`simulate_attempts` for several runs (scenario, staging folder): a plan's points
+    and replications. The runs whose every group is simulated event by event from the start
+    and whole (the usual plan: finite pools of up to ``small_group`` messages a group) share
+    one Spark stage, each key a task of it, each run's rows written to its own staging, so a
+    cluster runs them side by side and a small machine pays the stage's start once; the
+    others run one after another, each as :func:`simulate_attempts` runs it."""
+    most, fewest_units = _unit_rule(spark, unit_messages)
+    quiet: Progress = lambda _line: None  # noqa: E731 (each run's choices would repeat)
+    together: dict[int, EventRun] = {}
+    for number, (scenario, staging) in enumerate(runs):
+        plans = group_plans(scenario)
+        if len(_from_start(plans, small_group, quiet)) < len(plans):
+            continue
+        specs = key_specs(scenario, plans)
+        if not in_units(specs, _per_lane(specs, plans), most, fewest_units):
+            together[number] = EventRun(scenario, plans, staging)
+    found: dict[int, tuple[int, dict[str, str], dict[str, GroupSums]]] = {}
+    if together:
+        say(f"{len(together)} of {len(runs)} runs simulated event by event together ...")
+        sums = _run_sequential(spark, list(together.values()), say, sys.maxsize, 1, task_tables)
+        for (number, run), mine in zip(together.items(), sums, strict=True):
+            engines = dict.fromkeys((plan.name for plan in run.plans), ENGINE_SEQUENTIAL)
+            found[number] = (0, engines, mine)
+    for number, (scenario, staging) in enumerate(runs):
+        if number not in found:
+            say(f"run {number + 1} of {len(runs)} on its own (rounds or units) ...")
+            found[number] = simulate_attempts(
+                spark, scenario, staging, say, tail_rows, small_group, unit_messages,
+                task_tables,
+            )  # fmt: skip
+    return [found[number] for number in range(len(runs))]
+
+
+def _unit_rule(spark: SparkSession, unit_messages: int | None) -> tuple[int, int]:
+    """From how many messages, and units, a group runs as its units: as given, or (None)
+    only where units give more tasks than a whole group's parts (:data:`UNIT_MESSAGES`)."""
+    if unit_messages is not None:
+        return unit_messages, 1
+    wide = spark.sparkContext.defaultParallelism > MOST_OUTPUT_PARTS
+    return (UNIT_MESSAGES if wide else sys.maxsize), MOST_OUTPUT_PARTS + 1
+
+
+def _from_start(plans: list[GroupPlan], small_group: int, say: Progress) -> set[str]:
+    """The groups simulated event by event from the start: those that need it
+    (:func:`needs_events`), those whose pools the scenario shows full, and small ones."""
+    for plan in plans:
+        if plan.group.behavior.downstream is not None:
+            say(
+                f"group {plan.name}: its downstream answers to load (each call depends on the "
+                "calls in flight); simulating it event by event"
+            )
+    by_rounds = [plan for plan in plans if not needs_events(plan)]
+    full_from_start = _certainly_full(by_rounds, say)
+    not_full = [plan for plan in by_rounds if plan.name not in full_from_start]
+    return (
+        {plan.name for plan in plans if needs_events(plan)}
+        | full_from_start
+        | _small(not_full, small_group, say)
+    )
 
 
 def needs_events(plan: GroupPlan) -> bool:
@@ -186,29 +247,38 @@ def _drop_groups(spark: SparkSession, folder: str, groups: set[str]) -> None:
     os.replace(kept, folder)
 
 
+@dataclass(frozen=True)
+class EventRun:
+    """A run's groups to simulate event by event, and its staging folder."""
+
+    scenario: Scenario
+    plans: list[GroupPlan]
+    staging: str
+
+
 def _run_sequential(
     spark: SparkSession,
-    scenario: Scenario,
-    plans: list[GroupPlan],
-    staging: str,
+    runs: list[EventRun],
     say: Progress,
     unit_messages: int,
     fewest_units: int = 1,
     task_tables: tuple[str, ...] = (),
-) -> dict[str, GroupSums]:
-    """Simulate ``plans`` event by event, staging their attempts; a group in units
-    (:func:`units_of`) with at least ``unit_messages`` messages and ``fewest_units`` units
-    besides its retry owners' runs as its units."""
-    specs = key_specs(scenario, plans)
-    per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
+) -> list[dict[str, GroupSums]]:
+    """Simulate the runs' ``plans`` event by event in one stage, staging each run's
+    attempts; a group in units (:func:`units_of`) with at least ``unit_messages`` messages
+    and ``fewest_units`` units besides its retry owners' runs as its units (one run only).
+    Returns each run's sums of the groups simulated whole in a task."""
+    specs = [spec for k, run in enumerate(runs) for spec in key_specs(run.scenario, run.plans, k)]
+    per_lane = _per_lane(specs, [plan for run in runs for plan in run.plans])
     split = in_units(specs, per_lane, unit_messages, fewest_units)
+    assert not split or len(runs) == 1, "units run for one run at a time"
     if split or any(
-        s.group in per_lane and s.workload.messages > SMALL_GROUP_MESSAGES for s in specs
+        s.key in per_lane and s.workload.messages > SMALL_GROUP_MESSAGES for s in specs
     ):
         full_jit(spark)  # staging scans the rows of units and lanes in Spark
     keys = key_count(specs, per_lane, split)
     for spec in specs:
-        if spec.group in split:
+        if spec.key in split:
             units = units_of(spec)
             say(
                 f"group {spec.group} in units: {_instances(sum(units.first, ()))} on "
@@ -216,58 +286,87 @@ def _run_sequential(
                 f"{_instances(units.retry_owners)} (the retry queues'), fed the retries "
                 "sent to them"
             )
+    named = ", ".join(p.name for p in runs[0].plans)
+    whose = f"{len(runs)} runs' groups" if len(runs) > 1 else named
     say(
-        f"event-by-event simulation of {', '.join(p.name for p in plans)} "
+        f"event-by-event simulation of {whose} "
         f"({keys:,} independent {'keys' if keys > 1 else 'key'}) ..."
     )
     began = time.monotonic()
     partitions = max(spark.sparkContext.defaultParallelism, min(keys, 200))
-    path = os.path.join(staging, "attempts", f"engine={ENGINE_SEQUENTIAL}", "round=00000")
     # up to 200 partitions balance the keys; each task writes its keys' rows as files of the
     # attempts table
-    heartbeats = os.path.join(staging, "heartbeats")
+    outputs = [_folders(number, run, specs, per_lane, split, task_tables)
+               for number, run in enumerate(runs)]  # fmt: skip
+    heartbeats = os.path.join(runs[0].staging, "heartbeats")
     sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    everyone = {plan.name for plan in plans} == {group.name for group in scenario.groups}
-    if not everyone or per_lane or split:
-        task_tables = ()  # staging makes them in Spark, for every group
-    elif any(plan.policy.replay is not None for plan in plans):
-        task_tables = tuple(table for table in task_tables if table != "dead_letters")
-    made = (os.path.join(staging, TASK_TABLES_DIR), task_tables) if task_tables else None
     with _watching(heartbeats, keys, say):
-        write_sequential_attempts(
-            spark, specs, per_lane, partitions, path, heartbeats, sums, split, made
-        )
+        write_runs_attempts(spark, specs, per_lane, partitions, outputs, heartbeats, sums, split)
     beats = read_heartbeats(heartbeats)
     if split:
         keys += len(split)
         owners_beats = os.path.join(heartbeats, "retry-owners")
+        path = outputs[0].attempts
         _run_retry_owners(
-            spark, [spec for spec in specs if spec.group in split], path, owners_beats, say
+            spark, [spec for spec in specs if spec.key in split], path, owners_beats, say
         )
         beats += read_heartbeats(owners_beats)
     remove_tree(heartbeats)
     if len(beats) == keys and all(beat["sim_ms"] == beat["horizon_ms"] for beat in beats):
         count = sum(beat["deliveries"] for beat in beats)  # every key's last word
     else:  # a key without messages, or an executor that cannot write the folder
-        folder = os.path.dirname(path)
-        count = spark.read.parquet(folder).where(F.col("start_ms").isNotNull()).count()
+        folders = [os.path.dirname(out.attempts) for out in outputs]
+        count = spark.read.parquet(*folders).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
     # a 5.x pop group's busiest second of writes differed from Spark's in a random scenario
     # (issue 23's note): its rows are summed up by Spark until the twin is fixed
-    pops = {spec.group for spec in specs if pops_of(spec.policy) is not None}
-    return {g: part for g, part in sums.value.items() if part.complete and g not in pops}
+    pops = {spec.key for spec in specs if pops_of(spec.policy) is not None}
+    return [
+        {group: part for (run, group), part in sums.value.items()
+         if run == number and part.complete and (run, group) not in pops}
+        for number in range(len(runs))
+    ]  # fmt: skip
+
+
+def _per_lane(specs: list[KeySpec], plans: list[GroupPlan]) -> set[GroupKey]:
+    """The groups (of ``plans``, with their ``specs``) simulated a queue at a time."""
+    pairs = zip(specs, plans, strict=True)
+    return {spec.key for spec, plan in pairs if lanes_are_independent(plan)}
+
+
+def _folders(
+    number: int,
+    run: EventRun,
+    specs: list[KeySpec],
+    per_lane: set[GroupKey],
+    split: set[GroupKey],
+    task_tables: tuple[str, ...],
+) -> RunFolders:
+    """Where the stage writes the ``number``-th run's files: its attempts, and the task
+    tables when every group of it is simulated whole in a task (dead letters only where
+    nothing is replayed)."""
+    attempts = os.path.join(run.staging, "attempts", f"engine={ENGINE_SEQUENTIAL}", "round=00000")
+    mine = [spec for spec in specs if spec.run == number]
+    everyone = {plan.name for plan in run.plans} == {group.name for group in run.scenario.groups}
+    if not everyone or any(spec.key in per_lane | split for spec in mine):
+        return RunFolders(attempts)  # staging makes them in Spark, for every group
+    if any(plan.policy.replay is not None for plan in run.plans):
+        task_tables = tuple(table for table in task_tables if table != "dead_letters")
+    if not task_tables:
+        return RunFolders(attempts)
+    return RunFolders(attempts, os.path.join(run.staging, TASK_TABLES_DIR), task_tables)
 
 
 def in_units(
-    specs: list[KeySpec], per_lane: set[str], unit_messages: int, fewest_units: int = 1
-) -> set[str]:
+    specs: list[KeySpec], per_lane: set[GroupKey], unit_messages: int, fewest_units: int = 1
+) -> set[GroupKey]:
     """The groups that run as their units: those in units (:func:`units_of`, not per
     lane) with at least ``unit_messages`` messages and ``fewest_units`` units besides the
     retry owners'."""
     return {
-        spec.group
+        spec.key
         for spec in specs
-        if spec.group not in per_lane
+        if spec.key not in per_lane
         and (units := units_of(spec)) is not None
         and len(units.first) >= fewest_units
         and spec.workload.messages >= unit_messages

@@ -277,8 +277,9 @@ def replay_frontier(attempts: DataFrame, plans: list[GroupPlan], horizon_ms: int
     return union_all(frames) if frames else None
 
 
-def key_specs(scenario: Scenario, plans: list[GroupPlan]) -> list[KeySpec]:
-    """What the sequential engine needs to simulate each of ``plans``' groups."""
+def key_specs(scenario: Scenario, plans: list[GroupPlan], run: int = 0) -> list[KeySpec]:
+    """What the sequential engine needs to simulate each of ``plans``' groups (of the
+    ``run``-th of the runs simulated together)."""
     return [
         KeySpec(
             group=plan.name,
@@ -291,6 +292,7 @@ def key_specs(scenario: Scenario, plans: list[GroupPlan]) -> list[KeySpec]:
             workload=plan.group.workload,
             load_bucket_ms=scenario.load_bucket,
             shared=plan.policy.topology.shared,
+            run=run,
         )
         for plan in plans
     ]

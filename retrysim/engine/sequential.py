@@ -131,6 +131,12 @@ class KeySpec:
     # for summing up a whole group's rows in its task (retrysim.tables.key_peaks)
     load_bucket_ms: int
     shared: bool  # more than one instance can get its work: instance_load needs its own sums
+    run: int = 0  # which of the runs simulated together in one stage it belongs to
+
+    @property
+    def key(self) -> tuple[int, str]:
+        """The group within its run: what the stage's choices (per lane, in units) name."""
+        return self.run, self.group
 
 
 class _Delivery:
@@ -731,10 +737,16 @@ def units_of(spec: KeySpec) -> Units | None:
     return policy.topology.units()
 
 
-def key_count(specs: list[KeySpec], per_lane: set[str], split: set[str] = frozenset()) -> int:
+# a group within its run (KeySpec.key): the stage's choices name groups so
+GroupKey = tuple[int, str]
+
+
+def key_count(
+    specs: list[KeySpec], per_lane: set[GroupKey], split: set[GroupKey] = frozenset()
+) -> int:
     """How many keys :func:`sequential_attempts` simulates: a queue of each group in
     ``per_lane``, each unit but the retry owners' of each group in ``split``, else the
-    group."""
+    group (the sets name groups by :attr:`KeySpec.key`)."""
     return len([task for task in _tasks(specs, per_lane, split, 1) if task.part == 0])
 
 
@@ -751,12 +763,14 @@ class _Task:
     unit: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
-def _tasks(specs: list[KeySpec], per_lane: set[str], split: set[str], parts: int) -> list[_Task]:
+def _tasks(
+    specs: list[KeySpec], per_lane: set[GroupKey], split: set[GroupKey], parts: int
+) -> list[_Task]:
     tasks = []
     for index, spec in enumerate(specs):
-        if spec.group in per_lane:
+        if spec.key in per_lane:
             tasks += [_Task(index, lane) for lane in range(spec.queues)]
-        elif spec.group in split:
+        elif spec.key in split:
             units = units_of(spec)
             tasks += [_Task(index, None, unit=(runs, units.retry_owners)) for runs in units.first]
         else:
@@ -767,11 +781,11 @@ def _tasks(specs: list[KeySpec], per_lane: set[str], split: set[str], parts: int
 def sequential_attempts(
     spark: SparkSession,
     specs: list[KeySpec],
-    per_lane: set[str],
+    per_lane: set[GroupKey],
     partitions: int,
     heartbeats: str | None = None,
     sums: Accumulator | None = None,
-    split: set[str] = frozenset(),
+    split: set[GroupKey] = frozenset(),
 ) -> DataFrame:
     """Staged attempts of ``specs``' groups, one task per key: a queue of the groups in
     ``per_lane`` (ordered queues that never fill the pool), each unit but the retry
@@ -779,7 +793,8 @@ def sequential_attempts(
     runs the retry owners next), else the whole group. Each key sends its
     :class:`Heartbeat` to the folder ``heartbeats``, if given, and each whole group its
     :class:`retrysim.tables.key_peaks.GroupSums` to the accumulator ``sums`` (of
-    :class:`retrysim.tables.key_peaks.GroupSumsParam`), if given.
+    :class:`retrysim.tables.key_peaks.GroupSumsParam`, under its :attr:`KeySpec.key`), if
+    given.
 
     The stage's input is the keys alone, spread evenly over ``partitions``: each task makes
     its keys' messages itself (:func:`retrysim.model.workload.messages_np`, the messages
@@ -803,90 +818,145 @@ def sequential_attempts(
     return positions.mapInArrow(run, STAGE)
 
 
+@dataclass(frozen=True)
+class RunFolders:
+    """Where the event-by-event stage writes one run's files: its attempts, and the
+    :data:`retrysim.tables.task_tables.TASK_TABLES` ``tables`` its whole groups' tasks make
+    (each under ``task_tables/<table>``)."""
+
+    attempts: str
+    task_tables: str | None = None
+    tables: tuple[str, ...] = ()
+
+
 def write_sequential_attempts(
     spark: SparkSession,
     specs: list[KeySpec],
-    per_lane: set[str],
+    per_lane: set[GroupKey],
     partitions: int,
     folder: str,
     heartbeats: str | None = None,
     sums: Accumulator | None = None,
-    split: set[str] = frozenset(),
+    split: set[GroupKey] = frozenset(),
     task_tables: tuple[str, tuple[str, ...]] | None = None,
 ) -> int:
-    """:func:`sequential_attempts`' rows as Parquet files in ``folder``, one per core
-    (``part-<n>.parquet``, each task running its keys in turn), written by the tasks
-    themselves; returns the row count.
+    """:func:`write_runs_attempts` for one run: its rows in ``folder``, and with
+    ``task_tables`` (a folder, table names) those tables."""
+    tables_dir, tables = task_tables or (None, ())
+    outputs = [RunFolders(folder, tables_dir, tables)]
+    return write_runs_attempts(spark, specs, per_lane, partitions, outputs, heartbeats, sums, split)
+
+
+def write_runs_attempts(
+    spark: SparkSession,
+    specs: list[KeySpec],
+    per_lane: set[GroupKey],
+    partitions: int,
+    outputs: list[RunFolders],
+    heartbeats: str | None = None,
+    sums: Accumulator | None = None,
+    split: set[GroupKey] = frozenset(),
+) -> int:
+    """:func:`sequential_attempts`' rows as Parquet files, each run's (``KeySpec.run``) in
+    the folder ``outputs[run].attempts``, one per core and run (``part-<n>.parquet``, each
+    task running its keys in turn), written by the tasks themselves; returns the row count.
+    Several runs in one stage (a plan's points and replications) pay the stage's start once,
+    and a cluster runs them side by side.
 
     Spark's writer takes the rows through Arrow into the JVM and encodes them again there:
     at 3M rows about 12 CPU-seconds, three times the simulation's. Here each task encodes
     its rows with pyarrow (STAGE_ARROW's types are the ones Spark writes and reads back)
-    into a folder of its own attempt, and returns the file's name; the driver moves the
-    files of the attempts Spark kept (one per task) into ``folder`` and removes the rest,
-    so a failed or speculative attempt leaves nothing behind, as with Spark's committer.
-    The folder must be one every executor and the driver see (as for Spark's writer).
+    into a folder of its own attempt, and returns the files' names; the driver moves the
+    files of the attempts Spark kept (one per task) into place and removes the rest, so a
+    failed or speculative attempt leaves nothing behind, as with Spark's committer. The
+    folders must be ones every executor and the driver see (as for Spark's writer).
 
-    ``task_tables`` (a folder, table names): the tasks that simulate a whole group also
-    write those of its tables (:mod:`retrysim.tables.task_tables`) into ``<folder>/<table>``
-    the same way; each table's folder is there afterwards, with at least one file."""
+    The tasks that simulate a whole group also write the run's ``tables``
+    (:mod:`retrysim.tables.task_tables`) into ``<task_tables>/<table>`` the same way; each
+    such folder is there afterwards, with at least one file."""
     tasks, positions = _stage_tasks(spark, specs, per_lane, partitions, split)
-    attempts_dir = os.path.join(folder, "_attempts")
-    tables_dir, tables = task_tables or (None, ())
+    attempts_dir = os.path.join(outputs[0].attempts, "_attempts")
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
         name = f"part-{context.partitionId():05d}.parquet"
-        attempt = str(context.taskAttemptId())
-        path = os.path.join(attempts_dir, attempt, name)
-        derived = TaskTableWriter(os.path.join(attempts_dir, attempt), name, tables)
-
-        def rows() -> Iterator[pa.RecordBatch]:
-            for batch in batches:
-                for position in batch.column(0).to_pylist():
-                    task = tasks[position]
-                    spec = specs[task.spec]
-                    whole = task.lane is None and task.unit is None
-                    messages = messages_np(spec.workload, spec.group, spec.seed, task.lane)
-                    for chunk in _simulate_one(spec, task, position, heartbeats, sums, messages):
-                        if whole:
-                            derived.add_attempts(chunk, spec.topic)
-                        yield chunk
-                    if whole and "messages" in tables:
-                        size = spec.workload.size_bytes
-                        made = messages_of(
-                            messages, spec.group, spec.topic, size, task.part, task.parts
-                        )
-                        derived.write("messages", made)
-
-        with no_cyclic_gc():
-            count = write_rows(rows(), path)
-        written = [{"table": "attempts", "path": path, "rows": count}] if count else []
-        written += [
-            {"table": table, "path": path, "rows": count} for table, path, count in derived.close()
-        ]
+        attempt = os.path.join(attempts_dir, str(context.taskAttemptId()))
+        by_run: dict[int, list[int]] = {}
+        for batch in batches:
+            for position in batch.column(0).to_pylist():
+                by_run.setdefault(specs[tasks[position].spec].run, []).append(position)
+        written = []
+        for index, positions in by_run.items():
+            folder = os.path.join(attempt, str(index))
+            found = _write_keys(specs, tasks, positions, folder, name, outputs[index].tables,
+                                heartbeats, sums)  # fmt: skip
+            written += [{"run": index, **row} for row in found]
         yield pa.RecordBatch.from_pylist(written, schema=_WRITTEN_ARROW)
 
     cores = spark.sparkContext.defaultParallelism
     try:
         with python_tasks(spark):
             written = positions.coalesce(cores).mapInArrow(run, _WRITTEN).collect()
-        into = {"attempts": folder} | {t: os.path.join(tables_dir, t) for t in tables}
+        into = {
+            (index, table): os.path.join(out.task_tables, table)
+            for index, out in enumerate(outputs)
+            for table in out.tables
+        } | {(index, "attempts"): out.attempts for index, out in enumerate(outputs)}
         for target in into.values():
             os.makedirs(target, exist_ok=True)
         for row in written:
-            os.replace(row["path"], os.path.join(into[row["table"]], os.path.basename(row["path"])))
-        for table in tables:
-            if not os.listdir(into[table]):  # no rows anywhere: a file with the columns
-                write_small_rows([], data_schema(SCHEMAS[table]), into[table])
+            target = into[row["run"], row["table"]]
+            os.replace(row["path"], os.path.join(target, os.path.basename(row["path"])))
+        for (_, table), target in into.items():
+            if table != "attempts" and not os.listdir(target):  # no rows: a file with the columns
+                write_small_rows([], data_schema(SCHEMAS[table]), target)
     finally:
         remove_tree(attempts_dir)
     return sum(row["rows"] for row in written if row["table"] == "attempts")
 
 
+def _write_keys(
+    specs: list[KeySpec],
+    tasks: list[_Task],
+    positions: list[int],
+    folder: str,
+    name: str,
+    tables: tuple[str, ...],
+    heartbeats: str | None,
+    sums: Accumulator | None,
+) -> list[dict]:
+    """One task's keys of one run, simulated in turn: their rows as ``folder/name`` and the
+    whole groups' ``tables`` as ``folder/<table>/name``; (table, path, rows) of each file."""
+    derived = TaskTableWriter(folder, name, tables)
+
+    def rows() -> Iterator[pa.RecordBatch]:
+        for position in positions:
+            task = tasks[position]
+            spec = specs[task.spec]
+            whole = task.lane is None and task.unit is None
+            messages = messages_np(spec.workload, spec.group, spec.seed, task.lane)
+            for chunk in _simulate_one(spec, task, position, heartbeats, sums, messages):
+                if whole:
+                    derived.add_attempts(chunk, spec.topic)
+                yield chunk
+            if whole and "messages" in tables:
+                size = spec.workload.size_bytes
+                made = messages_of(messages, spec.group, spec.topic, size, task.part, task.parts)
+                derived.write("messages", made)
+
+    path = os.path.join(folder, name)
+    with no_cyclic_gc():
+        count = write_rows(rows(), path)
+    written = [{"table": "attempts", "path": path, "rows": count}] if count else []
+    return written + [
+        {"table": table, "path": path, "rows": count} for table, path, count in derived.close()
+    ]
+
+
 # what each task of write_sequential_attempts wrote
 _WRITTEN = StructType(
-    [StructField(name, kind) for name, kind in (("table", StringType()), ("path", StringType()),
-                                                ("rows", LongType()))]
+    [StructField(name, kind) for name, kind in (("run", LongType()), ("table", StringType()),
+                                                ("path", StringType()), ("rows", LongType()))]
 )  # fmt: skip
 _WRITTEN_ARROW = to_arrow_schema(_WRITTEN)
 ROW_GROUP_ROWS = 500_000  # rows per Parquet row group (Spark's 128 MB blocks, about)
@@ -933,7 +1003,7 @@ def _stage_tasks(
     spark: SparkSession, specs: list[KeySpec], per_lane: set[str], partitions: int, split: set[str]
 ) -> tuple[list[_Task], DataFrame]:
     """The event-by-event stage's tasks, and its input: their positions, spread evenly."""
-    whole = [s for s in specs if s.group not in per_lane | split]
+    whole = [s for s in specs if s.key not in per_lane | split]
     parts = output_parts(spark.sparkContext.defaultParallelism, whole)
     tasks = _tasks(specs, per_lane, split, parts)
     positions = spark.range(len(tasks), numPartitions=max(1, min(partitions, len(tasks))))
@@ -1060,7 +1130,7 @@ def _simulate_one(
         if part == task.part:
             yield as_batch(batch)
     if summer is not None:
-        sums.add({spec.group: summer.finish()})
+        sums.add({spec.key: summer.finish()})
 
 
 def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:

@@ -3,15 +3,17 @@
 ``retrysim plan`` (and ``jobs/capacity_plan.py``) takes a scenario, ``--sweep key=v1,v2``
 axes (:mod:`retrysim.planning.sweep`) and ``--target metric=limit`` bounds
 (:mod:`retrysim.planning.targets`).
-Every point of the grid is validated before Spark starts; then each point is one
-:func:`retrysim.runner.simulate` run, ``<plan-id>-p<k>``, into the same output folder, or
-with ``--replications N`` N runs ``<plan-id>-p<k>-r<j>`` under their own seeds
-(:mod:`retrysim.planning.replications`); ``--search`` makes the points as it bisects
-(:mod:`retrysim.planning.search`). The driver reads back only each run's ``summary`` rows,
-never message-level rows. The ``plan`` table gets one row per point and group (run_id = the
-plan id; running the same plan id again replaces its rows) with the metrics (means across
-the replications, with intervals), the targets a replication misses, the share that meets
-them all, the recommended point of each group and case, and the binding target.
+Every point of the grid is validated before Spark starts; then each point is a run,
+``<plan-id>-p<k>``, into the same output folder, or with ``--replications N`` N runs
+``<plan-id>-p<k>-r<j>`` under their own seeds (:mod:`retrysim.planning.replications`), all
+simulated together (:func:`retrysim.runner.simulate_runs`: one event-by-event stage and one
+check for the whole grid); ``--search`` makes the points as it bisects
+(:mod:`retrysim.planning.search`), each probe's replications together. The driver reads
+back only each run's ``summary`` rows, never message-level rows. The ``plan`` table gets
+one row per point and group (run_id = the plan id; running the same plan id again replaces
+its rows) with the metrics (means across the replications, with intervals), the targets a
+replication misses, the share that meets them all, the recommended point of each group and
+case, and the binding target.
 
 >>> spec = prepare_plan("conf/flash-sale.yaml", sweeps=["consumers.threads=8,16,32"],
 ...                     targets=["p99_time_to_commit=1m"])  # doctest: +SKIP
@@ -44,7 +46,7 @@ from retrysim.planning.replications import (
     check_confidence,
     check_replications,
     interval,
-    replicate,
+    replication_requests,
 )
 from retrysim.planning.search import (
     SearchAxis,
@@ -66,7 +68,7 @@ from retrysim.planning.targets import (
     recommend,
     show,
 )
-from retrysim.runner import RUN_ID_PATTERN
+from retrysim.runner import RUN_ID_PATTERN, simulate_runs
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.limits import MAX_PLAN_RUNS
 from retrysim.scenario.loading import (
@@ -266,35 +268,50 @@ def run_plan(
     outcomes: list[Outcome] = []
     ran: list[PlanPoint] = []
 
-    def run_point(point: PlanPoint, tag: str) -> list[Outcome]:
-        shown = ", ".join(f"{k}={v}" for k, v in point.settings.items()) or "the scenario as is"
-        say(f"{tag} ({shown}) ...")
-        reps = replicate(
-            spark,
-            point.scenario,
-            spec.replications,
-            output=output,
-            run_id=point_run_id(plan_id, point.number),
-            progress=_point_progress(say, tag, spec.replications) if verbose else None,
-            point=point.number,
-            sink=chosen,
+    def run_points(points: Sequence[PlanPoint], tags: Sequence[str]) -> list[list[Outcome]]:
+        """Simulate the points' replications together; each point's outcomes."""
+        for point, tag in zip(points, tags, strict=True):
+            say(f"{tag} ({_settings(point)}) ...")
+        requests = [
+            request
+            for point in points
+            for request in replication_requests(
+                point.scenario, spec.replications, point_run_id(plan_id, point.number),
+                point.number,
+            )
+        ]  # fmt: skip
+        if len(requests) > 1:
+            say(f"simulating {len(requests)} runs together ...")
+        started = time.monotonic()
+        simulate_runs(
+            spark, requests, output, _runs_progress(say) if verbose else None, chosen,
             validate=validate,
-        )
-        rows = reps.summary_rows()
-        found = [
-            _outcome(spec, point, group.name, [r for r in rows if r["group"] == group.name])
-            for group in point.scenario.groups
-        ]
-        ran.append(point)
-        outcomes.extend(found)
-        say(f"{tag} done in {reps.elapsed_s:.1f}s: " + "; ".join(map(_brief, found)))
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+        rows = _summary_rows(spark, output, [request.run_id for request in requests])
+        found = []
+        for point, tag in zip(points, tags, strict=True):
+            mine = [row for row in rows if row["point"] == point.number]
+            outcome = [
+                _outcome(spec, point, group.name, [r for r in mine if r["group"] == group.name])
+                for group in point.scenario.groups
+            ]
+            ran.append(point)
+            outcomes.extend(outcome)
+            found.append(outcome)
+            say(f"{tag} done: " + "; ".join(map(_brief, outcome)))
+        say(f"{len(requests)} run{'s' if len(requests) > 1 else ''} in {elapsed:.1f}s")
         return found
 
     if spec.search is None:
-        for point in spec.points:
-            run_point(point, f"point {point.number}/{len(spec.points)}")
+        count = len(spec.points)
+        run_points(spec.points, [f"point {point.number}/{count}" for point in spec.points])
     else:
         numbers = itertools.count(1)
+
+        def run_point(point: PlanPoint, tag: str) -> list[Outcome]:
+            return run_points([point], [tag])[0]
+
         for case in spec.points:
             _search_case(spec, case, numbers, run_point, say)
     recommendations = recommend(outcomes) if spec.targets else []
@@ -304,12 +321,26 @@ def run_plan(
     return PlanResult(spark, output, plan_id, spec, outcomes, recommendations, elapsed, ran)
 
 
-def _point_progress(say: Progress, tag: str, replications: int) -> Progress:
-    """A point's progress: every engine line of its one run, or with replications only a
-    line as each starts (their engine lines would repeat N times)."""
-    if replications == 1:
-        return lambda line: say(f"  {tag}: {line}")
-    return lambda line: None if line.startswith(" ") else say(f"  {tag}: {line}")
+def _settings(point: PlanPoint) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.settings.items()) or "the scenario as is"
+
+
+def _runs_progress(say: Progress) -> Progress:
+    """The engine's lines of the points' runs, indented under the plan's."""
+    return lambda line: say(f"  {line}")
+
+
+def _summary_rows(spark: SparkSession, output: str, run_ids: list[str]) -> list[dict[str, Any]]:
+    """The runs' summary rows (a few per run), each with its point, in run order."""
+    order = {run_id: k for k, run_id in enumerate(run_ids)}
+    points = (
+        read_table(spark, output, "runs")
+        .where(F.col(PARTITION_COLUMN).isin(run_ids))
+        .select(PARTITION_COLUMN, "point")
+    )
+    summary = read_table(spark, output, "summary").where(F.col(PARTITION_COLUMN).isin(run_ids))
+    rows = [row.asDict() for row in summary.join(points, PARTITION_COLUMN).collect()]
+    return sorted(rows, key=lambda row: (order[row[PARTITION_COLUMN]], row["group"]))
 
 
 def _search_case(

@@ -31,7 +31,14 @@ from pyspark.sql import functions as F
 
 from retrysim.engine.rounds import Progress
 from retrysim.model.rng import hash_long
-from retrysim.runner import RUN_ID_PATTERN, Result, check_run_id, default_run_id, simulate
+from retrysim.runner import (
+    RUN_ID_PATTERN,
+    Result,
+    RunRequest,
+    check_run_id,
+    default_run_id,
+    simulate_runs,
+)
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.limits import MAX_REPLICATIONS
 from retrysim.scenario.spec import Scenario
@@ -295,9 +302,10 @@ def replicate(
     **options: Any,
 ) -> Replications:
     """Run ``scenario`` ``replications`` times, each under its own seed, as runs
-    ``<run_id>-r<k>`` (the run id itself for one replication); ``options`` go to
-    :func:`retrysim.runner.simulate` (with ``report``, each replication draws its own).
-    ``on_result(k, result)`` is called after each replication is published.
+    ``<run_id>-r<k>`` (the run id itself for one replication), simulated together
+    (:func:`retrysim.runner.simulate_runs`); ``options`` go to it (with ``report``, each
+    replication draws its own). ``on_result(k, result)`` is called after each replication
+    is published.
 
     >>> reps = replicate(spark, load_scenario("conf/flash-sale.yaml"), 5)  # doctest: +SKIP
     >>> reps.intervals().query("metric == 'p99_time_to_commit_ms'")  # doctest: +SKIP
@@ -307,24 +315,30 @@ def replicate(
     output = os.path.abspath(output or tempfile.mkdtemp(prefix="retrysim-"))
     say = progress or (lambda _line: None)
     began = time.monotonic()
-    results = []
-    for k in range(1, replications + 1):
-        seed = replication_seed(scenario.seed, k)
-        tag = f"replication {k}/{replications}"
-        if replications > 1:
-            say(f"{tag} (seed {seed}) ...")
-        result = simulate(
-            spark,
-            scenario.model_copy(update={"seed": seed}),
-            output=output,
-            run_id=replication_run_id(base, k, replications),
-            progress=(lambda line, t=tag: say(f"  {t}: {line}"))
-            if progress is not None and replications > 1
-            else progress,
-            label=RunLabel(base, point, k),
-            **options,
-        )
-        results.append(result)
-        if on_result is not None:
-            on_result(k, result)
+    requests = replication_requests(scenario, replications, base, point)
+    if replications > 1:
+        seeds = ", ".join(str(request.scenario.seed) for request in requests)
+        say(f"{replications} replications (seeds {seeds}) ...")
+    results = simulate_runs(
+        spark,
+        requests,
+        output=output,
+        progress=progress,
+        on_result=None if on_result is None else lambda k, result: on_result(k + 1, result),
+        **options,
+    )
     return Replications(spark, output, base, results, time.monotonic() - began)
+
+
+def replication_requests(
+    scenario: Scenario, replications: int, run_id: str, point: int | None = None
+) -> list[RunRequest]:
+    """The runs of ``scenario``'s replications: ``<run_id>-r<k>`` under their seeds."""
+    return [
+        RunRequest(
+            scenario.model_copy(update={"seed": replication_seed(scenario.seed, k)}),
+            replication_run_id(run_id, k, replications),
+            RunLabel(run_id, point, k),
+        )
+        for k in range(1, replications + 1)
+    ]

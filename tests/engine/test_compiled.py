@@ -353,10 +353,11 @@ def test_which_groups_run_in_units():
         {**SATURATED, "groups": [SATURATED["groups"][0], {**wide, "name": "wide"}]}
     )
     specs = key_specs(config, group_plans(config))
-    assert in_units(specs, set(), 0) == {"busy", "wide"}  # 1 unit and 5 units
-    assert in_units(specs, set(), 0, MOST_OUTPUT_PARTS + 1) == {"wide"}
+    busy, in_five = (0, "busy"), (0, "wide")  # groups by KeySpec.key: (run, name)
+    assert in_units(specs, set(), 0) == {busy, in_five}  # 1 unit and 5 units
+    assert in_units(specs, set(), 0, MOST_OUTPUT_PARTS + 1) == {in_five}
     assert in_units(specs, set(), 6001) == set()  # too few messages
-    assert in_units(specs, {"wide"}, 0) == {"busy"}  # per lane: never
+    assert in_units(specs, {in_five}, 0) == {busy}  # per lane: never
     # a downstream the instances share ties them together: never (model.md §3)
     shared = {**wide["behavior"], "downstream": {"capacity": 2}}
     config = build_scenario({**SATURATED, "groups": [{**wide, "behavior": shared}]})

@@ -432,7 +432,7 @@ def test_plan_rows_recommendation_and_binding_target(spark, e2e_plan):
     assert [p for p in rows if rows[p]["recommended"]] == [best]
     assert set(rows[best]["binding_target"].split(",")) == ({names[c] for c in binding} or {"none"})
     assert all(rows[p]["binding_target"] is None for p in rows if p != best)
-    assert sum("point " in line and "done in" in line for line in lines) == 3
+    assert sum("point " in line and " done: " in line for line in lines) == 3
     text = format_plan(result)
     assert "<- recommended" in text and f"point p{best}" in text
 

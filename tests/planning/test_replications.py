@@ -240,8 +240,12 @@ def replicated_plan(spark, tmp_path_factory):
 
 def test_a_replicated_plan_judges_each_point_over_its_replications(spark, replicated_plan):
     result, lines = replicated_plan
-    # progress: a line as each replication starts, not each replication's engine lines
-    assert sum(": replication " in line and "(seed " in line for line in lines) == 9
+    # progress: the nine runs simulated together and staged: a line each time, not one per run
+    assert lines.count("simulating 9 runs together ...") == 1
+    assert (
+        lines.count("  event-by-event simulation of 9 runs' groups (9 independent keys) ...") == 1
+    )
+    assert lines.count("  staging the tables of 9 runs ...") == 1
     assert not [line for line in lines if "staging tables" in line]
     summary = {
         r["run_id"]: r.asDict() for r in read_table(spark, result.output, "summary").collect()

@@ -58,11 +58,15 @@ def _simulated(spark, tmp_path_factory, scenario: dict):
     config = build_scenario(scenario)
     plans = group_plans(config)
     sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
+    per_lane = {(0, plan.name) for plan in plans if lanes_are_independent(plan)}  # KeySpec.key
     attempts = sequential_attempts(spark, key_specs(config, plans), per_lane, 2, sums=sums)
     path = str(tmp_path_factory.mktemp("summed") / "attempts")
     attempts.write.parquet(path)
-    return config, spark.read.parquet(path), sums.value
+    return (
+        config,
+        spark.read.parquet(path),
+        {group: part for (_, group), part in sums.value.items()},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def simulated(spark, tmp_path_factory):
     config = build_scenario(SCENARIO)
     plans = group_plans(config)
     sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    per_lane = {plan.name for plan in plans if lanes_are_independent(plan)}
+    per_lane = {(0, plan.name) for plan in plans if lanes_are_independent(plan)}  # KeySpec.key
     attempts = sequential_attempts(
         spark,
         key_specs(config, plans),
@@ -74,7 +74,11 @@ def simulated(spark, tmp_path_factory):
     )
     path = str(tmp_path_factory.mktemp("whole-groups") / "attempts")
     attempts.write.parquet(path)
-    return config, spark.read.parquet(path), sums.value
+    return (
+        config,
+        spark.read.parquet(path),
+        {group: part for (_, group), part in sums.value.items()},
+    )
 
 
 def test_whole_groups_bring_their_sums_and_per_queue_keys_do_not(simulated):
@@ -156,7 +160,7 @@ def test_a_group_alone_on_the_cores_is_written_by_all_of_them(spark, simulated, 
     rows = spark.read.parquet(str(folder))
     assert rows.schema == attempts.schema and count == attempts.where("group = 'busy'").count()
     assert_df_equality(rows, attempts.where("group = 'busy'"), ignore_row_order=True)
-    assert alone.value == {"busy": sums["busy"]}
+    assert alone.value == {(0, "busy"): sums["busy"]}  # by KeySpec.key
 
 
 def test_the_halves_of_the_peaks_merge_in_any_order_and_a_retried_half_replaces():

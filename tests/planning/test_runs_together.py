@@ -1,0 +1,103 @@
+"""Runs simulated together (a plan's points and replications, retrysim.runner.simulate_runs):
+one event-by-event stage and one check for all of them, and each run's tables exactly the
+ones it gets when simulated alone."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from chispa import assert_df_equality
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+from support import group, retrying_scenario, scenario
+
+import retrysim.tables.staging
+from retrysim.checks.validate import ValidationError
+from retrysim.runner import RunRequest, simulate, simulate_runs
+from retrysim.scenario.errors import ScenarioError
+from retrysim.store import views
+from retrysim.store.sinks import table_path
+from retrysim.tables.schemas import SCHEMAS, TABLE_ORDER
+
+
+def _point(instances: int, seed: int):
+    """A point of a plan: a 4.x pool that fills up, and ordered queues run a queue a time."""
+    pay = group(
+        "pay", max_reconsume_times=3, consumers={"instances": instances, "threads": 2},
+        workload={"messages": 300, "over": "10s", "queues": 4},
+        behavior={"fail_probability": 0.3, "processing_time": "60ms"},
+    )  # fmt: skip
+    ordered = group(
+        "ord", flavor="rocketmq4.orderly", consumers={"instances": 2, "threads": 4},
+        workload={"messages": 200, "over": "10s", "queues": 3},
+        behavior={"fail_probability": 0.1, "processing_time": "20ms"},
+    )  # fmt: skip
+    return scenario(pay, ordered, seed=seed, horizon="30m", load_bucket="10s")
+
+
+REQUESTS = (
+    RunRequest(_point(1, 7), "p1"),
+    RunRequest(_point(3, 8), "p2"),
+    RunRequest(retrying_scenario("rounds", 9, 200), "p3"),  # unlimited: the round engine's
+)
+
+
+@pytest.fixture(scope="module")
+def together(spark, tmp_path_factory):
+    output = str(tmp_path_factory.mktemp("together") / "out")
+    lines: list[str] = []
+    results = simulate_runs(spark, REQUESTS, output, lines.append)
+    return output, results, lines
+
+
+def test_the_event_by_event_runs_share_one_stage_and_the_rest_run_alone(together):
+    _, results, lines = together
+    assert [result.run_id for result in results] == ["p1", "p2", "p3"]
+    assert sum(line.startswith("event-by-event simulation of") for line in lines) == 1, lines
+    # each run: pay whole, and ord's 3 queues one key each
+    assert "event-by-event simulation of 2 runs' groups (8 independent keys) ..." in lines
+    assert "run 3 of 3 on its own (rounds or units) ..." in lines
+    assert sum(line.startswith("validated: ") for line in lines) == 1
+    assert results[0].rounds == 0 and results[2].rounds > 0
+
+
+@pytest.mark.parametrize("number", [0, 1, 2])
+def test_each_run_has_the_tables_it_has_alone(spark, together, tmp_path, number):
+    output, _, _ = together
+    request = REQUESTS[number]
+    alone = str(tmp_path / "alone")
+    simulate(spark, request.scenario, alone, request.run_id, validate=False)
+    for name in SCHEMAS:
+        if name == "runs":
+            continue
+        mine = views.table(spark, output, name, request.run_id)
+        expected = views.table(spark, alone, name, request.run_id)
+        assert mine.count() > 0 or name in ("dead_letters", "instance_load"), name
+        assert_df_equality(mine, expected, ignore_row_order=True, ignore_nullable=True)
+    runs = views.table(spark, output, "runs", request.run_id).collect()
+    assert [(row["seed"], row["status"]) for row in runs] == [(request.scenario.seed, "complete")]
+
+
+def test_a_broken_run_among_them_publishes_none_of_them(spark, together, monkeypatch):
+    output, _, _ = together
+    before = {table: DeltaTable(table_path(output, table)).version() for table in TABLE_ORDER}
+    summary_from = retrysim.tables.staging.summary_from
+    monkeypatch.setattr(
+        retrysim.tables.staging,
+        "summary_from",
+        lambda *args: summary_from(*args).withColumn("commits", F.col("commits") + 1),
+    )
+    again = [RunRequest(_point(2, 11), "q1"), RunRequest(_point(4, 12), "q2")]
+    with pytest.raises(ValidationError, match=r"run q1, q2 failed validation.*summary_counts"):
+        simulate_runs(spark, again, output)
+    after = {table: DeltaTable(table_path(output, table)).version() for table in TABLE_ORDER}
+    assert after == before, "nothing committed: every table stays at its version"
+    assert not os.path.exists(os.path.join(output, "_staging"))
+
+
+def test_runs_together_need_their_own_run_ids(spark, tmp_path):
+    twice = [RunRequest(_point(1, 7), "same"), RunRequest(_point(2, 7), "same")]
+    with pytest.raises(ScenarioError, match="need different run ids"):
+        simulate_runs(spark, twice, str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
