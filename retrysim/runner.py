@@ -29,7 +29,7 @@ from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.spec import Scenario
 from retrysim.store import views
 from retrysim.store.lease import Lease, acquire_lease
-from retrysim.store.recovery import publish_run, recover
+from retrysim.store.recovery import publish_runs, recover
 from retrysim.store.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
 from retrysim.tables.schemas import RUNS, TABLE_SETS, data_schema, write_rows
 from retrysim.tables.staging import RunLabel, derived_for_lean, runs_row, stage_tables
@@ -200,9 +200,10 @@ def simulate_runs(
     is staged under its own lease and published as its own run, but their event-by-event
     simulation is one Spark stage (:func:`retrysim.engine.choice.simulate_runs_attempts`)
     and their check one pass, so a cluster runs them side by side and a small machine pays
-    the fixed costs once. Nothing is published unless every run passes its check; a run
-    that fails to publish leaves the ones published before it. ``on_result(k, result)`` is
-    called as the ``k``-th run (0-based) is published."""
+    the fixed costs once; they are published together too, each table one Delta commit
+    for all of them, so they appear at once. Nothing is published unless every run passes
+    its check, and a failure while publishing removes them all again. ``on_result(k,
+    result)`` is called for the ``k``-th run (0-based) once all are published."""
     quiet = nullcontext(lambda _line: None)
     with never_quiet(progress) if progress is not None else quiet as say:
         if tables not in TABLE_SETS:
@@ -244,12 +245,19 @@ def simulate_runs(
                 say("validating the staged run ..." if len(requests) == 1 else
                     f"validating the {len(requests)} staged runs ...")  # fmt: skip
                 check_staged_runs(spark, [run.check for run in staged_runs], say)
-            for number, (run, lease) in enumerate(zip(staged_runs, leases, strict=True)):
-                publish_run(chosen, spark, output, run.check.staged, run.marker, lease)
-                lease.release()
+            if several:
+                say(f"publishing {len(requests)} runs ...")
+            publish_runs(
+                chosen,
+                spark,
+                output,
+                [(run.check.staged, run.marker, run.lease) for run in staged_runs],
+            )
+            for number, run in enumerate(staged_runs):
+                run.lease.release()
                 drawn = run.write_report() if run.write_report is not None else None
                 result = Result(
-                    spark, output, lease.run_id, run.rounds, chosen.name,
+                    spark, output, run.lease.run_id, run.rounds, chosen.name,
                     time.monotonic() - began, tables, run.retries, drawn,
                 )  # fmt: skip
                 results.append(result)
@@ -257,7 +265,7 @@ def simulate_runs(
                     on_result(number, result)
             say(
                 f"committed {len(written)} tables with the {chosen.name} sink"
-                + (f" for each of {len(requests)} runs" if len(requests) > 1 else "")
+                + (f", {len(requests)} runs in each commit" if several else "")
             )
         finally:
             for lease in leases:
@@ -269,6 +277,7 @@ def simulate_runs(
 class _StagedRun:
     """A run staged and waiting for its check and commits."""
 
+    lease: Lease
     check: StagedRun  # its tables and their run id, as the check takes them
     marker: str  # its runs row with status publishing
     rounds: int
@@ -304,4 +313,4 @@ def _stage_run(
     write_report = report(run_id, staged, retries) if report is not None else None
     derived = derived_for_lean(spark, scenario, staged)
     check = StagedRun(run_id, staged, derived)
-    return _StagedRun(check, rows[STATUS_PUBLISHING], rounds, retries, write_report)
+    return _StagedRun(lease, check, rows[STATUS_PUBLISHING], rounds, retries, write_report)

@@ -128,15 +128,32 @@ def publish_run(
     the complete row), ``marker`` is the staged ``runs`` row with status publishing. If
     anything fails after the marker is committed, the run's partitions are removed again
     (best effort; a later :func:`recover` finishes the job when this process cannot)."""
-    lease.check()
-    sink.publish(spark, output, "runs", marker, lease.run_id)
+    publish_runs(sink, spark, output, [(staged, marker, lease)])
+
+
+def publish_runs(
+    sink: Sink,
+    spark: SparkSession,
+    output: str,
+    runs: list[tuple[dict[str, str], str, Lease]],
+) -> None:
+    """:func:`publish_run` for several staged runs (staged tables, marker, lease) at once:
+    each step one commit for all of them, so the runs appear together, and a failure after
+    the markers removes them all again."""
+    run_ids = [lease.run_id for _, _, lease in runs]
+    for _, _, lease in runs:
+        lease.check()
+    sink.publish_runs(spark, output, "runs", {lease.run_id: marker for _, marker, lease in runs})
     try:
         for table in TABLE_ORDER:
-            if table != "runs" and table in staged:  # a lean run stages fewer tables
-                sink.publish(spark, output, table, staged[table], lease.run_id)
-        lease.check()
-        sink.publish(spark, output, "runs", staged["runs"], lease.run_id)
+            mine = {lease.run_id: staged[table] for staged, _, lease in runs if table in staged}
+            if table != "runs" and mine:  # a lean run stages fewer tables
+                sink.publish_runs(spark, output, table, mine)
+        for _, _, lease in runs:
+            lease.check()
+        complete = {lease.run_id: staged["runs"] for staged, _, lease in runs}
+        sink.publish_runs(spark, output, "runs", complete)
     except BaseException:
         with contextlib.suppress(Exception):
-            remove_runs(output, [lease.run_id])
+            remove_runs(output, run_ids)
         raise

@@ -25,6 +25,7 @@ import random
 import shutil
 import time
 import uuid
+from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -92,19 +93,32 @@ def delta_classes_available(spark: SparkSession) -> bool:
 class Sink(Protocol):
     name: str
 
+    def publish_runs(
+        self, spark: SparkSession, output: str, table: str, staged: dict[str, str]
+    ) -> None:
+        """Replace the rows of ``table`` of each run (run id -> its staged Parquet folder)
+        with its staged files, all in one commit."""
+
     def publish(self, spark: SparkSession, output: str, table: str, staged: str, run_id: str):
         """Replace the run's rows of ``table`` with the staged Parquet files, atomically."""
 
 
-class DeltaRsSink:
-    name = "delta-rs"
+class _OneRun:
+    """``publish``: ``publish_runs`` of one run."""
 
     def publish(
         self, spark: SparkSession, output: str, table: str, staged: str, run_id: str
     ) -> None:
+        self.publish_runs(spark, output, table, {run_id: staged})
+
+
+class DeltaRsSink(_OneRun):
+    name = "delta-rs"
+
+    def publish_runs(
+        self, spark: SparkSession, output: str, table: str, staged: dict[str, str]
+    ) -> None:
         root = Path(table_path(output, table))
-        partition = root / f"{PARTITION_COLUMN}={run_id}"
-        partition.mkdir(parents=True, exist_ok=True)
         actions = []
         # a name of its own for every file published: a staged name (part-00000.parquet of a
         # runs row, of a table pyarrow wrote) recurs, and a file moved onto a path that an
@@ -112,12 +126,15 @@ class DeltaRsSink:
         # row, replaced in place by the complete row, read as a broken file by a concurrent
         # run's reader of the earlier version)
         token = uuid.uuid4().hex[:16]
-        for source in sorted(Path(staged).glob("*.parquet")):
-            target = partition / f"{token}-{source.name}"
-            os.replace(source, target)
-            actions.append(_add_action(target, root, run_id))
+        for run_id, folder in staged.items():
+            partition = root / f"{PARTITION_COLUMN}={run_id}"
+            partition.mkdir(parents=True, exist_ok=True)
+            for source in sorted(Path(folder).glob("*.parquet")):
+                target = partition / f"{token}-{source.name}"
+                os.replace(source, target)
+                actions.append(_add_action(target, root, run_id))
         schema = arrow_schema(ALL_SCHEMAS[table])
-        with_commit_retries(lambda: _commit(str(root), schema, actions, run_id))
+        with_commit_retries(lambda: _commit(str(root), schema, actions, sorted(staged)))
 
 
 def lost_commit_race(error: Exception) -> bool:
@@ -138,14 +155,14 @@ def with_commit_retries(commit) -> None:
             time.sleep(pause * random.uniform(0.5, 1.0))
 
 
-def _commit(uri: str, schema: pa.Schema, actions: list[AddAction], run_id: str) -> None:
+def _commit(uri: str, schema: pa.Schema, actions: list[AddAction], run_ids: list[str]) -> None:
     if DeltaTable.is_deltatable(uri):
         DeltaTable(uri).create_write_transaction(
             actions,
             mode="overwrite",
             schema=schema,
             partition_by=[PARTITION_COLUMN],
-            partition_filters=[(PARTITION_COLUMN, "=", run_id)],
+            partition_filters=[(PARTITION_COLUMN, "in", run_ids)],
         )
     else:
         create_table_with_add_actions(
@@ -186,21 +203,24 @@ def _add_action(path: Path, root: Path, run_id: str) -> AddAction:
     )
 
 
-class DeltaSparkSink:
+class DeltaSparkSink(_OneRun):
     name = "delta-spark"
 
-    def publish(
-        self, spark: SparkSession, output: str, table: str, staged: str, run_id: str
+    def publish_runs(
+        self, spark: SparkSession, output: str, table: str, staged: dict[str, str]
     ) -> None:
         schema = data_schema(ALL_SCHEMAS[table])
+        frames = [
+            spark.read.schema(schema).parquet(folder).withColumn(PARTITION_COLUMN, F.lit(run_id))
+            for run_id, folder in staged.items()
+        ]
+        ids = ", ".join(f"'{run_id}'" for run_id in sorted(staged))  # ids: RUN_ID_PATTERN
         (
-            spark.read.schema(schema)
-            .parquet(staged)
-            .withColumn(PARTITION_COLUMN, F.lit(run_id))
+            reduce(DataFrame.unionByName, frames)
             .select(*ALL_SCHEMAS[table].fieldNames())
             .write.format("delta")
             .mode("overwrite")
-            .option("replaceWhere", f"{PARTITION_COLUMN} = '{run_id}'")
+            .option("replaceWhere", f"{PARTITION_COLUMN} IN ({ids})")
             .partitionBy(PARTITION_COLUMN)
             .save(table_path(output, table))
         )

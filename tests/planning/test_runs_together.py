@@ -17,8 +17,8 @@ from retrysim.checks.validate import ValidationError
 from retrysim.runner import RunRequest, simulate, simulate_runs
 from retrysim.scenario.errors import ScenarioError
 from retrysim.store import views
-from retrysim.store.sinks import table_path
-from retrysim.tables.schemas import SCHEMAS, TABLE_ORDER
+from retrysim.store.sinks import DeltaRsSink, table_path
+from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, TABLE_ORDER
 
 
 def _point(instances: int, seed: int):
@@ -93,6 +93,34 @@ def test_a_broken_run_among_them_publishes_none_of_them(spark, together, monkeyp
         simulate_runs(spark, again, output)
     after = {table: DeltaTable(table_path(output, table)).version() for table in TABLE_ORDER}
     assert after == before, "nothing committed: every table stays at its version"
+    assert not os.path.exists(os.path.join(output, "_staging"))
+
+
+class _FailOnTheFourthTable(DeltaRsSink):
+    """The delta-rs sink, failing when the fourth data table is published."""
+
+    def __init__(self) -> None:
+        self.tables: list[str] = []
+
+    def publish_runs(self, spark, output, table, staged) -> None:
+        if table != "runs" and len([t for t in self.tables if t != "runs"]) == 3:
+            raise RuntimeError(f"injected failure before publishing {table}")
+        super().publish_runs(spark, output, table, staged)
+        self.tables.append(table)
+
+
+def test_they_are_published_together_and_a_failure_removes_them_all(spark, together):
+    output, _, _ = together
+    sink = _FailOnTheFourthTable()
+    again = [RunRequest(_point(2, 21), "f1"), RunRequest(_point(4, 22), "f2")]
+    with pytest.raises(RuntimeError, match="injected failure"):
+        simulate_runs(spark, again, output, sink=sink, validate=False)
+    assert sink.tables == ["runs", "messages", "attempts", "transitions"], "a commit a table"
+    for name in TABLE_ORDER:
+        left = DeltaTable(table_path(output, name)).to_pyarrow_table(
+            partitions=[(PARTITION_COLUMN, "in", ["f1", "f2"])]
+        )
+        assert left.num_rows == 0, name
     assert not os.path.exists(os.path.join(output, "_staging"))
 
 

@@ -182,10 +182,10 @@ class FailAfterThreeTables(DeltaRsSink):
     def __init__(self) -> None:
         self.published: list[str] = []
 
-    def publish(self, spark, output, table, staged, run_id) -> None:
+    def publish_runs(self, spark, output, table, staged) -> None:
         if table != "runs" and len([t for t in self.published if t != "runs"]) == 3:
             raise RuntimeError(f"injected failure before publishing {table}")
-        super().publish(spark, output, table, staged, run_id)
+        super().publish_runs(spark, output, table, staged)
         self.published.append(table)
 
 
