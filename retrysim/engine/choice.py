@@ -24,6 +24,7 @@ from retrysim.engine.capacity import CERTAINLY_FULL, offered_load, peak_concurre
 from retrysim.engine.rounds import (
     GroupPlan,
     Progress,
+    RoundRun,
     group_plans,
     key_specs,
     next_frontier,
@@ -89,41 +90,34 @@ def simulate_attempts(
     :data:`MOST_OUTPUT_PARTS` on more cores than that, else never). When every group is
     simulated whole in a task, those tasks also write the tables ``task_tables`` of
     :data:`retrysim.tables.task_tables.TASK_TABLES` (dead letters only where nothing is
-    replayed) under ``staging/task_tables``, for staging to take as they are."""
-    unit_messages, fewest_units = _unit_rule(spark, unit_messages)
-    plans = group_plans(scenario)
-    from_start = _from_start(plans, small_group, say)
-    by_rounds = [plan for plan in plans if not needs_events(plan) and plan.name not in from_start]
-    rounds_dir = os.path.join(staging, "attempts", f"engine={ENGINE_ROUNDS}")
-    if by_rounds:
-        full_jit(spark)  # Spark's generated code runs every round's rows
-    rounds = run_rounds(spark, scenario, by_rounds, rounds_dir, say, tail_rows) if by_rounds else 0
-    threads = {p.name: p.policy.topology.threads for p in by_rounds}
-    pools = {name: count for name, count in threads.items() if count is not None}
-    full = {}
-    if by_rounds and pools:
-        say(f"checking the consumer pools of {', '.join(sorted(pools))} ...")
-        full = peak_concurrency(spark.read.parquet(rounds_dir), pools)
-    for name, peak in sorted(full.items()):
-        say(
-            f"group {name}: {peak:,} consume requests would run at once on one instance, more "
-            f"than its {pools[name]:,} threads; simulating it event by event"
-        )
-    if full:
-        _drop_groups(spark, rounds_dir, set(full))
-    sequential = [
-        plan for plan in plans if needs_events(plan) or plan.name in full or plan.name in from_start
-    ]
-    sums = (
-        _run_sequential(
-            spark, [EventRun(scenario, sequential, staging)], say, unit_messages, fewest_units,
-            task_tables,
-        )[0]
-        if sequential
-        else {}
-    )  # fmt: skip
-    engines = {p.name: ENGINE_SEQUENTIAL if p in sequential else ENGINE_ROUNDS for p in plans}
-    return rounds, engines, sums
+    replayed) under ``staging/task_tables``, for staging to take as they are. The one-run
+    case of :func:`simulate_runs_attempts`."""
+    return simulate_runs_attempts(
+        spark, [(scenario, staging)], say, tail_rows, small_group, unit_messages, task_tables
+    )[0]
+
+
+@dataclass
+class _Choice:
+    """A run of a batch and its groups' engines, as chosen before and after its rounds."""
+
+    scenario: Scenario
+    staging: str
+    plans: list[GroupPlan]
+    from_start: set[str]  # simulated event by event from the start (_from_start)
+    full: set[str]  # by rounds first, whose pools the rounds showed full
+
+    @property
+    def by_rounds(self) -> list[GroupPlan]:
+        return [p for p in self.plans if not needs_events(p) and p.name not in self.from_start]
+
+    @property
+    def by_events(self) -> list[GroupPlan]:
+        return [p for p in self.plans if needs_events(p) or p.name in self.from_start | self.full]
+
+    @property
+    def rounds_dir(self) -> str:
+        return os.path.join(self.staging, "attempts", f"engine={ENGINE_ROUNDS}")
 
 
 def simulate_runs_attempts(
@@ -136,36 +130,90 @@ def simulate_runs_attempts(
     task_tables: tuple[str, ...] = (),
 ) -> list[tuple[int, dict[str, str], dict[str, GroupSums]]]:
     """:func:`simulate_attempts` for several runs (scenario, staging folder): a plan's points
-    and replications. The runs whose every group is simulated event by event from the start
-    and whole (the usual plan: finite pools of up to ``small_group`` messages a group) share
-    one Spark stage, each key a task of it, each run's rows written to its own staging, so a
-    cluster runs them side by side and a small machine pays the stage's start once; the
-    others run one after another, each as :func:`simulate_attempts` runs it."""
+    and replications, simulated side by side so that a cluster runs them at once and a small
+    machine pays each stage's start once. The groups for the round engine of every run go
+    through one Spark stage a round (:func:`run_rounds`); then, once each run's pools are
+    checked, the groups simulated event by event of every run not in units share one Spark
+    stage, each key a task of it, each run's rows written to its own staging. A run with a
+    group in units has its event-by-event stage to itself. Each run's rows and files are
+    those it gets alone."""
     most, fewest_units = _unit_rule(spark, unit_messages)
+    several = len(runs) > 1
     quiet: Progress = lambda _line: None  # noqa: E731 (each run's choices would repeat)
-    together: dict[int, EventRun] = {}
-    for number, (scenario, staging) in enumerate(runs):
+    choices = []
+    for scenario, staging in runs:
         plans = group_plans(scenario)
-        if len(_from_start(plans, small_group, quiet)) < len(plans):
+        from_start = _from_start(plans, small_group, quiet if several else say)
+        choices.append(_Choice(scenario, staging, plans, from_start, set()))
+    rounds = _run_rounds(spark, choices, say, tail_rows)
+    together: dict[int, EventRun] = {}
+    alone: dict[int, EventRun] = {}
+    for number, choice in enumerate(choices):
+        if not choice.by_events:
             continue
-        specs = key_specs(scenario, plans)
-        if not in_units(specs, _per_lane(specs, plans), most, fewest_units):
-            together[number] = EventRun(scenario, plans, staging)
-    found: dict[int, tuple[int, dict[str, str], dict[str, GroupSums]]] = {}
+        run = EventRun(choice.scenario, choice.by_events, choice.staging)
+        specs = key_specs(run.scenario, run.plans)
+        units = in_units(specs, _per_lane(specs, run.plans), most, fewest_units)
+        (alone if units else together)[number] = run
+    sums: dict[int, dict[str, GroupSums]] = {}
     if together:
-        say(f"{len(together)} of {len(runs)} runs simulated event by event together ...")
-        sums = _run_sequential(spark, list(together.values()), say, sys.maxsize, 1, task_tables)
-        for (number, run), mine in zip(together.items(), sums, strict=True):
-            engines = dict.fromkeys((plan.name for plan in run.plans), ENGINE_SEQUENTIAL)
-            found[number] = (0, engines, mine)
-    for number, (scenario, staging) in enumerate(runs):
-        if number not in found:
-            say(f"run {number + 1} of {len(runs)} on its own (rounds or units) ...")
-            found[number] = simulate_attempts(
-                spark, scenario, staging, say, tail_rows, small_group, unit_messages,
-                task_tables,
-            )  # fmt: skip
-    return [found[number] for number in range(len(runs))]
+        if several:
+            say(f"{len(together)} of {len(runs)} runs simulated event by event together ...")
+        found = _run_sequential(spark, list(together.values()), say, sys.maxsize, 1, task_tables)
+        sums.update(zip(together, found, strict=True))
+    for number, run in alone.items():
+        if several:
+            say(f"run {number + 1} of {len(runs)} event by event on its own (in units) ...")
+        sums[number] = _run_sequential(
+            spark, [run], say, most, fewest_units, task_tables
+        )[0]  # fmt: skip
+    results = []
+    for number, choice in enumerate(choices):
+        sequential = {plan.name for plan in choice.by_events}
+        engines = {
+            plan.name: ENGINE_SEQUENTIAL if plan.name in sequential else ENGINE_ROUNDS
+            for plan in choice.plans
+        }
+        results.append((rounds.get(number, 0), engines, sums.get(number, {})))
+    return results
+
+
+def _run_rounds(
+    spark: SparkSession, choices: list[_Choice], say: Progress, tail_rows: int
+) -> dict[int, int]:
+    """Every run's groups for the round engine, one Spark stage a round for all the runs
+    (:func:`run_rounds`); then each run's pools checked (:func:`peak_concurrency`) and the
+    groups found full dropped from its round files, noted in its ``full``. Returns each
+    run's round count, for the runs with rounds."""
+    numbers = [number for number, choice in enumerate(choices) if choice.by_rounds]
+    if not numbers:
+        return {}
+    several = len(choices) > 1
+    if several:
+        say(f"{len(numbers)} of {len(choices)} runs by rounds together ...")
+    full_jit(spark)  # Spark's generated code runs every round's rows
+    batch = [RoundRun(choices[n].scenario, choices[n].by_rounds, choices[n].rounds_dir)
+             for n in numbers]  # fmt: skip
+    folder = os.path.join(choices[numbers[0]].staging, "rounds-batch")
+    counts = run_rounds(spark, batch, folder, say, tail_rows)
+    for number in numbers:
+        choice = choices[number]
+        threads = {p.name: p.policy.topology.threads for p in choice.by_rounds}
+        pools = {name: count for name, count in threads.items() if count is not None}
+        if not pools:
+            continue
+        whose = f"run {number + 1}: " if several else ""
+        say(f"{whose}checking the consumer pools of {', '.join(sorted(pools))} ...")
+        full = peak_concurrency(spark.read.parquet(choice.rounds_dir), pools)
+        for name, peak in sorted(full.items()):
+            say(
+                f"{whose}group {name}: {peak:,} consume requests would run at once on one "
+                f"instance, more than its {pools[name]:,} threads; simulating it event by event"
+            )
+        if full:
+            _drop_groups(spark, choice.rounds_dir, set(full))
+        choice.full = set(full)
+    return dict(zip(numbers, counts, strict=True))
 
 
 def _unit_rule(spark: SparkSession, unit_messages: int | None) -> tuple[int, int]:

@@ -1,6 +1,8 @@
 """The round engine: one Spark stage per delivery round over the frontier.
 
-Round k holds every message's k-th delivery. Its stage draws the listener result, applies
+Round k holds every message's k-th delivery; one stage runs a round of every run simulated
+together (a plan's points and replications, told apart by a :data:`RUN` column), and each
+run gets the rounds, rows and files it gets alone. The stage draws the listener result, applies
 the flavor's timeout and retry rules, and writes the round's attempts as Parquet in the
 attempts table's columns (they are published as the table's files, not rewritten); the
 next frontier is re-read from those files (WaitingRetry rows due before the horizon), so
@@ -16,7 +18,9 @@ sequentially when its pool would have been full.
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 
-from retrysim.engine.sequential import KeySpec, frontier_attempts
+from retrysim.engine.sequential import RUN, KeySpec, frontier_attempts
 from retrysim.model.behavior import listener_draw_columns
 from retrysim.model.policy import Policy, next_reconsume_columns, policy_for
 from retrysim.model.states import (
@@ -155,7 +159,7 @@ def with_horizon_cut(df: DataFrame, horizon_ms: int) -> DataFrame:
     return df.withColumns(horizon_cut_columns(horizon_ms))
 
 
-def horizon_cut_columns(horizon_ms: int) -> dict[str, Column]:
+def horizon_cut_columns(horizon_ms: int | Column) -> dict[str, Column]:
     """The columns :func:`with_horizon_cut` replaces, as expressions."""
     horizon = F.lit(horizon_ms)
     not_started = F.col("start_ms") >= horizon
@@ -178,18 +182,46 @@ def horizon_cut_columns(horizon_ms: int) -> dict[str, Column]:
     return columns
 
 
-class Round:
-    """A round of every group as column expressions, built once per run and applied to each
-    frontier (:meth:`attempts`): building them takes thousands of calls into the JVM, applying
-    them a dozen."""
+@dataclass(frozen=True)
+class RoundRun:
+    """A run of a batch for the round engine: its groups by rounds, and the folder its round
+    files end up in (``round=<NNNNN>`` folders, as a run alone writes them)."""
 
-    def __init__(self, plans: list[GroupPlan], seed: int, horizon_ms: int) -> None:
-        self.groups: list[tuple[Column, list[dict[str, Column]], list[str]]] = []
-        for plan in plans:
+    scenario: Scenario
+    plans: list[GroupPlan]
+    staging_dir: str
+
+
+class Round:
+    """A round of every group of every run as column expressions, built once per batch and
+    applied to each frontier (:meth:`attempts`): building them takes thousands of calls into
+    the JVM, applying them a dozen. Runs with the same group (a plan's replications) share
+    its expressions, their seeds and horizons by the frontier's :data:`RUN` column: the
+    round's plan and generated code grow with the batch's different groups, not its runs."""
+
+    def __init__(self, runs: list[RoundRun]) -> None:
+        shared: list[tuple[GroupPlan, list[int]]] = []  # each group, and the runs that have it
+        for number, run in enumerate(runs):
+            for plan in run.plans:
+                found = next((numbers for other, numbers in shared if other == plan), None)
+                if found is None:
+                    shared.append((plan, [number]))
+                else:
+                    found.append(number)
+        self.groups: list[tuple[str, list[int], Column, list[dict[str, Column]]]] = []
+        for plan, numbers in shared:
             policy = plan.policy
+            helpers: dict[str, Column] = {}
+            seed = per_run(runs, numbers, lambda run: run.scenario.seed)
+            if isinstance(seed, Column):  # once a row, for the draws' every hash
+                seed, helpers[_SEED] = F.col(_SEED), seed
+            horizon_ms = per_run(runs, numbers, lambda run: run.scenario.horizon)
+            if isinstance(horizon_ms, Column):
+                horizon_ms, helpers[_HORIZON] = F.col(_HORIZON), horizon_ms
             draws = listener_draw_columns(plan.group.behavior, seed, plan.name)
             cases, steps = policy.next_step_columns()
             projections = [
+                *([helpers] if helpers else []),
                 {
                     "start_ms": policy.eligible_col(F.col("ready_ms")),
                     ASSIGNED: policy.topology.instance_col(),
@@ -200,32 +232,70 @@ class Round:
                 {**steps, "batch_size": F.lit(1)},
                 horizon_cut_columns(horizon_ms),
             ]
-            self.groups.append((F.col("group") == F.lit(plan.name), projections, list(cases)))
-        self.stage = schema_columns(STAGE)
+            rows = (F.col("group") == F.lit(plan.name)) & F.col(RUN).isin(*numbers)
+            self.groups.append((plan.name, numbers, rows, projections))
+        self.stage = [*schema_columns(STAGE), F.col(RUN)]
 
-    def attempts(self, frontier: DataFrame) -> DataFrame:
-        """One round: each frontier row becomes one staged attempt row."""
+    def attempts(
+        self, frontier: DataFrame | dict[tuple[int, str], DataFrame], runs: list[int]
+    ) -> DataFrame:
+        """One round of the runs ``runs`` (those with a frontier): each frontier row becomes
+        one staged attempt row, with its run. ``frontier``: one frame of every run and group,
+        or one frame each (round 1: filtering their union, the optimizer would push every
+        group's filter into every other's messages, a plan growing with their square)."""
         frames = []
-        for rows_of_group, projections, helpers in self.groups:
-            frame = frontier.where(rows_of_group)
+        for name, numbers, rows_of_group, projections in self.groups:
+            mine = [number for number in numbers if number in runs]
+            if not mine:
+                continue  # done: its scan would read the frontier for nothing
+            if isinstance(frontier, dict):
+                frame = functools.reduce(DataFrame.union, [frontier[(n, name)] for n in mine])
+            else:
+                frame = frontier.where(rows_of_group)
             for columns in projections:
                 frame = frame.withColumns(columns)
-            frames.append(frame.drop(*helpers))
-        return union_all(frames).select(*self.stage)
+            frames.append(frame.select(*self.stage))  # the helper columns go
+        # by position, each in STAGE's columns: unionByName would resolve every column of
+        # the growing union again at each step
+        return functools.reduce(DataFrame.union, frames)
 
 
-def retries_due(horizon_ms: int) -> Column:
+# a Round's columns of each row's seed and horizon, where the runs sharing a group differ
+_SEED, _HORIZON = "_seed", "_horizon"
+
+
+def per_run(
+    runs: list[RoundRun], numbers: list[int], value: Callable[[RoundRun], int]
+) -> int | Column:
+    """``value`` of each row's run among the runs ``numbers`` (by :data:`RUN`): a literal
+    where they share it."""
+    by_value: dict[int, list[int]] = {}
+    for number in numbers:
+        by_value.setdefault(value(runs[number]), []).append(number)
+    if len(by_value) == 1:
+        return next(iter(by_value))
+    column = None
+    for known, having in by_value.items():
+        column = (F if column is None else column).when(F.col(RUN).isin(*having), F.lit(known))
+    return column
+
+
+def retries_due(horizon_ms: int | Column) -> Column:
     """Whether an attempt row leads to another delivery: WaitingRetry (or, 5.x simple,
-    Inflight until visible again), due before the horizon."""
+    Inflight until visible again), due before the horizon (a column where runs differ)."""
     return F.col("next_topic").isNotNull() & (F.col("next_ready_ms") < F.lit(horizon_ms))
 
 
-def next_frontier(attempts: DataFrame, horizon_ms: int) -> DataFrame:
-    """The deliveries that WaitingRetry rows lead to, when due before the horizon."""
+def next_frontier(
+    attempts: DataFrame, horizon_ms: int | Column, keep: tuple[str, ...] = ()
+) -> DataFrame:
+    """The deliveries that WaitingRetry rows lead to, when due before the horizon; with the
+    columns ``keep`` (a batch's :data:`RUN`) as they are."""
     counted, kept = next_reconsume_columns(
         F.col("reconsume_times"), F.col("broker_reconsume_times"), F.col("end_reason")
     )
     return attempts.where(retries_due(horizon_ms)).select(
+        *keep,
         "group",
         "msg_id",
         (F.col("delivery") + 1).alias("delivery"),
@@ -298,77 +368,190 @@ def key_specs(scenario: Scenario, plans: list[GroupPlan], run: int = 0) -> list[
     ]
 
 
+@dataclass
+class _RunState:
+    """Where a run of a batch is: its own round count, whether it replays, whether done."""
+
+    rounds: int = 0
+    replayed: bool = False
+    done: bool = False
+
+
 def run_rounds(
     spark: SparkSession,
-    scenario: Scenario,
-    plans: list[GroupPlan],
-    staging_dir: str,
+    runs: list[RoundRun],
+    batch_dir: str,
     progress: Progress = lambda _line: None,
     tail_rows: int = TAIL_ROWS,
-) -> int:
-    """Run every round for ``plans``, staging attempts under ``staging_dir/round=k``, until
-    no delivery is left or the frontier is thin enough to finish event by event; then the
-    replay rounds, if any group replays its dead letters. Returns the number of rounds.
+) -> list[int]:
+    """Run every round of every run in ``runs`` together: one Spark stage a round for all
+    of them, each run's rows told apart by :data:`RUN`, until no delivery is left or a
+    run's frontier is thin enough to finish event by event; then a run's replay rounds,
+    if a group of it replays its dead letters. Returns each run's number of rounds.
 
-    The driver sees only two counts per round, and the sizes of a round's files.
+    Each run goes through exactly the rounds it goes through alone (its own thin tail, its
+    own replay), so its rows are the same; runs at different rounds share a stage. The
+    rounds are written under ``batch_dir`` by run (``step=<n>/_run=<k>``) and each run's
+    folders are moved into its ``staging_dir`` at the end as ``round=<its round>``, without
+    the run column: the files a run alone writes.
+
+    The driver sees only two counts per run and round, and the sizes of a round's files.
     """
-    messages = all_messages(spark, scenario, [plan.group for plan in plans])
-    frontier = first_frontier(messages, scenario.horizon).select(*FRONTIER_COLUMNS)
-    specs = key_specs(scenario, plans)
+    frontier: DataFrame | dict[tuple[int, str], DataFrame] | None = {
+        (number, plan.name): first_frontier(
+            all_messages(spark, run.scenario, [plan.group]), run.scenario.horizon
+        ).select(F.lit(number).alias(RUN), *FRONTIER_COLUMNS)
+        for number, run in enumerate(runs)
+        for plan in run.plans
+    }
+    horizon = per_run(runs, list(range(len(runs))), lambda run: run.scenario.horizon)
     partitions = spark.sparkContext.defaultParallelism
     open_cost = open_cost_bytes(spark)
     split = None  # the split size for the next round's frontier, if not Spark's own
     started = time.monotonic()
-    round_no, replayed = 0, False
-    held = _HeldRounds(staging_dir, partitions)
-    round_ = Round(plans, scenario.seed, scenario.horizon)
+    step = 0  # the batch's stages so far: a run alone counts its rounds so
+    states = [_RunState() for _ in runs]
+    written: list[tuple[str, dict[int, int]]] = []  # a batch folder, its runs' round numbers
+    held = _HeldRounds(batch_dir, partitions, written)
+    round_ = Round(runs)
     thin, frontier_rows = False, 0  # the first frontier is every message: never thin
-    counted = (
-        F.count(F.col("start_ms")).alias("started"),
-        F.sum(retries_due(scenario.horizon).cast("long")).alias("retrying"),
-    )
     while True:
-        round_no += 1
+        active = [number for number, state in enumerate(states) if not state.done]
+        step += 1
+        for number in active:
+            states[number].rounds += 1
+        rounds = {number: states[number].rounds for number in active}
         # counted while written or held: no second pass over the round's rows
         observed = Observation()
-        attempts = round_.attempts(frontier).observe(observed, *counted)
+        counted = [F.count(F.col("start_ms")).alias("started")] + [
+            F.sum(
+                F.when(
+                    F.col(RUN) == F.lit(number),
+                    retries_due(runs[number].scenario.horizon).cast("long"),
+                )
+            ).alias(f"retrying{number}")
+            for number in active
+        ]
+        attempts = round_.attempts(frontier, active).observe(observed, *counted)
         with conf_set(spark, frontier_read(split) if split else {}):  # read when planned
             if thin:
-                staged, split = held.add(round_no, attempts, frontier_rows), None
+                staged, split = held.add(rounds, attempts, frontier_rows), None
             else:
-                path = f"{staging_dir}/round={round_no:05d}"
-                attempts.write.parquet(path)
+                path = f"{batch_dir}/step={step:05d}"
+                write_by_run(attempts, path, active)
+                written.append((path, rounds))
                 split = frontier_split_bytes(parquet_file_sizes(path), partitions, open_cost)
                 staged = spark.read.parquet(path)
         counts = observed.get
-        retrying = counts["retrying"] or 0
+        retrying = {number: counts[f"retrying{number}"] or 0 for number in active}
+        total = sum(retrying.values())
+        replaying = sum(states[number].replayed for number in active)
+        replays = (
+            "" if not replaying else " (replay)" if replaying == len(active)
+            else f" ({replaying} of {len(active)} runs replay)"
+        )  # fmt: skip
         progress(
-            f"round {round_no}{' (replay)' if replayed else ''}: {counts['started']:,} "
-            f"deliveries, {retrying:,} to retry, {time.monotonic() - started:.1f}s elapsed"
-            f"{' (in memory)' if thin else ''}"
+            f"round {step}{replays}: {counts['started']:,} deliveries, {total:,} to retry, "
+            f"{time.monotonic() - started:.1f}s elapsed{' (in memory)' if thin else ''}"
         )
-        frontier = next_frontier(staged, scenario.horizon)
-        thin, frontier_rows = retrying <= THIN_ROWS, retrying
+        frontier = next_frontier(staged, horizon, (RUN,))
+        thin, frontier_rows = total <= THIN_ROWS, total
         if held.rows >= HELD_ROWS:
             held.write()
-        if 0 < retrying <= tail_rows:
-            round_no += 1
-            tail = f"{staging_dir}/round={round_no:05d}"
-            frontier_attempts(frontier, specs, partitions).write.parquet(tail)
-            finished = spark.read.parquet(tail).where(F.col("start_ms").isNotNull()).count()
+        tails = [number for number in active if 0 < retrying[number] <= tail_rows]
+        if tails:
+            step += 1
+            for number in tails:
+                states[number].rounds += 1
+            specs = [
+                spec
+                for number in tails
+                for spec in key_specs(runs[number].scenario, runs[number].plans, number)
+            ]
+            path = f"{batch_dir}/step={step:05d}"
+            write_by_run(frontier_attempts(_of_runs(frontier, tails, active), specs, partitions),
+                         path, tails)  # fmt: skip
+            written.append((path, {number: states[number].rounds for number in tails}))
+            finished = spark.read.parquet(path).where(F.col("start_ms").isNotNull()).count()
+            left = sum(retrying[number] for number in tails)
+            whose = f" of {len(tails)} runs" if len(tails) > 1 else ""
             progress(
-                f"rounds {round_no}+: {retrying:,} messages still retrying, finished event by "
+                f"rounds {step}+: {left:,} messages{whose} still retrying, finished event by "
                 f"event: {finished:,} deliveries, {time.monotonic() - started:.1f}s elapsed"
             )
-            retrying = 0
-        if retrying == 0:
-            held.write()
-            if replayed:
-                return round_no
-            replayed, thin = True, False
-            frontier = replay_frontier(spark.read.parquet(staging_dir), plans, scenario.horizon)
-            if frontier is None or frontier.isEmpty():
-                return round_no
+            retrying.update(dict.fromkeys(tails, 0))
+        going = [number for number in active if retrying[number] > 0]
+        ended = [number for number in active if retrying[number] == 0]
+        if ended:
+            held.write()  # a run's replay reads its rows so far
+            again = [_replay(spark, runs, states, written, number) for number in ended]
+            again = [replay for replay in again if replay is not None]
+            thin = thin and not again  # a replay's first round is never thin
+            parts = ([_of_runs(frontier, going, active)] if going else []) + again
+            frontier = union_all(parts) if parts else None
+        if frontier is None:
+            break
+    _move_rounds(spark, runs, states, written)
+    shutil.rmtree(batch_dir, ignore_errors=True)
+    return [state.rounds for state in states]
+
+
+def _of_runs(frontier: DataFrame, numbers: list[int], among: list[int]) -> DataFrame:
+    """The rows of the runs ``numbers`` of a frontier holding the runs ``among``."""
+    return frontier if len(numbers) == len(among) else frontier.where(F.col(RUN).isin(*numbers))
+
+
+def _replay(
+    spark: SparkSession,
+    runs: list[RoundRun],
+    states: list[_RunState],
+    written: list[tuple[str, dict[int, int]]],
+    number: int,
+) -> DataFrame | None:
+    """The ``number``-th run's replay frontier once its rounds have no delivery left
+    (None, and the run done, when it has replayed already or has nothing to replay)."""
+    state, run = states[number], runs[number]
+    folders = [f"{path}/{RUN}={number}" for path, rounds in written if number in rounds]
+    folders = [folder for folder in folders if os.path.isdir(folder)]
+    if state.replayed or not folders:
+        state.done = True
+        return None
+    state.replayed = True
+    frontier = replay_frontier(spark.read.parquet(*folders), run.plans, run.scenario.horizon)
+    if frontier is None or frontier.isEmpty():
+        state.done = True
+        return None
+    return frontier.select(F.lit(number).alias(RUN), *FRONTIER_COLUMNS)
+
+
+def write_by_run(attempts: DataFrame, folder: str, numbers: list[int]) -> None:
+    """Write a batch's round (rows of the runs ``numbers``) as ``folder/_run=<k>``: each
+    run's files without the run column, as the run alone writes them (one run: no
+    partitioned write, which would sort its rows by a single value)."""
+    if len(numbers) == 1:
+        attempts.drop(RUN).write.parquet(f"{folder}/{RUN}={numbers[0]}")
+    else:
+        attempts.write.partitionBy(RUN).parquet(folder)
+
+
+def _move_rounds(
+    spark: SparkSession,
+    runs: list[RoundRun],
+    states: list[_RunState],
+    written: list[tuple[str, dict[int, int]]],
+) -> None:
+    """Each run's folders of the batch into its staging folder, as ``round=<its round>``
+    (a run without a row gets its round 1 as an empty file, as alone)."""
+    for path, rounds in written:
+        for number, round_no in rounds.items():
+            source = f"{path}/{RUN}={number}"
+            if os.path.isdir(source):
+                os.makedirs(runs[number].staging_dir, exist_ok=True)
+                os.replace(source, f"{runs[number].staging_dir}/round={round_no:05d}")
+    for run in runs:
+        if not os.path.isdir(run.staging_dir):
+            empty = spark.createDataFrame([], STAGE).coalesce(1)
+            empty.write.parquet(f"{run.staging_dir}/round=00001")
 
 
 def frontier_split_bytes(sizes: list[int], cores: int, open_cost: int) -> int | None:
@@ -406,10 +589,17 @@ def frontier_split_bytes(sizes: list[int], cores: int, open_cost: int) -> int | 
 
 
 def parquet_file_sizes(folder: str) -> list[int]:
-    """The sizes of the Parquet files in a local ``folder`` (none for other file systems)."""
+    """The sizes of the Parquet files in a local ``folder`` and its partition folders (none
+    for other file systems)."""
     if not os.path.isdir(folder):
         return []
-    return [entry.stat().st_size for entry in os.scandir(folder) if entry.name.endswith(".parquet")]
+    sizes = []
+    for entry in os.scandir(folder):
+        if entry.is_dir() and "=" in entry.name:
+            sizes += parquet_file_sizes(entry.path)
+        elif entry.name.endswith(".parquet"):
+            sizes.append(entry.stat().st_size)
+    return sizes
 
 
 @contextmanager
@@ -430,27 +620,36 @@ def conf_set(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
 
 class _HeldRounds:
     """Rounds of a thin frontier, held in executor memory until :meth:`write` stages them
-    as one folder (named after the first of them; the round number is not data)."""
+    as one folder by run (named after the first of them; the round number is not data),
+    noted in ``written`` with each run's round number there."""
 
-    def __init__(self, staging_dir: str, partitions: int) -> None:
-        self.staging_dir, self.partitions = staging_dir, partitions
-        self.rounds: list[tuple[int, DataFrame]] = []
+    def __init__(
+        self, batch_dir: str, partitions: int, written: list[tuple[str, dict[int, int]]]
+    ) -> None:
+        self.batch_dir, self.partitions, self.written = batch_dir, partitions, written
+        self.rounds: list[tuple[dict[int, int], DataFrame]] = []
         self.rows = 0
 
-    def add(self, round_no: int, attempts: DataFrame, rows: int) -> DataFrame:
-        """Hold a round of ``rows`` attempts; returns them as held. A round is a union of
-        its groups' frames, so without the coalesce each held round would multiply its
-        frontier's partitions by the number of groups (files re-read are split anew)."""
+    def add(self, rounds: dict[int, int], attempts: DataFrame, rows: int) -> DataFrame:
+        """Hold a round of ``rows`` attempts (of the runs ``rounds``, at their round
+        numbers); returns them as held. A round is a union of its groups' frames, so without
+        the coalesce each held round would multiply its frontier's partitions by the number
+        of groups (files re-read are split anew)."""
         held = attempts.coalesce(self.partitions).localCheckpoint(eager=True)
-        self.rounds.append((round_no, held))
+        self.rounds.append((rounds, held))
         self.rows += rows
         return held
 
     def write(self) -> None:
         if self.rounds:
-            first = self.rounds[0][0]
+            path = f"{self.batch_dir}/held={len(self.written):05d}"
+            firsts: dict[int, int] = {}  # each run's folder is named after its first round
+            for rounds, _ in self.rounds:
+                for number, round_no in rounds.items():
+                    firsts.setdefault(number, round_no)
             rows = union_all([attempts for _, attempts in self.rounds])
-            rows.coalesce(self.partitions).write.parquet(f"{self.staging_dir}/round={first:05d}")
+            write_by_run(rows.coalesce(self.partitions), path, sorted(firsts))
+            self.written.append((path, firsts))
             # the held blocks go when the driver drops its last reference (Spark's context
             # cleaner): the frontier may still read the latest round
             self.rounds, self.rows = [], 0

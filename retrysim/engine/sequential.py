@@ -29,7 +29,7 @@ from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from retrysim.model.behavior import CONSUME_SUCCESS, RECONSUME_LATER, DrawCache, ListenerModel
 from retrysim.model.policy import Policy, Step, next_reconsume_times
@@ -114,6 +114,11 @@ def read_heartbeats(folder: str) -> list[dict]:
         except (OSError, ValueError):
             continue  # being replaced just now: the next look sees it
     return beats
+
+
+# Which of the runs simulated together a row of the round engine belongs to (KeySpec.run):
+# a column of its frontiers and attempts, and a folder of its batch's round files (_run=k)
+RUN = "_run"
 
 
 @dataclass(frozen=True)
@@ -1139,9 +1144,11 @@ def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int
     For unordered consumption whose instances' pools never fill, messages do not interact, so a
     thin frontier of long retry chains is finished event by event in one stage instead of
     one Spark stage per remaining round (an always-failing HTTP message alone takes 289).
-    Messages are spread over tasks by id; each task simulates its messages' chains.
-    """
-    by_name = {spec.group: spec for spec in specs}
+    Messages are spread over tasks by id; each task simulates its messages' chains, a
+    (run, group) at a time (the frontier's :data:`RUN` column and ``specs``' keys say whose).
+    The rows are hashed by group and message only, so a run's messages meet in the same
+    tasks whichever runs share the stage."""
+    by_key = {spec.key: spec for spec in specs}
 
     def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd  # a pandas UDF's worker has it already
@@ -1150,8 +1157,8 @@ def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int
         if not data:
             return
         rows = pd.concat(data, ignore_index=True)
-        for name, part in rows.groupby("group", sort=True):
-            spec = by_name[name]
+        for (number, name), part in rows.groupby([RUN, "group"], sort=True):
+            spec = by_key[(int(number), name)]
             messages = part.drop_duplicates("msg_id")
             simulation = _Simulation(
                 spec,
@@ -1163,6 +1170,8 @@ def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int
             simulation.continue_from(part)
             for chunk in simulation.run():
                 if chunk:
-                    yield pd.DataFrame.from_records(chunk, columns=_COLUMNS).astype(_PANDAS_TYPES)
+                    frame = pd.DataFrame.from_records(chunk, columns=_COLUMNS)
+                    yield frame.astype(_PANDAS_TYPES).assign(**{RUN: np.int32(number)})
 
-    return frontier.repartition(partitions, "group", "msg_id").mapInPandas(run, STAGE)
+    schema = StructType([*STAGE.fields, StructField(RUN, IntegerType(), False)])
+    return frontier.repartition(partitions, "group", "msg_id").mapInPandas(run, schema)

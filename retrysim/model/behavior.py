@@ -111,7 +111,7 @@ def send_back_thresholds(behavior: Behavior) -> tuple[float, float]:
     return failed, failed + behavior.send_back_fallback_probability
 
 
-def listener_draw_columns(behavior: Behavior, seed: int, group: str) -> dict[str, Column]:
+def listener_draw_columns(behavior: Behavior, seed: int | Column, group: str) -> dict[str, Column]:
     """The columns :func:`with_listener_draws` adds, as expressions (the round engine
     builds them once per run and applies them every round)."""
     if behavior.downstream is not None:  # its calls depend on each other: events only

@@ -34,9 +34,10 @@ _P5 = 0x27D4EB2F165667C5
 
 
 def uniform(
-    seed: int, group: str, stream: str, msg_id: Column, delivery: Column | int = 0
+    seed: int | Column, group: str, stream: str, msg_id: Column, delivery: Column | int = 0
 ) -> Column:
-    """A uniform double in the open interval (0, 1), one per key; 53 bits of the hash.
+    """A uniform double in the open interval (0, 1), one per key; 53 bits of the hash (the
+    seed a column where rows of several runs share the expression).
 
     The types of the hashed values are pinned (long seed, long msg_id, int delivery) because
     ``xxhash64`` hashes an int and a long of the same value differently.

@@ -1,6 +1,6 @@
 """Runs simulated together (a plan's points and replications, retrysim.runner.simulate_runs):
-one event-by-event stage and one check for all of them, and each run's tables exactly the
-ones it gets when simulated alone."""
+one event-by-event stage, one Spark stage a round and one check for all of them, and each
+run's tables exactly the ones it gets when simulated alone."""
 
 from __future__ import annotations
 
@@ -36,38 +36,70 @@ def _point(instances: int, seed: int):
     return scenario(pay, ordered, seed=seed, horizon="30m", load_bucket="10s")
 
 
+def _replaying(seed: int, horizon: str):
+    """Two groups for the round engine, one replaying its dead letters at 5 minutes."""
+    pay = group(
+        "pay", max_reconsume_times=1, consumers="unlimited",
+        workload={"messages": 300, "over": "1m", "queues": 3},
+        behavior={"fail_probability": 0.5, "processing_time": "10ms"},
+        replay={"at": "5m", "rate": "20/s"},
+    )  # fmt: skip
+    audit = group(
+        "audit", max_reconsume_times=3, consumers="unlimited",
+        workload={"messages": 100, "over": "30s", "queues": 2},
+        behavior={"fail_probability": 0.2, "processing_time": "5ms"},
+    )  # fmt: skip
+    return scenario(pay, audit, name="replaying", seed=seed, horizon=horizon, load_bucket="1m")
+
+
 REQUESTS = (
     RunRequest(_point(1, 7), "p1"),
     RunRequest(_point(3, 8), "p2"),
     RunRequest(retrying_scenario("rounds", 9, 200), "p3"),  # unlimited: the round engine's
+    RunRequest(_replaying(10, "30m"), "p4"),
+    # p4's groups, which its rounds share, with their own seed and a horizon in the replay
+    RunRequest(_replaying(11, "310s"), "p5"),
 )
+# A run's frontier of up to this many retrying messages is finished event by event: p4's
+# and p5's after their second round, when p3 still has its third, which it then simulates
+# in one stage with their first round of replay.
+TAIL_ROWS = 10
 
 
 @pytest.fixture(scope="module")
 def together(spark, tmp_path_factory):
     output = str(tmp_path_factory.mktemp("together") / "out")
     lines: list[str] = []
-    results = simulate_runs(spark, REQUESTS, output, lines.append)
+    results = simulate_runs(spark, REQUESTS, output, lines.append, tail_rows=TAIL_ROWS)
     return output, results, lines
 
 
-def test_the_event_by_event_runs_share_one_stage_and_the_rest_run_alone(together):
+def test_the_runs_share_their_rounds_and_their_event_by_event_stage(together):
     _, results, lines = together
-    assert [result.run_id for result in results] == ["p1", "p2", "p3"]
+    assert [result.run_id for result in results] == ["p1", "p2", "p3", "p4", "p5"]
     assert sum(line.startswith("event-by-event simulation of") for line in lines) == 1, lines
     # each run: pay whole, and ord's 3 queues one key each
     assert "event-by-event simulation of 2 runs' groups (8 independent keys) ..." in lines
-    assert "run 3 of 3 on its own (rounds or units) ..." in lines
+    assert "3 of 5 runs by rounds together ..." in lines
+    # one line a round for the batch: each round of the three runs is one stage, and so is
+    # p3's third round with p4's and p5's first of replay (after their own tails' stage)
+    rounds = [line.split(":")[0] for line in lines if line.startswith("round")]
+    assert rounds == ["round 1", "round 2", "rounds 3+", "round 4 (2 of 3 runs replay)",
+                      "round 5 (replay)"], lines  # fmt: skip
+    assert "rounds 3+: 5 messages of 2 runs still retrying" in " ".join(lines)
     assert sum(line.startswith("validated: ") for line in lines) == 1
-    assert results[0].rounds == 0 and results[2].rounds > 0
+    assert [result.rounds for result in results] == [0, 0, 3, 5, 4]
 
 
-@pytest.mark.parametrize("number", [0, 1, 2])
+@pytest.mark.parametrize("number", [0, 1, 2, 3, 4])
 def test_each_run_has_the_tables_it_has_alone(spark, together, tmp_path, number):
-    output, _, _ = together
+    output, results, _ = together
     request = REQUESTS[number]
     alone = str(tmp_path / "alone")
-    simulate(spark, request.scenario, alone, request.run_id, validate=False)
+    by_itself = simulate(
+        spark, request.scenario, alone, request.run_id, validate=False, tail_rows=TAIL_ROWS
+    )
+    assert results[number].rounds == by_itself.rounds
     for name in SCHEMAS:
         if name == "runs":
             continue
