@@ -141,6 +141,13 @@ def simulate_runs_attempts(
     one Spark stage, each key a task of it, each run's rows written to its own staging, so a
     cluster runs them side by side and a small machine pays the stage's start once; the
     others run one after another, each as :func:`simulate_attempts` runs it."""
+    if len(runs) == 1:  # its own choices, each said
+        scenario, staging = runs[0]
+        return [
+            simulate_attempts(
+                spark, scenario, staging, say, tail_rows, small_group, unit_messages, task_tables
+            )
+        ]
     most, fewest_units = _unit_rule(spark, unit_messages)
     quiet: Progress = lambda _line: None  # noqa: E731 (each run's choices would repeat)
     together: dict[int, EventRun] = {}
