@@ -14,7 +14,7 @@ from support import group, retrying_scenario, scenario
 
 import retrysim.tables.staging
 from retrysim.checks.validate import ValidationError
-from retrysim.runner import RunRequest, simulate, simulate_runs
+from retrysim.runner import RunRequest, runs_together, simulate, simulate_runs
 from retrysim.scenario.errors import ScenarioError
 from retrysim.store import views
 from retrysim.store.sinks import DeltaRsSink, table_path
@@ -122,6 +122,14 @@ def test_they_are_published_together_and_a_failure_removes_them_all(spark, toget
         )
         assert left.num_rows == 0, name
     assert not os.path.exists(os.path.join(output, "_staging"))
+
+
+def test_many_runs_go_in_batches_of_bounded_runs_and_buckets():
+    small = _point(1, 7)  # 2 groups x 180 buckets of 10 s
+    assert [len(batch) for batch in runs_together([small] * 250)] == [100, 100, 50]
+    fine = small.model_copy(update={"load_bucket": 1})  # 2 x 1.8M buckets of 1 ms: alone
+    assert runs_together([small, fine, small, small]) == [[0], [1], [2, 3]]
+    assert runs_together([small] * 7) == [list(range(7))]
 
 
 def test_runs_together_need_their_own_run_ids(spark, tmp_path):
