@@ -8,6 +8,7 @@ before publishing leaves the tables as they were (docs/architecture.md, "Atomic 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
@@ -217,12 +218,11 @@ def simulate_runs(
         options = _Options(tail_rows, small_group, unit_messages, tables, validate, report)
         batches = runs_together([request.scenario for request in requests])
         results: list[Result] = []
-        began = time.monotonic()
         for batch in batches:
             if len(batches) > 1:
                 say(f"runs {batch[0] + 1}-{batch[-1] + 1} of {len(requests)} together ...")
             mine = [(requests[k], run_ids[k]) for k in batch]
-            for result in _simulate_batch(spark, mine, output, chosen, options, say, began):
+            for result in _simulate_batch(spark, mine, output, chosen, options, say):
                 results.append(result)
                 if on_result is not None:
                     on_result(len(results) - 1, result)
@@ -273,14 +273,16 @@ def _simulate_batch(
     chosen: Sink,
     options: _Options,
     say: Progress,
-    began: float,
 ) -> list[Result]:
     """One batch of :func:`simulate_runs`: leases, engine, staging, check, publish."""
     leases: list[Lease] = []
+    began = time.monotonic()
     started_at = dt.datetime.now(dt.UTC)
     several = len(requests) > 1  # their staging lines would repeat for each run
+    reports = _Reports(options.report, spark.sparkContext.defaultParallelism if several else None)
     try:
-        leases += [acquire_lease(output, run_id) for _, run_id in requests]
+        for _, run_id in requests:  # each as taken: a later refusal releases the earlier
+            leases.append(acquire_lease(output, run_id))
         recover(output, say)
         written = TABLE_SETS[options.tables]
         engined = simulate_runs_attempts(
@@ -292,13 +294,12 @@ def _simulate_batch(
         if several:
             say(f"staging the tables of {len(requests)} runs ...")
         staging_began = time.monotonic()
-        staged_runs = [
-            _stage_run(
-                spark, request, lease, engine, written, started_at, options.tables,
-                (lambda _line: None) if several else say, options.report,
-            )
-            for (request, _), lease, engine in zip(requests, leases, engined, strict=True)
-        ]  # fmt: skip
+        staged_runs = []
+        for (request, _), lease, engine in zip(requests, leases, engined, strict=True):
+            run = _stage_run(spark, request, lease, engine, written, started_at, options.tables,
+                             (lambda _line: None) if several else say)  # fmt: skip
+            reports.start(lease.run_id, run.check.staged, run.retries)
+            staged_runs.append(run)
         if several:
             say(f"staged {len(requests)} runs ({time.monotonic() - staging_began:.1f}s)")
         if options.validate:
@@ -317,18 +318,56 @@ def _simulate_batch(
             f"committed {len(written)} tables with the {chosen.name} sink"
             + (f", {len(requests)} runs in each commit" if several else "")
         )
+    except BaseException:
+        reports.discard()
+        raise
     finally:
         for lease in leases:
             lease.release()
     elapsed = time.monotonic() - began
-    results = []
-    for run in staged_runs:
-        drawn = run.write_report() if run.write_report is not None else None
-        run_id = run.lease.run_id
-        result = Result(spark, output, run_id, run.rounds, chosen.name, elapsed,
-                        options.tables, run.retries, drawn)  # fmt: skip
-        results.append(result)
-    return results
+    drawn = reports.finish()
+    return [
+        Result(spark, output, run.lease.run_id, run.rounds, chosen.name, elapsed, options.tables,
+               run.retries, drawn.get(run.lease.run_id))
+        for run in staged_runs
+    ]  # fmt: skip
+
+
+class _Reports:
+    """A batch's run reports, each drawn from its staged tables in a forked process
+    (:func:`retrysim.reporting.report.draw_run_report`) beside the check and written once
+    the run is published. With several runs at most ``window`` draw at once: the oldest is
+    written as the next starts, before its run is published, and removed again if the batch
+    fails."""
+
+    def __init__(self, draw: DrawReport | None, window: int | None) -> None:
+        self.draw, self.window = draw, window
+        self.pending: list[tuple[str, Callable[[], str]]] = []
+        self.written: dict[str, str] = {}
+
+    def start(self, run_id: str, staged: dict[str, str], retries: pd.DataFrame) -> None:
+        if self.draw is None:
+            return
+        if self.window is not None and len(self.pending) >= self.window:
+            oldest, write = self.pending.pop(0)
+            self.written[oldest] = write()
+        self.pending.append((run_id, self.draw(run_id, staged, retries)))
+
+    def finish(self) -> dict[str, str]:
+        """Every report written: run id -> path."""
+        while self.pending:
+            run_id, write = self.pending.pop(0)
+            self.written[run_id] = write()
+        return self.written
+
+    def discard(self) -> None:
+        """The batch failed: no report of it stays (a drawing still running is waited for,
+        as its process would wait to hand over its page)."""
+        with contextlib.suppress(Exception):
+            self.finish()
+        for path in self.written.values():
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 
 @dataclass
@@ -340,7 +379,6 @@ class _StagedRun:
     marker: str  # its runs row with status publishing
     rounds: int
     retries: pd.DataFrame
-    write_report: Callable[[], str] | None
 
 
 def _stage_run(
@@ -352,9 +390,8 @@ def _stage_run(
     started_at: dt.datetime,
     tables: str,
     say: Progress,
-    report: DrawReport | None,
 ) -> _StagedRun:
-    """A run's tables staged from its attempts (and its runs rows, and its report begun)."""
+    """A run's tables staged from its attempts, and its runs rows."""
     rounds, engines, sums = engined
     scenario, run_id, staging = request.scenario, lease.run_id, lease.staging
     say("staging tables ...")
@@ -368,7 +405,6 @@ def _stage_run(
         for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
     }
     staged["runs"] = rows[STATUS_COMPLETE]
-    write_report = report(run_id, staged, retries) if report is not None else None
     derived = derived_for_lean(spark, scenario, staged)
     check = StagedRun(run_id, staged, derived)
-    return _StagedRun(lease, check, rows[STATUS_PUBLISHING], rounds, retries, write_report)
+    return _StagedRun(lease, check, rows[STATUS_PUBLISHING], rounds, retries)

@@ -4,7 +4,9 @@ ones it gets when simulated alone."""
 
 from __future__ import annotations
 
+import functools
 import os
+from pathlib import Path
 
 import pytest
 from chispa import assert_df_equality
@@ -14,9 +16,11 @@ from support import group, retrying_scenario, scenario
 
 import retrysim.tables.staging
 from retrysim.checks.validate import ValidationError
+from retrysim.reporting.report import REPORTS_DIR, draw_run_report
 from retrysim.runner import RunRequest, runs_together, simulate, simulate_runs
 from retrysim.scenario.errors import ScenarioError
 from retrysim.store import views
+from retrysim.store.lease import acquire_lease, live_run_ids
 from retrysim.store.sinks import DeltaRsSink, table_path
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, TABLE_ORDER
 
@@ -36,10 +40,18 @@ def _point(instances: int, seed: int):
     return scenario(pay, ordered, seed=seed, horizon="30m", load_bucket="10s")
 
 
+def _whole(seed: int):
+    """A point whose groups all run whole in a task: its tasks write its transitions,
+    messages and dead letters too (retrysim.tables.task_tables), the others' staging does."""
+    data = _point(2, seed)
+    return data.model_copy(update={"groups": data.groups[:1]})
+
+
 REQUESTS = (
     RunRequest(_point(1, 7), "p1"),
     RunRequest(_point(3, 8), "p2"),
     RunRequest(retrying_scenario("rounds", 9, 200), "p3"),  # unlimited: the round engine's
+    RunRequest(_whole(10), "p4"),
 )
 
 
@@ -47,22 +59,27 @@ REQUESTS = (
 def together(spark, tmp_path_factory):
     output = str(tmp_path_factory.mktemp("together") / "out")
     lines: list[str] = []
-    results = simulate_runs(spark, REQUESTS, output, lines.append)
+    report = functools.partial(draw_run_report, output)
+    results = simulate_runs(spark, REQUESTS, output, lines.append, report=report)
     return output, results, lines
 
 
 def test_the_event_by_event_runs_share_one_stage_and_the_rest_run_alone(together):
     _, results, lines = together
-    assert [result.run_id for result in results] == ["p1", "p2", "p3"]
+    assert [result.run_id for result in results] == ["p1", "p2", "p3", "p4"]
     assert sum(line.startswith("event-by-event simulation of") for line in lines) == 1, lines
-    # each run: pay whole, and ord's 3 queues one key each
-    assert "event-by-event simulation of 2 runs' groups (8 independent keys) ..." in lines
-    assert "run 3 of 3 on its own (rounds or units) ..." in lines
+    # p1 and p2: pay whole, and ord's 3 queues one key each; p4: pay whole
+    assert "event-by-event simulation of 3 runs' groups (9 independent keys) ..." in lines
+    assert "run 3 of 4 on its own (rounds or units) ..." in lines
     assert sum(line.startswith("validated: ") for line in lines) == 1
     assert results[0].rounds == 0 and results[2].rounds > 0
+    for result in results:  # each run's own report, drawn from its own tables
+        page = Path(result.report).read_text(encoding="utf-8")
+        assert os.path.basename(result.report) == f"{result.run_id}.html"
+        assert result.run_id in page
 
 
-@pytest.mark.parametrize("number", [0, 1, 2])
+@pytest.mark.parametrize("number", [0, 1, 2, 3])
 def test_each_run_has_the_tables_it_has_alone(spark, together, tmp_path, number):
     output, _, _ = together
     request = REQUESTS[number]
@@ -88,12 +105,29 @@ def test_a_broken_run_among_them_publishes_none_of_them(spark, together, monkeyp
         "summary_from",
         lambda *args: summary_from(*args).withColumn("commits", F.col("commits") + 1),
     )
-    again = [RunRequest(_point(2, 11), "q1"), RunRequest(_point(4, 12), "q2")]
+    again = [RunRequest(_point(2, 11), "q1"), RunRequest(_point(4, 12), "q2"),
+             RunRequest(_whole(13), "q3")]  # fmt: skip
+    report = functools.partial(draw_run_report, output)  # with 2 cores, q1's drawn early
+    # q3's summary comes from its task's sums (not summary_from): it passes, and stays
+    # unpublished with the others
     with pytest.raises(ValidationError, match=r"run q1, q2 failed validation.*summary_counts"):
-        simulate_runs(spark, again, output)
+        simulate_runs(spark, again, output, report=report)
     after = {table: DeltaTable(table_path(output, table)).version() for table in TABLE_ORDER}
     assert after == before, "nothing committed: every table stays at its version"
     assert not os.path.exists(os.path.join(output, "_staging"))
+    assert not [name for name in os.listdir(os.path.join(output, REPORTS_DIR)) if name[0] == "q"]
+
+
+def test_a_run_id_taken_partway_releases_the_leases_taken_before(spark, together, tmp_path):
+    output = str(tmp_path / "out")
+    held = acquire_lease(output, "b2")  # a live writer of b2
+    try:
+        batch = [RunRequest(_point(1, 7), "b1"), RunRequest(_point(1, 8), "b2")]
+        with pytest.raises(ScenarioError, match="b2"):
+            simulate_runs(spark, batch, output)
+        assert live_run_ids(output) == {"b2"}, "b1's lease was released"
+    finally:
+        held.release()
 
 
 class _FailOnTheFourthTable(DeltaRsSink):
