@@ -12,7 +12,7 @@ import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
-from support import group, retrying_scenario, scenario
+from support import FailAfterThreeTables, group, retrying_scenario, scenario
 
 import retrysim.tables.staging
 from retrysim.checks.validate import ValidationError
@@ -21,7 +21,7 @@ from retrysim.runner import RunRequest, runs_together, simulate, simulate_runs
 from retrysim.scenario.errors import ScenarioError
 from retrysim.store import views
 from retrysim.store.lease import acquire_lease, live_run_ids
-from retrysim.store.sinks import DeltaRsSink, table_path
+from retrysim.store.sinks import table_path
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, TABLE_ORDER
 
 
@@ -130,26 +130,13 @@ def test_a_run_id_taken_partway_releases_the_leases_taken_before(spark, together
         held.release()
 
 
-class _FailOnTheFourthTable(DeltaRsSink):
-    """The delta-rs sink, failing when the fourth data table is published."""
-
-    def __init__(self) -> None:
-        self.tables: list[str] = []
-
-    def publish_runs(self, spark, output, table, staged) -> None:
-        if table != "runs" and len([t for t in self.tables if t != "runs"]) == 3:
-            raise RuntimeError(f"injected failure before publishing {table}")
-        super().publish_runs(spark, output, table, staged)
-        self.tables.append(table)
-
-
 def test_they_are_published_together_and_a_failure_removes_them_all(spark, together):
     output, _, _ = together
-    sink = _FailOnTheFourthTable()
+    sink = FailAfterThreeTables()
     again = [RunRequest(_point(2, 21), "f1"), RunRequest(_point(4, 22), "f2")]
     with pytest.raises(RuntimeError, match="injected failure"):
         simulate_runs(spark, again, output, sink=sink, validate=False)
-    assert sink.tables == ["runs", "messages", "attempts", "transitions"], "a commit a table"
+    assert sink.published == ["runs", "messages", "attempts", "transitions"], "a commit a table"
     for name in TABLE_ORDER:
         left = DeltaTable(table_path(output, name)).to_pyarrow_table(
             partitions=[(PARTITION_COLUMN, "in", ["f1", "f2"])]
