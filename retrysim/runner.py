@@ -8,6 +8,7 @@ before publishing leaves the tables as they were (docs/architecture.md, "Atomic 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import re
@@ -202,8 +203,9 @@ def simulate_runs(
     and their check one pass, so a cluster runs them side by side and a small machine pays
     the fixed costs once; they are published together too, each table one Delta commit
     for all of them, so they appear at once. Nothing is published unless every run passes
-    its check, and a failure while publishing removes them all again. ``on_result(k,
-    result)`` is called for the ``k``-th run (0-based) once all are published."""
+    its check, and a failure while publishing removes them all again. Many runs go in
+    batches (:func:`runs_together`), each of them so. ``on_result(k, result)`` is called for
+    the ``k``-th run (0-based) once its batch is published."""
     quiet = nullcontext(lambda _line: None)
     with never_quiet(progress) if progress is not None else quiet as say:
         if tables not in TABLE_SETS:
@@ -213,64 +215,159 @@ def simulate_runs(
         if len(set(run_ids)) < len(run_ids):
             raise ScenarioError("--run-id", "runs simulated together need different run ids")
         chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
-        leases: list[Lease] = []
+        options = _Options(tail_rows, small_group, unit_messages, tables, validate, report)
+        batches = runs_together([request.scenario for request in requests])
         results: list[Result] = []
-        started_at = dt.datetime.now(dt.UTC)
-        began = time.monotonic()
-        try:
-            leases += [acquire_lease(output, run_id) for run_id in run_ids]
-            recover(output, say)
-            written = TABLE_SETS[tables]
-            engined = simulate_runs_attempts(
-                spark,
-                [(r.scenario, lease.staging) for r, lease in zip(requests, leases, strict=True)],
-                say,
-                tail_rows, small_group, unit_messages,
-                tuple(table for table in TASK_TABLES if table in written),
-            )  # fmt: skip
-            several = len(requests) > 1  # their staging lines would repeat for each run
-            if several:
-                say(f"staging the tables of {len(requests)} runs ...")
-            staging_began = time.monotonic()
-            staged_runs = [
-                _stage_run(
-                    spark, request, lease, engine, written, started_at, tables,
-                    (lambda _line: None) if several else say, report,
-                )
-                for request, lease, engine in zip(requests, leases, engined, strict=True)
-            ]  # fmt: skip
-            if several:
-                say(f"staged {len(requests)} runs ({time.monotonic() - staging_began:.1f}s)")
-            if validate:
-                say("validating the staged run ..." if len(requests) == 1 else
-                    f"validating the {len(requests)} staged runs ...")  # fmt: skip
-                check_staged_runs(spark, [run.check for run in staged_runs], say)
-            if several:
-                say(f"publishing {len(requests)} runs ...")
-            publish_runs(
-                chosen,
-                spark,
-                output,
-                [(run.check.staged, run.marker, run.lease) for run in staged_runs],
-            )
-            for number, run in enumerate(staged_runs):
-                run.lease.release()
-                drawn = run.write_report() if run.write_report is not None else None
-                result = Result(
-                    spark, output, run.lease.run_id, run.rounds, chosen.name,
-                    time.monotonic() - began, tables, run.retries, drawn,
-                )  # fmt: skip
+        for batch in batches:
+            if len(batches) > 1:
+                say(f"runs {batch[0] + 1}-{batch[-1] + 1} of {len(requests)} together ...")
+            mine = [(requests[k], run_ids[k]) for k in batch]
+            for result in _simulate_batch(spark, mine, output, chosen, options, say):
                 results.append(result)
                 if on_result is not None:
-                    on_result(number, result)
-            say(
-                f"committed {len(written)} tables with the {chosen.name} sink"
-                + (f", {len(requests)} runs in each commit" if several else "")
-            )
-        finally:
-            for lease in leases:
-                lease.release()
+                    on_result(len(results) - 1, result)
         return results
+
+
+# Runs simulated together hold, on the driver until staged, each whole group's bucket sums
+# (retrysim.tables.key_peaks), and stage all their tables before any is published: a plan
+# goes in batches of at most this many runs and load buckets (groups x horizon / bucket).
+MOST_RUNS_TOGETHER = 100
+MOST_BUCKETS_TOGETHER = 2_000_000
+
+
+def runs_together(scenarios: Sequence[Scenario]) -> list[list[int]]:
+    """The runs (their positions) simulated together, batch by batch, in order."""
+    batches: list[list[int]] = []
+    buckets = 0
+    for number, scenario in enumerate(scenarios):
+        mine = len(scenario.groups) * -(-scenario.horizon // scenario.load_bucket)
+        if (
+            not batches
+            or len(batches[-1]) >= MOST_RUNS_TOGETHER
+            or buckets + mine > MOST_BUCKETS_TOGETHER
+        ):
+            batches.append([])
+            buckets = 0
+        batches[-1].append(number)
+        buckets += mine
+    return batches
+
+
+@dataclass(frozen=True)
+class _Options:
+    """How :func:`simulate_runs` runs each batch (see :func:`simulate`)."""
+
+    tail_rows: int
+    small_group: int
+    unit_messages: int | None
+    tables: str
+    validate: bool
+    report: DrawReport | None
+
+
+def _simulate_batch(
+    spark: SparkSession,
+    requests: list[tuple[RunRequest, str]],
+    output: str,
+    chosen: Sink,
+    options: _Options,
+    say: Progress,
+) -> list[Result]:
+    """One batch of :func:`simulate_runs`: leases, engine, staging, check, publish."""
+    leases: list[Lease] = []
+    began = time.monotonic()
+    started_at = dt.datetime.now(dt.UTC)
+    several = len(requests) > 1  # their staging lines would repeat for each run
+    reports = _Reports(options.report, spark.sparkContext.defaultParallelism if several else None)
+    try:
+        for _, run_id in requests:  # each as taken: a later refusal releases the earlier
+            leases.append(acquire_lease(output, run_id))
+        recover(output, say)
+        written = TABLE_SETS[options.tables]
+        engined = simulate_runs_attempts(
+            spark,
+            [(r.scenario, lease.staging) for (r, _), lease in zip(requests, leases, strict=True)],
+            say, options.tail_rows, options.small_group, options.unit_messages,
+            tuple(table for table in TASK_TABLES if table in written),
+        )  # fmt: skip
+        if several:
+            say(f"staging the tables of {len(requests)} runs ...")
+        staging_began = time.monotonic()
+        staged_runs = []
+        for (request, _), lease, engine in zip(requests, leases, engined, strict=True):
+            run = _stage_run(spark, request, lease, engine, written, started_at, options.tables,
+                             (lambda _line: None) if several else say)  # fmt: skip
+            reports.start(lease.run_id, run.check.staged, run.retries)
+            staged_runs.append(run)
+        if several:
+            say(f"staged {len(requests)} runs ({time.monotonic() - staging_began:.1f}s)")
+        if options.validate:
+            say(f"validating the {len(requests)} staged runs ..." if several else
+                "validating the staged run ...")  # fmt: skip
+            check_staged_runs(spark, [run.check for run in staged_runs], say)
+        if several:
+            say(f"publishing {len(requests)} runs ...")
+        publish_runs(
+            chosen,
+            spark,
+            output,
+            [(run.check.staged, run.marker, run.lease) for run in staged_runs],
+        )
+        say(
+            f"committed {len(written)} tables with the {chosen.name} sink"
+            + (f", {len(requests)} runs in each commit" if several else "")
+        )
+    except BaseException:
+        reports.discard()
+        raise
+    finally:
+        for lease in leases:
+            lease.release()
+    elapsed = time.monotonic() - began
+    drawn = reports.finish()
+    return [
+        Result(spark, output, run.lease.run_id, run.rounds, chosen.name, elapsed, options.tables,
+               run.retries, drawn.get(run.lease.run_id))
+        for run in staged_runs
+    ]  # fmt: skip
+
+
+class _Reports:
+    """A batch's run reports, each drawn from its staged tables in a forked process
+    (:func:`retrysim.reporting.report.draw_run_report`) beside the check and written once
+    the run is published. With several runs at most ``window`` draw at once: the oldest is
+    written as the next starts, before its run is published, and removed again if the batch
+    fails."""
+
+    def __init__(self, draw: DrawReport | None, window: int | None) -> None:
+        self.draw, self.window = draw, window
+        self.pending: list[tuple[str, Callable[[], str]]] = []
+        self.written: dict[str, str] = {}
+
+    def start(self, run_id: str, staged: dict[str, str], retries: pd.DataFrame) -> None:
+        if self.draw is None:
+            return
+        if self.window is not None and len(self.pending) >= self.window:
+            oldest, write = self.pending.pop(0)
+            self.written[oldest] = write()
+        self.pending.append((run_id, self.draw(run_id, staged, retries)))
+
+    def finish(self) -> dict[str, str]:
+        """Every report written: run id -> path."""
+        while self.pending:
+            run_id, write = self.pending.pop(0)
+            self.written[run_id] = write()
+        return self.written
+
+    def discard(self) -> None:
+        """The batch failed: no report of it stays (a drawing still running is waited for,
+        as its process would wait to hand over its page)."""
+        with contextlib.suppress(Exception):
+            self.finish()
+        for path in self.written.values():
+            with contextlib.suppress(OSError):
+                os.remove(path)
 
 
 @dataclass
@@ -282,7 +379,6 @@ class _StagedRun:
     marker: str  # its runs row with status publishing
     rounds: int
     retries: pd.DataFrame
-    write_report: Callable[[], str] | None
 
 
 def _stage_run(
@@ -294,9 +390,8 @@ def _stage_run(
     started_at: dt.datetime,
     tables: str,
     say: Progress,
-    report: DrawReport | None,
 ) -> _StagedRun:
-    """A run's tables staged from its attempts (and its runs rows, and its report begun)."""
+    """A run's tables staged from its attempts, and its runs rows."""
     rounds, engines, sums = engined
     scenario, run_id, staging = request.scenario, lease.run_id, lease.staging
     say("staging tables ...")
@@ -310,7 +405,6 @@ def _stage_run(
         for status in (STATUS_PUBLISHING, STATUS_COMPLETE)
     }
     staged["runs"] = rows[STATUS_COMPLETE]
-    write_report = report(run_id, staged, retries) if report is not None else None
     derived = derived_for_lean(spark, scenario, staged)
     check = StagedRun(run_id, staged, derived)
-    return _StagedRun(lease, check, rows[STATUS_PUBLISHING], rounds, retries, write_report)
+    return _StagedRun(lease, check, rows[STATUS_PUBLISHING], rounds, retries)

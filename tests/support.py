@@ -1,4 +1,4 @@
-"""Small builders shared by the tests (plain data; no Spark here)."""
+"""Small builders shared by the tests (plain data, and a failing sink; no Spark here)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from retrysim.scenario.loading import build_scenario
 from retrysim.scenario.spec import Scenario
+from retrysim.store.sinks import DeltaRsSink
 
 # The repository's root: conf/, jobs/, notebooks/ and the launchers are read from here.
 PROJECT = Path(__file__).resolve().parents[1]
@@ -100,3 +101,16 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
+
+
+class FailAfterThreeTables(DeltaRsSink):
+    """The delta-rs sink, failing when a fourth data table is published."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    def publish_runs(self, spark, output, table, staged) -> None:
+        if table != "runs" and len([t for t in self.published if t != "runs"]) == 3:
+            raise RuntimeError(f"injected failure before publishing {table}")
+        super().publish_runs(spark, output, table, staged)
+        self.published.append(table)

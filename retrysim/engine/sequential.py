@@ -1005,7 +1005,11 @@ def write_rows(batches: Iterator[pa.RecordBatch], path: str) -> int:
 
 
 def _stage_tasks(
-    spark: SparkSession, specs: list[KeySpec], per_lane: set[str], partitions: int, split: set[str]
+    spark: SparkSession,
+    specs: list[KeySpec],
+    per_lane: set[GroupKey],
+    partitions: int,
+    split: set[GroupKey],
 ) -> tuple[list[_Task], DataFrame]:
     """The event-by-event stage's tasks, and its input: their positions, spread evenly."""
     whole = [s for s in specs if s.key not in per_lane | split]

@@ -31,7 +31,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
-from support import PROJECT, QUICK_JVM
+from support import PROJECT, QUICK_JVM, FailAfterThreeTables
 
 from retrysim.checks.validate import validate_output
 from retrysim.runner import simulate
@@ -174,19 +174,6 @@ def test_killed_run_leaves_nothing_and_then_completes(spark, tmp_path):
     assert_complete(spark, output, "killed")
     assert result.summary.first()["messages"] == 300
     assert not (output / "_staging").exists(), "the dead writer's staging was cleaned up"
-
-
-class FailAfterThreeTables(DeltaRsSink):
-    """The delta-rs sink, failing when a fourth data table is published."""
-
-    def __init__(self) -> None:
-        self.published: list[str] = []
-
-    def publish_runs(self, spark, output, table, staged) -> None:
-        if table != "runs" and len([t for t in self.published if t != "runs"]) == 3:
-            raise RuntimeError(f"injected failure before publishing {table}")
-        super().publish_runs(spark, output, table, staged)
-        self.published.append(table)
 
 
 def staged_run(folder: Path, status: str = "complete") -> tuple[dict[str, str], str]:
