@@ -198,9 +198,10 @@ def simulate_runs(
     on_result: Callable[[int, Result], None] | None = None,
 ) -> list[Result]:
     """:func:`simulate` for several runs at once (a plan's points and replications): each
-    is staged under its own lease and published as its own run, but their event-by-event
-    simulation is one Spark stage (:func:`retrysim.engine.choice.simulate_runs_attempts`)
-    and their check one pass, so a cluster runs them side by side and a small machine pays
+    is staged under its own lease and published as its own run, but they are simulated
+    together (:func:`retrysim.engine.choice.simulate_runs_attempts`: one event-by-event
+    stage, one stage a round for the round engine's runs) and checked in one pass, so a
+    cluster runs them side by side and a small machine pays
     the fixed costs once; they are published together too, each table one Delta commit
     for all of them, so they appear at once. Nothing is published unless every run passes
     its check, and a failure while publishing removes them all again. Many runs go in

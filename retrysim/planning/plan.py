@@ -6,14 +6,14 @@ axes (:mod:`retrysim.planning.sweep`) and ``--target metric=limit`` bounds
 Every point of the grid is validated before Spark starts; then each point is a run,
 ``<plan-id>-p<k>``, into the same output folder, or with ``--replications N`` N runs
 ``<plan-id>-p<k>-r<j>`` under their own seeds (:mod:`retrysim.planning.replications`), all
-simulated together (:func:`retrysim.runner.simulate_runs`: one event-by-event stage, one
-check and one commit a table for up to 100 runs at once); ``--search`` makes the points as
-it bisects (:mod:`retrysim.planning.search`), each probe's replications together. The
-driver reads back only each run's ``summary`` rows, never message-level rows. The ``plan``
-table gets one row per point and group (run_id = the plan id; running the same plan id
-again replaces its rows) with the metrics (means across the replications, with intervals),
-the targets a replication misses, the share that meets them all, the recommended point of
-each group and case, and the binding target.
+simulated together (:func:`retrysim.runner.simulate_runs`: one event-by-event stage or one
+stage a round, one check and one commit a table for up to 100 runs); ``--search`` makes the
+points as it bisects (:mod:`retrysim.planning.search`), each probe's replications together.
+The driver reads back only each run's ``summary`` rows, never message-level rows. The
+``plan`` table gets one row per point and group (run_id = the plan id; running the same plan
+id again replaces its rows) with the metrics (means across the replications, with
+intervals), the targets a replication misses, the share that meets them all, the recommended
+point of each group and case, and the binding target.
 
 >>> spec = prepare_plan("conf/flash-sale.yaml", sweeps=["consumers.threads=8,16,32"],
 ...                     targets=["p99_time_to_commit=1m"])  # doctest: +SKIP
