@@ -47,6 +47,7 @@ from retrysim.planning.replications import (
     check_replications,
     interval,
     replication_requests,
+    summary_rows,
 )
 from retrysim.planning.search import (
     SearchAxis,
@@ -288,7 +289,7 @@ def run_plan(
             validate=validate,
         )  # fmt: skip
         elapsed = time.monotonic() - started
-        rows = _summary_rows(spark, output, [request.run_id for request in requests])
+        rows = summary_rows(spark, output, [request.run_id for request in requests])
         found = []
         for point, tag in zip(points, tags, strict=True):
             mine = [row for row in rows if row["point"] == point.number]
@@ -328,19 +329,6 @@ def _settings(point: PlanPoint) -> str:
 def _runs_progress(say: Progress) -> Progress:
     """The engine's lines of the points' runs, indented under the plan's."""
     return lambda line: say(f"  {line}")
-
-
-def _summary_rows(spark: SparkSession, output: str, run_ids: list[str]) -> list[dict[str, Any]]:
-    """The runs' summary rows (a few per run), each with its point, in run order."""
-    order = {run_id: k for k, run_id in enumerate(run_ids)}
-    points = (
-        read_table(spark, output, "runs")
-        .where(F.col(PARTITION_COLUMN).isin(run_ids))
-        .select(PARTITION_COLUMN, "point")
-    )
-    summary = read_table(spark, output, "summary").where(F.col(PARTITION_COLUMN).isin(run_ids))
-    rows = [row.asDict() for row in summary.join(points, PARTITION_COLUMN).collect()]
-    return sorted(rows, key=lambda row: (order[row[PARTITION_COLUMN]], row["group"]))
 
 
 def _search_case(

@@ -280,14 +280,26 @@ class Replications:
     def summary_rows(self) -> list[dict[str, Any]]:
         """The summary rows on the driver, in replication order (a few per run)."""
         if self._rows is None:
-            order = {run_id: k for k, run_id in enumerate(self.run_ids)}
-            rows = [row.asDict() for row in self.summary.collect()]
-            self._rows = sorted(rows, key=lambda row: (order[row[PARTITION_COLUMN]], row["group"]))
+            self._rows = summary_rows(self.spark, self.output, self.run_ids)
         return self._rows
 
     def intervals(self, level: float = INTERVAL_LEVEL) -> pd.DataFrame:
         """Per group and metric: mean and ``level`` interval across the replications."""
         return intervals_frame(self.summary_rows(), level)
+
+
+def summary_rows(spark: SparkSession, output: str, run_ids: list[str]) -> list[dict[str, Any]]:
+    """The runs' summary rows on the driver (a few per run), each with its plan ``point``,
+    in the order of ``run_ids``, then by group."""
+    order = {run_id: k for k, run_id in enumerate(run_ids)}
+    points = (
+        read_table(spark, output, "runs")
+        .where(F.col(PARTITION_COLUMN).isin(run_ids))
+        .select(PARTITION_COLUMN, "point")
+    )
+    summary = read_table(spark, output, "summary").where(F.col(PARTITION_COLUMN).isin(run_ids))
+    rows = [row.asDict() for row in summary.join(points, PARTITION_COLUMN).collect()]
+    return sorted(rows, key=lambda row: (order[row[PARTITION_COLUMN]], row["group"]))
 
 
 def replicate(
