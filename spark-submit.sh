@@ -24,6 +24,8 @@ app=""
 job=()
 submit_master="${MASTER:-}"
 py_files_at=-1
+jars_at=-1
+driver_path_at=-1
 i=0
 while [ "$i" -lt "${#args[@]}" ]; do
   arg="${args[$i]}"
@@ -33,6 +35,10 @@ while [ "$i" -lt "${#args[@]}" ]; do
     --master=*) submit_master="${arg#--master=}"; submit+=("$arg") ;;
     --conf=spark.master=*) submit_master="${arg#--conf=spark.master=}"; submit+=("$arg") ;;
     --py-files=*) submit+=("--py-files" "${arg#--py-files=}"); py_files_at=$((${#submit[@]} - 1)) ;;
+    --jars=*) submit+=("--jars" "${arg#--jars=}"); jars_at=$((${#submit[@]} - 1)) ;;
+    --driver-class-path=*)
+      submit+=("--driver-class-path" "${arg#--driver-class-path=}")
+      driver_path_at=$((${#submit[@]} - 1)) ;;
     -*=*) submit+=("$arg") ;;
     -*)
       value="${args[$((i + 1))]:-}"
@@ -42,6 +48,8 @@ while [ "$i" -lt "${#args[@]}" ]; do
       esac
       submit+=("$arg" "$value")
       [ "$arg" != --py-files ] || py_files_at=$((${#submit[@]} - 1))
+      [ "$arg" != --jars ] || jars_at=$((${#submit[@]} - 1))
+      [ "$arg" != --driver-class-path ] || driver_path_at=$((${#submit[@]} - 1))
       i=$((i + 1))
       ;;
     *)
@@ -52,6 +60,27 @@ while [ "$i" -lt "${#args[@]}" ]; do
   esac
   i=$((i + 1))
 done
+
+# The Delta Lake JARs (scripts/delta-jars.sh: fetched once, then read from build/jars) on the
+# driver's class path (where the JVM's class archive can hold their classes) and, through
+# --jars, the executors', unless the command brings Delta itself (--packages
+# io.delta:delta-spark_2.13:..., or its JARs in --jars).
+if [ -n "$app" ] && [[ " ${submit[*]} " != *delta-spark* ]]; then
+  delta_jars="$("$ROOT/scripts/delta-jars.sh")"
+  if [ -n "$delta_jars" ]; then
+    if [ "$jars_at" -ge 0 ]; then
+      submit[$jars_at]="${submit[$jars_at]},$delta_jars"
+    else
+      submit+=(--jars "$delta_jars")
+    fi
+    if [ "$driver_path_at" -ge 0 ]; then
+      submit[$driver_path_at]="${submit[$driver_path_at]}:${delta_jars//,/:}"
+    else
+      submit+=(--driver-class-path "${delta_jars//,/:}")
+    fi
+    set -- "${submit[@]}" "$app" "${job[@]}"
+  fi
+fi
 
 # The job's --master wins over spark-submit's (the session builder sets it last).
 master="$submit_master"

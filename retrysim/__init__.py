@@ -25,6 +25,7 @@ _PUBLIC = {
     "read_table": "retrysim.store.sinks",
     "on_clock": "retrysim.store.clock",
     "complete_files": "retrysim.store.sinks",
+    "published_versions": "retrysim.store.sinks",
     "register_views": "retrysim.store.views",
     "transitions_from_attempts": "retrysim.tables.transitions",
 }
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from retrysim.scenario.spec import Scenario
     from retrysim.session import build_session
     from retrysim.store.clock import on_clock
-    from retrysim.store.sinks import complete_files, read_table
+    from retrysim.store.sinks import complete_files, published_versions, read_table
     from retrysim.store.views import register_views
     from retrysim.tables.transitions import transitions_from_attempts
 
@@ -60,6 +61,7 @@ __all__ = [
     "complete_files",
     "load_scenario",
     "on_clock",
+    "published_versions",
     "read_table",
     "register_views",
     "simulate",

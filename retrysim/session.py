@@ -1,13 +1,17 @@
 """The one SparkSession builder: jobs, notebooks and the test fixture all call it.
 
 It sets what every run needs (UTC, microsecond Parquet timestamps that delta-rs reads, no
-console progress bars) and, only when Delta Lake JARs are configured, Delta's session
-extension and catalog. It never creates a session at import time.
+console progress bars) and, when Delta Lake's JARs are there, Delta's session extension and
+catalog. The JARs come from the cache ``scripts/delta-jars.sh`` fills once with Maven
+(``build/jars/delta-<version>``, at the installed delta-spark package's version), or from
+the session's own ``spark.jars``/``spark.jars.packages``. It never creates a session at
+import time.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.metadata
 import os
 import re
 import socket
@@ -35,19 +39,52 @@ BASE_CONF = {
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
     "spark.hadoop.parquet.summary.metadata.level": "NONE",
 }
+# Delta Lake's extension and catalog (DESCRIBE HISTORY, VERSION AS OF, OPTIMIZE on
+# delta.`path`), and new tables at the protocol delta-rs, DuckDB and Polars read: no deletion
+# vectors, no column mapping (retrysim.store.sinks.TABLE_PROPERTIES, set on creation too).
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
+    "spark.databricks.delta.properties.defaults.columnMapping.mode": "none",
+    # a table's log is a few commits a run: its state in 2 tasks, not Delta's default 50
+    "spark.databricks.delta.snapshotPartitions": "2",
 }
 
 
+# Where scripts/delta-jars.sh caches the JARs: the checkout's build folder, or RETRYSIM_JARS_DIR.
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def delta_jar_paths() -> list[str]:
+    """The cached Delta Lake JARs for the installed delta-spark package, or none: a session
+    started outside the launchers (a notebook, the tests) loads them from here, without
+    asking a resolver (``scripts/delta-jars.sh`` fetched them)."""
+    try:
+        version = importlib.metadata.version("delta-spark")
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    cache = os.environ.get("RETRYSIM_JARS_DIR") or os.path.join(PROJECT_ROOT, "build", "jars")
+    folder = os.path.join(cache, f"delta-{version}")
+    if not os.path.exists(os.path.join(folder, ".complete")):
+        return []
+    return sorted(glob.glob(os.path.join(folder, "*.jar")))
+
+
 def delta_jars_configured(conf: SparkConf) -> bool:
-    """Whether this session will have Delta Lake on its classpath (packages, jars, or
-    delta-spark JARs dropped into SPARK_HOME/jars)."""
+    """Whether this session will have Delta Lake on its classpath (packages, jars, the
+    cached JARs, or delta-spark JARs dropped into SPARK_HOME/jars)."""
     wanted = f"{conf.get('spark.jars.packages', '')},{conf.get('spark.jars', '')}".lower()
     spark_home = os.environ.get("SPARK_HOME", "")
     bundled = spark_home and glob.glob(os.path.join(spark_home, "jars", "delta-spark*.jar"))
-    return "delta-spark" in wanted or bool(bundled)
+    return "delta-spark" in wanted or bool(bundled) or bool(delta_jar_paths())
+
+
+def _brings_delta(given: SparkConf, conf: dict[str, str] | None) -> bool:
+    """Whether the caller's own settings already name delta-spark (its packages or JARs)."""
+    named = [given.get(key, "") for key in ("spark.jars", "spark.jars.packages")]
+    named += [(conf or {}).get(key, "") for key in ("spark.jars", "spark.jars.packages")]
+    return any("delta-spark" in value.lower() for value in named)
 
 
 # The master URLs Spark 4 takes (SparkContext.createTaskScheduler), as spark-submit.sh also
@@ -113,8 +150,16 @@ def build_session(
     if master:
         builder = builder.master(master)
     settings = dict(BASE_CONF)
-    if delta_jars_configured(SparkConf()):
+    given = SparkConf()
+    if delta_jars_configured(given):
         settings.update(DELTA_CONF)
+    if not os.environ.get("PYSPARK_GATEWAY_PORT") and not _brings_delta(given, conf):
+        # the JVM starts with this session: the cached JARs go on its class path (under
+        # spark-submit, spark-submit.sh passed them as --jars)
+        jars = delta_jar_paths()
+        if jars:
+            own = given.get("spark.jars", "")
+            settings["spark.jars"] = ",".join([*([own] if own else []), *jars])
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):
         # the JVM starts with this session (a notebook, the tests). Under spark-submit it is
         # running already and conf/spark passed the options, where a user's --conf wins.

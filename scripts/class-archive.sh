@@ -9,7 +9,8 @@
 #
 # Called by spark-submit.sh, which passes the path to the driver JVM, and by run-tests.sh.
 # The archive is keyed by everything it depends on (the java binary Spark runs and its
-# version, the Spark jars, the configuration folder on the class path, this script), so a
+# version, the Spark jars, the Delta Lake JARs, the configuration folder on the class path,
+# this script), so a
 # new JDK or pyspark records a new one. A JVM that cannot use it (another class path, a
 # changed jar) runs as without it, and so does a launch when this script fails. A recording
 # that fails is not retried for that key (build/jvm/<key>.failed; delete it to retry).
@@ -29,6 +30,7 @@ key="$(
     cat "${BASH_SOURCE[0]}"
     echo "$SPARK_HOME" "$ROOT/build/spark-conf"
     ls -l --time-style=+%s "$SPARK_HOME/jars"
+    "$ROOT/scripts/delta-jars.sh" 2>/dev/null # on the driver's class path too (spark-submit.sh)
   } | sha256sum | cut -c1-16
 )"
 archive="$DIR/spark-$key.jsa"

@@ -109,8 +109,8 @@ class FailAfterThreeTables(DeltaRsSink):
     def __init__(self) -> None:
         self.published: list[str] = []
 
-    def publish_runs(self, spark, output, table, staged) -> None:
+    def publish_runs(self, spark, output, table, staged, step="publish") -> None:
         if table != "runs" and len([t for t in self.published if t != "runs"]) == 3:
             raise RuntimeError(f"injected failure before publishing {table}")
-        super().publish_runs(spark, output, table, staged)
+        super().publish_runs(spark, output, table, staged, step)
         self.published.append(table)

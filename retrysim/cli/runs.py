@@ -1,6 +1,8 @@
-"""``retrysim runs list | show | delete | vacuum``: the runs under an output folder.
+"""``retrysim runs list | show | delete | vacuum | optimize``: the runs under an output folder.
 
-No Spark: the tables are read and committed with delta-rs on the driver
+``list`` and ``show`` read with delta-rs on the driver, no Spark. ``delete``, ``vacuum`` and
+``optimize`` commit through delta-spark where it is the sink (``--delta-sink auto``: its
+JARs are there), in a local Spark session of their own, else with delta-rs
 (:mod:`retrysim.store.runs`).
 """
 
@@ -10,34 +12,56 @@ import argparse
 import os
 
 from deltalake import DeltaTable
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
 
-from retrysim.cli.common import EXIT_OK, say
+from retrysim.cli.common import EXIT_OK, check_spark, say
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.units import parse_duration
+from retrysim.session import build_session, delta_jars_configured
 from retrysim.store.runs import (
     DEFAULT_RETENTION_HOURS,
     RunInfo,
     delete_run,
     find_run,
     list_runs,
+    optimize,
     vacuum,
 )
 from retrysim.store.sinks import table_path
 
 
 def add_runs_command(commands: argparse._SubParsersAction) -> None:
-    command = commands.add_parser("runs", help="list, show, delete or vacuum the runs of a folder")
+    command = commands.add_parser(
+        "runs", help="list, show, delete, vacuum or optimize the runs of a folder"
+    )
     actions = command.add_subparsers(dest="action", required=True)
     for name, text in (
         ("list", "every run: status, scenario, sizes and times"),
         ("show", "one run, every field"),
         ("delete", "delete a run from every table (readers stop seeing it at once)"),
         ("vacuum", "remove the files no table version within the retention needs"),
+        ("optimize", "compact the runs' files, Z-ordered by group and msg_id"),
     ):
         action = actions.add_parser(name, help=text, description=text)
         action.add_argument("--output", default="out", help="folder of the Delta tables")
         if name in ("show", "delete"):
             action.add_argument("--run-id", required=True, help="the run")
+        if name in COMMITTING:
+            action.add_argument(
+                "--delta-sink",
+                choices=("auto", "delta-rs", "delta-spark"),
+                default="auto",
+                help="auto: through delta-spark when its JARs are there, else delta-rs",
+            )
+    optimize_command = actions.choices["optimize"]
+    optimize_command.add_argument(
+        "--run-id", dest="run_ids", action="append", metavar="RUN_ID",
+        help="only this run's partitions (repeatable; default: every complete run)",
+    )  # fmt: skip
+    optimize_command.add_argument(
+        "--no-zorder", action="store_true", help="compact only, without Z-ordering"
+    )
     vacuum_command = actions.choices["vacuum"]
     vacuum_command.add_argument(
         "--retention",
@@ -62,11 +86,19 @@ def runs_command(args: argparse.Namespace) -> int:
         for name, value in vars(run).items():
             print(f"{name}: {_shown(value)}", flush=True)
     elif args.action == "delete":
-        removed = delete_run(output, args.run_id, say)
+        find_run(output, args.run_id)
+        removed = delete_run(output, args.run_id, say, _session(args))
         say(f"run {args.run_id}: deleted from {', '.join(removed)}")
+    elif args.action == "optimize":
+        for run_id in args.run_ids or []:
+            find_run(output, run_id)
+        done = optimize(output, args.run_ids, not args.no_zorder, _session(args))
+        say(f"optimize: {len(done)} tables compacted" if done else "optimize: no complete runs")
+        for table, (removed, added) in done.items():
+            say(f"  {table}: {removed} files rewritten as {added}")
     else:
         hours = _hours(args.retention)
-        found = vacuum(output, hours, dry_run=args.dry_run, force=args.force)
+        found = vacuum(output, hours, args.dry_run, args.force, _session(args))
         verb = "would remove" if args.dry_run else "removed"
         count = sum(len(files) for files in found.values())
         say(f"vacuum ({hours}h retention): {verb} {count} files no table version needs")
@@ -74,6 +106,20 @@ def runs_command(args: argparse.Namespace) -> int:
             if files:
                 say(f"  {table}: {len(files)} files")
     return EXIT_OK
+
+
+COMMITTING = ("delete", "vacuum", "optimize")
+
+
+def _session(args: argparse.Namespace) -> SparkSession | None:
+    """A Spark session with Delta Lake where delta-spark is the sink, else None (delta-rs)."""
+    if args.delta_sink == "delta-rs":
+        return None
+    check_spark(None, args.delta_sink)  # delta-spark asked for without its JARs: one line
+    if not delta_jars_configured(SparkConf()):
+        return None
+    say(f"runs {args.action}: through delta-spark (a local Spark session)")
+    return build_session("retrysim-runs")
 
 
 def _hours(text: str) -> int:

@@ -22,7 +22,10 @@ from retrysim.store.lease import Lease, clean_staging, live_run_ids
 from retrysim.store.sinks import (
     Sink,
     arrow_schema,
+    commit_note,
     complete_run_ids,
+    delete_runs_with_spark,
+    noted,
     table_path,
     with_commit_retries,
 )
@@ -53,6 +56,7 @@ def drop_partitions(snapshot: DeltaTable, table: str, run_ids: list[str]) -> Non
         schema=arrow_schema(ALL_SCHEMAS[table]),
         partition_by=[PARTITION_COLUMN],
         partition_filters=[(PARTITION_COLUMN, "in", run_ids)],
+        commit_properties=noted(commit_note("remove", run_ids)),
     )
 
 
@@ -90,10 +94,14 @@ def recover(output: str, say: Say | None = None) -> Recovery:
     return report
 
 
-def remove_runs(output: str, run_ids: list[str], tables: Sequence[str] = TABLE_ORDER) -> list[str]:
+def remove_runs(
+    output: str, run_ids: list[str], tables: Sequence[str] = TABLE_ORDER,
+    spark: SparkSession | None = None,
+) -> list[str]:  # fmt: skip
     """Remove ``run_ids`` from ``tables`` (every run table), a commit each in that order (a
     failed publish rolls itself back; ``retrysim runs delete`` takes ``runs`` first);
-    returns the tables they were in."""
+    returns the tables they were in. With ``spark``, through delta-spark's ``DELETE``
+    (``retrysim runs delete`` where delta-spark is the sink), else with delta-rs."""
     removed = []
     for table in tables:
         path = table_path(output, table)
@@ -103,8 +111,11 @@ def remove_runs(output: str, run_ids: list[str], tables: Sequence[str] = TABLE_O
         def attempt(table: str = table, path: str = path) -> None:
             snapshot = DeltaTable(path)
             doomed = sorted(_present(snapshot) & set(run_ids))
-            if doomed:
+            if doomed and spark is not None:
+                delete_runs_with_spark(spark, path, doomed)
+            elif doomed:
                 drop_partitions(snapshot, table, doomed)
+            if doomed:
                 removed.append(table)
 
         with_commit_retries(attempt)
@@ -143,7 +154,8 @@ def publish_runs(
     run_ids = [lease.run_id for _, _, lease in runs]
     for _, _, lease in runs:
         lease.check()
-    sink.publish_runs(spark, output, "runs", {lease.run_id: marker for _, marker, lease in runs})
+    markers = {lease.run_id: marker for _, marker, lease in runs}
+    sink.publish_runs(spark, output, "runs", markers, step="publishing")
     try:
         for table in TABLE_ORDER:
             mine = {lease.run_id: staged[table] for staged, _, lease in runs if table in staged}
@@ -152,7 +164,7 @@ def publish_runs(
         for _, _, lease in runs:
             lease.check()
         complete = {lease.run_id: staged["runs"] for staged, _, lease in runs}
-        sink.publish_runs(spark, output, "runs", complete)
+        sink.publish_runs(spark, output, "runs", complete, step="complete")
     except BaseException:
         with contextlib.suppress(Exception):
             remove_runs(output, run_ids)

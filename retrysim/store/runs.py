@@ -1,6 +1,9 @@
-"""The runs under an output folder, managed: list, show, delete and vacuum (``retrysim runs``).
+"""The runs under an output folder, managed: list, show, delete, vacuum and optimize
+(``retrysim runs``).
 
-Everything here reads and commits with delta-rs on the driver, no Spark. A run is deleted
+Listing reads with delta-rs on the driver, no Spark. Delete, vacuum and optimize commit
+through delta-spark when given a session (where delta-spark is the sink), else with
+delta-rs; the tables are the same either way. A run is deleted
 as it is published, in reverse: under the run's writer lease (so nobody publishes it
 meanwhile), its ``runs`` row goes first, in one commit, and readers, which show only
 complete runs, stop seeing all of it at that moment; its other tables' partitions follow.
@@ -20,14 +23,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from retrysim.scenario.errors import ScenarioError
 from retrysim.store.lease import acquire_lease, live_run_ids
 from retrysim.store.recovery import remove_runs
-from retrysim.store.sinks import STATUS_COMPLETE, current_files, table_path, table_rows
-from retrysim.tables.schemas import PARTITION_COLUMN, TABLE_ORDER
+from retrysim.store.sinks import (
+    STATUS_COMPLETE,
+    complete_run_ids,
+    current_files,
+    run_filter,
+    table_path,
+    table_rows,
+    with_commit_retries,
+)
+from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, TABLE_ORDER
 
 DEFAULT_RETENTION_HOURS = 168  # Delta's own default for delta.deletedFileRetentionDuration
+# Optimize Z-orders the tables keyed by message on these: a message's rows (``msg_id = 42``,
+# a group's) then sit in few files, which Delta's file statistics let a reader skip to.
+ZORDER_COLUMNS = ("group", "msg_id")
 STATUS_WRITING = "writing"  # a run under a live writer's lease, not yet published
 
 Say = Callable[[str], None]
@@ -88,49 +103,110 @@ def find_run(output: str, run_id: str) -> RunInfo:
     )
 
 
-def delete_run(output: str, run_id: str, say: Say = lambda _line: None) -> list[str]:
+def delete_run(
+    output: str, run_id: str, say: Say = lambda _line: None, spark: SparkSession | None = None
+) -> list[str]:
     """Delete ``run_id`` from every table, its ``runs`` row first (readers stop seeing the
     run at that commit); returns the tables it was removed from. Refused while a writer
-    holds the run's lease."""
+    holds the run's lease. With ``spark``, through delta-spark's ``DELETE``."""
     find_run(output, run_id)
     lease = acquire_lease(output, run_id)  # refuses a live writer of the run
     try:
-        removed = remove_runs(output, [run_id], ("runs",))
+        removed = remove_runs(output, [run_id], ("runs",), spark)
         say(f"run {run_id}: its runs row is gone; readers no longer see it")
-        return removed + remove_runs(output, [run_id], [t for t in TABLE_ORDER if t != "runs"])
+        others = [t for t in TABLE_ORDER if t != "runs"]
+        return removed + remove_runs(output, [run_id], others, spark)
     finally:
         lease.release()
 
 
 def vacuum(
     output: str, retention_hours: int = DEFAULT_RETENTION_HOURS, dry_run: bool = False,
-    force: bool = False,
+    force: bool = False, spark: SparkSession | None = None,
 ) -> dict[str, list[str]]:  # fmt: skip
     """Remove (or with ``dry_run`` list) each table's files that no version within
     ``retention_hours`` needs; a retention under the tables' own is refused unless
-    ``force``. Returns the files per table."""
+    ``force``. Returns the files per table. With ``spark``, Delta's own ``VACUUM``."""
     found: dict[str, list[str]] = {}
     for table in TABLE_ORDER:
         path = table_path(output, table)
         if not DeltaTable.is_deltatable(path):
             continue
-        snapshot = DeltaTable(path)
         try:
-            found[table] = snapshot.vacuum(
-                retention_hours=retention_hours,
-                dry_run=dry_run,
-                enforce_retention_duration=not force,
-            )
-        except Exception as error:  # delta-rs' retention check: one line, as Delta's own
+            if spark is not None:
+                found[table] = _spark_vacuum(spark, path, retention_hours, dry_run, force)
+            else:
+                found[table] = DeltaTable(path).vacuum(
+                    retention_hours=retention_hours,
+                    dry_run=dry_run,
+                    enforce_retention_duration=not force,
+                )
+        except Exception as error:  # the retention check (delta-rs' or Delta's): one line
             if "retention" not in str(error).lower():
                 raise
             raise ScenarioError(
                 "--retention",
-                f"value {retention_hours}h is shorter than the tables' retention ({error}); a "
-                "reader of an older version, or a writer that took its snapshot before, would "
-                "lose its files: add --force if none can be running",
+                f"value {retention_hours}h is shorter than the tables' retention (delta."
+                "deletedFileRetentionDuration); a reader of an older version, or a writer "
+                "that took its snapshot before, would lose its files: add --force if none "
+                "can be running",
             ) from None
     return found
+
+
+def _spark_vacuum(
+    spark: SparkSession, path: str, hours: int, dry_run: bool, force: bool
+) -> list[str]:
+    """Delta's ``VACUUM``: the files it would remove (its dry run), then removed."""
+    check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    spark.conf.set(check, str(not force).lower())
+    try:
+        command = f"VACUUM delta.`{path}` RETAIN {hours} HOURS"
+        files = [row[0] for row in spark.sql(f"{command} DRY RUN").collect()]
+        if files and not dry_run:
+            spark.sql(command).collect()
+        return files
+    finally:
+        spark.conf.unset(check)
+
+
+def optimize(
+    output: str, run_ids: list[str] | None = None, zorder: bool = True,
+    spark: SparkSession | None = None,
+) -> dict[str, tuple[int, int]]:  # fmt: skip
+    """Compact each table's files within the partitions of ``run_ids`` (default: every
+    complete run), Z-ordering the tables keyed by message by :data:`ZORDER_COLUMNS` unless
+    ``zorder`` is False. Returns (files removed, files added) per table. The rows do not
+    change, only their files: a new version whose commit changes no data, so readers, time
+    travel to earlier versions (until a vacuum) and the runs' ``published_versions`` stay
+    as they were. With ``spark``, Delta's ``OPTIMIZE``, else delta-rs' optimize."""
+    wanted = complete_run_ids(output) if run_ids is None else sorted(run_ids)
+    done: dict[str, tuple[int, int]] = {}
+    if not wanted:
+        return done
+    for table in TABLE_ORDER:
+        path = table_path(output, table)
+        if not DeltaTable.is_deltatable(path):
+            continue
+        keyed = zorder and all(c in ALL_SCHEMAS[table].fieldNames() for c in ZORDER_COLUMNS)
+
+        def attempt(path: str = path, keyed: bool = keyed) -> tuple[int, int]:
+            if spark is not None:
+                order = ", ".join(f"`{column}`" for column in ZORDER_COLUMNS)
+                command = f"OPTIMIZE delta.`{path}` WHERE {run_filter(wanted)}"
+                metrics = spark.sql(f"{command} ZORDER BY ({order})" if keyed else command)
+                row = metrics.first()["metrics"]
+                return int(row["numFilesRemoved"]), int(row["numFilesAdded"])
+            table_now = DeltaTable(path)
+            filters = [(PARTITION_COLUMN, "in", wanted)]
+            if keyed:
+                result = table_now.optimize.z_order(list(ZORDER_COLUMNS), partition_filters=filters)
+            else:
+                result = table_now.optimize.compact(partition_filters=filters)
+            return int(result["numFilesRemoved"]), int(result["numFilesAdded"])
+
+        with_commit_retries(lambda table=table, attempt=attempt: done.update({table: attempt()}))
+    return done
 
 
 def _summary_sizes(output: str) -> dict[str, tuple[int, int, int, int]]:

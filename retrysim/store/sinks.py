@@ -1,20 +1,26 @@
 """Delta output: two interchangeable sinks behind one interface, and one reader.
 
 A run first stages every table as Parquet (nothing visible yet); publishing then replaces
-the run's partition of each table in a single Delta commit per table, ``runs`` last.
+the run's partition of each table in a single Delta commit per table, ``runs`` last. Every
+commit carries the run ids it published in its ``userMetadata`` (:func:`commit_note`), so
+``DESCRIBE HISTORY`` says which runs each version holds.
 
+* :class:`DeltaSparkSink` — ``df.write.format("delta")`` with ``replaceWhere`` on run_id,
+  when the Delta classes load: the default, with the JARs ``scripts/delta-jars.sh`` fetched
+  (or a cluster started with ``--packages io.delta:delta-spark_2.13:...``).
 * :class:`DeltaRsSink` — moves the staged Parquet files into ``<table>/run_id=<id>/`` and
   commits them with the ``deltalake`` package (add actions with statistics read from the
   Parquet footers; an overwrite filtered on ``run_id`` removes the run's previous files).
-  Used where the Delta Lake JARs are not on the JVM classpath — here, where no Maven
-  repository is reachable. Needs a local or mounted path (every executor writes there).
-* :class:`DeltaSparkSink` — ``df.write.format("delta")`` with ``replaceWhere`` on run_id,
-  when the Delta classes load (a cluster started with ``--packages io.delta:delta-spark``).
+  Where the JARs are not there (``--delta-sink delta-rs``, or nothing could be fetched).
+  Needs a local or mounted path (every executor writes there).
 
-Readers go through :func:`read_table`: Delta through Spark where it can, else Parquet over
-the table's *active* files as the Delta log lists them. Never the folder as plain Parquet:
-files an overwrite removed stay on disk until vacuum. The reader shows only rows of runs whose
-``runs`` row says ``complete`` (see :mod:`retrysim.store.recovery` for the publish protocol).
+Both write the same tables at the same protocol (reader 1, writer 2: no deletion vectors,
+no column mapping), which delta-rs, DuckDB and Polars read, and either continues a folder the
+other began. Readers go through :func:`read_table`: Delta through Spark where it can, else
+Parquet over the table's *active* files as the Delta log lists them. Never the folder as
+plain Parquet: files an overwrite removed stay on disk until vacuum. The reader shows only
+rows of runs whose ``runs`` row says ``complete`` (see :mod:`retrysim.store.recovery` for
+the publish protocol).
 """
 
 from __future__ import annotations
@@ -25,13 +31,12 @@ import random
 import shutil
 import time
 import uuid
-from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, create_table_with_add_actions
@@ -39,7 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, SCHEMAS, data_schema
+from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, SCHEMAS
 
 if TYPE_CHECKING:  # the compiled loop's workers import this and never load pandas
     import pandas as pd
@@ -59,7 +64,28 @@ STATUS_COMPLETE, STATUS_PUBLISHING = "complete", "publishing"
 # by another writer in between) is retried with exponential backoff and jitter.
 COMMIT_RETRIES = 12
 COMMIT_BACKOFF_S, COMMIT_BACKOFF_MAX_S = 0.1, 3.0
-_RACE_SIGNS = ("onflict", "already exists", "not allowed for create", "changed since last")
+# delta-rs' conflicts, and Delta Lake's (ConcurrentAppendException, ProtocolChangedException,
+# MetadataChangedException, ... : another writer committed what this one read).
+_RACE_SIGNS = (
+    "onflict", "already exists", "not allowed for create", "changed since last",
+    "ConcurrentAppend", "ConcurrentDelete", "ConcurrentTransaction", "ProtocolChanged",
+    "MetadataChanged", "DELTA_CONCURRENT", "DELTA_PROTOCOL_CHANGED", "DELTA_METADATA_CHANGED",
+)  # fmt: skip
+# What each commit of a run did, in its userMetadata: the runs row as publishing, a data
+# table's rows, the runs row as complete, a removal (recovery, rollback, runs delete).
+STEPS = ("publishing", "publish", "complete", "remove")
+
+
+# Every table's protocol stays at reader 1 / writer 2, which delta-rs, DuckDB and Polars read
+# and write: no deletion vectors (a delete of a run's partition removes its files), no column
+# mapping (the Parquet files' column names are the table's). Set when a sink creates a table;
+# a Delta Lake session also makes them its defaults (retrysim.session.DELTA_CONF).
+TABLE_PROPERTIES = {
+    "delta.enableDeletionVectors": "false",
+    "delta.columnMapping.mode": "none",
+    "delta.minReaderVersion": "1",
+    "delta.minWriterVersion": "2",
+}
 
 
 def _arrow_type(dtype: T.DataType) -> pa.DataType:
@@ -90,14 +116,40 @@ def delta_classes_available(spark: SparkSession) -> bool:
         return False
 
 
+def commit_note(step: str, run_ids: list[str]) -> str:
+    """A commit's userMetadata: what it did to which runs, as JSON
+    (``{"step": "publish", "run_ids": [...]}``), read back by :func:`published_versions`."""
+    assert step in STEPS, step
+    return json.dumps({"step": step, "run_ids": sorted(run_ids)}, separators=(",", ":"))
+
+
+def published_versions(output: str, table: str, run_id: str) -> list[int]:
+    """The versions of ``table`` whose commit published ``run_id`` (its rows, or for
+    ``runs`` its complete row), oldest first: what ``VERSION AS OF`` takes to read the run as
+    it was published (docs/cluster.md, "Time travel")."""
+    path = table_path(output, table)
+    if not DeltaTable.is_deltatable(path):
+        return []
+    found = []
+    for commit in DeltaTable(path).history():
+        try:
+            note = json.loads(commit.get("userMetadata") or "")
+        except (TypeError, ValueError):
+            continue
+        if note.get("step") in ("publish", "complete") and run_id in note.get("run_ids", []):
+            found.append(int(commit["version"]))
+    return sorted(found)
+
+
 class Sink(Protocol):
     name: str
 
     def publish_runs(
-        self, spark: SparkSession, output: str, table: str, staged: dict[str, str]
-    ) -> None:
+        self, spark: SparkSession, output: str, table: str, staged: dict[str, str],
+        step: str = "publish",
+    ) -> None:  # fmt: skip
         """Replace the rows of ``table`` of each run (run id -> its staged Parquet folder)
-        with its staged files, all in one commit."""
+        with its staged files, all in one commit, noted as ``step`` (:func:`commit_note`)."""
 
     def publish(self, spark: SparkSession, output: str, table: str, staged: str, run_id: str):
         """Replace the run's rows of ``table`` with the staged Parquet files, atomically."""
@@ -112,29 +164,39 @@ class _OneRun:
         self.publish_runs(spark, output, table, {run_id: staged})
 
 
+def move_staged(output: str, table: str, staged: dict[str, str]) -> list[AddAction]:
+    """Move each run's staged Parquet files into its partition of ``table`` (invisible until
+    a commit adds them), returning their add actions."""
+    root = Path(table_path(output, table))
+    actions = []
+    # a name of its own for every file published: a staged name (part-00000.parquet of a
+    # runs row, of a table pyarrow wrote) recurs, and a file moved onto a path that an
+    # earlier version lists would change under its readers (the runs table's publishing
+    # row, replaced in place by the complete row, read as a broken file by a concurrent
+    # run's reader of the earlier version)
+    token = uuid.uuid4().hex[:16]
+    for run_id, folder in staged.items():
+        partition = root / f"{PARTITION_COLUMN}={run_id}"
+        partition.mkdir(parents=True, exist_ok=True)
+        for source in sorted(Path(folder).glob("*.parquet")):
+            target = partition / f"{token}-{source.name}"
+            os.replace(source, target)
+            actions.append(_add_action(target, root, run_id))
+    return actions
+
+
 class DeltaRsSink(_OneRun):
     name = "delta-rs"
 
     def publish_runs(
-        self, spark: SparkSession, output: str, table: str, staged: dict[str, str]
-    ) -> None:
-        root = Path(table_path(output, table))
-        actions = []
-        # a name of its own for every file published: a staged name (part-00000.parquet of a
-        # runs row, of a table pyarrow wrote) recurs, and a file moved onto a path that an
-        # earlier version lists would change under its readers (the runs table's publishing
-        # row, replaced in place by the complete row, read as a broken file by a concurrent
-        # run's reader of the earlier version)
-        token = uuid.uuid4().hex[:16]
-        for run_id, folder in staged.items():
-            partition = root / f"{PARTITION_COLUMN}={run_id}"
-            partition.mkdir(parents=True, exist_ok=True)
-            for source in sorted(Path(folder).glob("*.parquet")):
-                target = partition / f"{token}-{source.name}"
-                os.replace(source, target)
-                actions.append(_add_action(target, root, run_id))
+        self, spark: SparkSession, output: str, table: str, staged: dict[str, str],
+        step: str = "publish",
+    ) -> None:  # fmt: skip
+        actions = move_staged(output, table, staged)
         schema = arrow_schema(ALL_SCHEMAS[table])
-        with_commit_retries(lambda: _commit(str(root), schema, actions, sorted(staged)))
+        note = commit_note(step, list(staged))
+        path = table_path(output, table)
+        with_commit_retries(lambda: _commit(path, schema, actions, sorted(staged), note))
 
 
 def lost_commit_race(error: Exception) -> bool:
@@ -155,7 +217,14 @@ def with_commit_retries(commit) -> None:
             time.sleep(pause * random.uniform(0.5, 1.0))
 
 
-def _commit(uri: str, schema: pa.Schema, actions: list[AddAction], run_ids: list[str]) -> None:
+def noted(note: str) -> CommitProperties:
+    """delta-rs' commit properties carrying ``note`` as the commit's userMetadata."""
+    return CommitProperties(custom_metadata={"userMetadata": note})
+
+
+def _commit(
+    uri: str, schema: pa.Schema, actions: list[AddAction], run_ids: list[str], note: str
+) -> None:
     if DeltaTable.is_deltatable(uri):
         DeltaTable(uri).create_write_transaction(
             actions,
@@ -163,11 +232,13 @@ def _commit(uri: str, schema: pa.Schema, actions: list[AddAction], run_ids: list
             schema=schema,
             partition_by=[PARTITION_COLUMN],
             partition_filters=[(PARTITION_COLUMN, "in", run_ids)],
+            commit_properties=noted(note),
         )
     else:
         create_table_with_add_actions(
             uri, DeltaSchema.from_arrow(schema), actions, mode="append",
-            partition_by=[PARTITION_COLUMN],
+            partition_by=[PARTITION_COLUMN], configuration=TABLE_PROPERTIES,
+            commit_properties=noted(note),
         )  # fmt: skip
 
 
@@ -204,26 +275,141 @@ def _add_action(path: Path, root: Path, run_id: str) -> AddAction:
 
 
 class DeltaSparkSink(_OneRun):
+    """Delta Lake's own transaction (``DeltaLog.startTransaction``) commits the staged files
+    where they are, as delta-rs does: the same moved files and add actions, the run's older
+    files removed, in one optimistic commit with Delta's conflict checks (a concurrent
+    writer of the same partitions conflicts; of other runs, not). Writing the rows again
+    through ``df.write`` would read and re-encode every row for nothing, and cost 1.5-2 s
+    of Spark jobs a table even for a row."""
+
     name = "delta-spark"
 
     def publish_runs(
-        self, spark: SparkSession, output: str, table: str, staged: dict[str, str]
-    ) -> None:
-        schema = data_schema(ALL_SCHEMAS[table])
-        frames = [
-            spark.read.schema(schema).parquet(folder).withColumn(PARTITION_COLUMN, F.lit(run_id))
-            for run_id, folder in staged.items()
-        ]
-        ids = ", ".join(f"'{run_id}'" for run_id in sorted(staged))  # ids: RUN_ID_PATTERN
-        (
-            reduce(DataFrame.unionByName, frames)
-            .select(*ALL_SCHEMAS[table].fieldNames())
-            .write.format("delta")
-            .mode("overwrite")
-            .option("replaceWhere", f"{PARTITION_COLUMN} IN ({ids})")
-            .partitionBy(PARTITION_COLUMN)
-            .save(table_path(output, table))
+        self, spark: SparkSession, output: str, table: str, staged: dict[str, str],
+        step: str = "publish",
+    ) -> None:  # fmt: skip
+        adds = move_staged(output, table, staged)
+        path = table_path(output, table)
+        note = commit_note(step, list(staged))
+        with_commit_retries(lambda: _DeltaJvm(spark).commit(path, table, adds, list(staged), note))
+
+
+class _DeltaJvm:
+    """Delta Lake's commit API through the driver's JVM (py4j): Scala collections and
+    options built from Python values, actions from their JSON form in the Delta log."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.jvm = spark._jvm
+        self.convert = self.jvm.scala.jdk.javaapi.CollectionConverters
+
+    def seq(self, items: list):
+        values = self.jvm.java.util.ArrayList()
+        for item in items:
+            values.add(item)
+        return self.convert.asScala(values).toList()
+
+    def module(self, name: str):
+        """A Scala object (``name$.MODULE$``)."""
+        holder = self.jvm
+        for part in name.split("."):
+            holder = getattr(holder, part)
+        return getattr(holder, "MODULE$")  # py4j reads the static field
+
+    def action(self, action: dict):
+        return self.module("org.apache.spark.sql.delta.actions.Action$").fromJson(
+            json.dumps(action)
         )
+
+    def some(self, value):
+        return self.jvm.scala.Some(value)
+
+    def commit(
+        self, path: str, table: str, adds: list[AddAction], run_ids: list[str], note: str
+    ) -> None:
+        jvm = self.jvm
+        log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, path)
+        txn = log.startTransaction()
+        if txn.readVersion() < 0:
+            txn.updateMetadataForNewTable(self.action({"metaData": _new_metadata(table)}))
+        removes = _remove_json(path, txn.readVersion(), run_ids)
+        actions = [self.action(action) for action in removes]
+        actions += [self.action({"add": _add_json(add)}) for add in adds]
+        none = self.module("scala.None$")
+        operation = jvm.org.apache.spark.sql.delta.DeltaOperations.Write(
+            jvm.org.apache.spark.sql.SaveMode.Overwrite,
+            self.some(self.seq([PARTITION_COLUMN])),
+            self.some(run_filter(run_ids)),
+            self.some(note),
+            none, none, none,
+        )  # fmt: skip
+        txn.commit(self.seq(actions), operation)
+
+
+def _new_metadata(table: str) -> dict:
+    """A new table's metadata action: its schema (with the columns' comments), partitioned
+    by run_id, at the pinned protocol."""
+    return {
+        "id": str(uuid.uuid4()),
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": ALL_SCHEMAS[table].json(),
+        "partitionColumns": [PARTITION_COLUMN],
+        "configuration": TABLE_PROPERTIES,
+        "createdTime": int(time.time() * 1000),
+    }
+
+
+def _remove_json(path: str, version: int, run_ids: list[str]) -> list[dict]:
+    """Remove actions for the files of ``run_ids`` in ``version`` of the table: the version
+    the transaction read, listed by delta-rs from the same log (Delta's own listing of a
+    partition's files is a Spark job over the whole log, 0.4-1.5 s a table). A writer that
+    removed one of them first makes the commit conflict, and it is retried."""
+    if version < 0:
+        return []
+    files = pa.table(DeltaTable(path, version=version).get_add_actions(flatten=True))
+    now = int(time.time() * 1000)
+    wanted = set(run_ids)
+    return [
+        {"remove": {"path": file, "deletionTimestamp": now, "dataChange": True,
+                    "extendedFileMetadata": True, "partitionValues": {PARTITION_COLUMN: run},
+                    "size": size}}
+        for file, run, size in zip(
+            files.column("path").to_pylist(),
+            files.column(f"partition.{PARTITION_COLUMN}").to_pylist(),
+            files.column("size_bytes").to_pylist(),
+            strict=True,
+        )
+        if run in wanted
+    ]  # fmt: skip
+
+
+def _add_json(add: AddAction) -> dict:
+    """An add action as the Delta log writes it (delta-rs' AddAction, the same fields)."""
+    return {
+        "path": add.path,
+        "partitionValues": dict(add.partition_values),
+        "size": add.size,
+        "modificationTime": add.modification_time,
+        "dataChange": add.data_change,
+        "stats": add.stats,
+    }
+
+
+def delete_runs_with_spark(spark: SparkSession, path: str, run_ids: list[str]) -> None:
+    """One Delta ``DELETE`` of ``run_ids``' rows from the table at ``path`` (whole partitions:
+    Delta removes their files, no deletion vectors), noted as a removal. The caller retries
+    a lost commit race (:func:`with_commit_retries`)."""
+    key = "spark.databricks.delta.commitInfo.userMetadata"
+    spark.conf.set(key, commit_note("remove", run_ids))
+    try:
+        spark.sql(f"DELETE FROM delta.`{path}` WHERE {run_filter(run_ids)}").collect()
+    finally:
+        spark.conf.unset(key)
+
+
+def run_filter(run_ids: list[str]) -> str:
+    """SQL for the rows of ``run_ids`` (ids match RUN_ID_PATTERN: no quotes inside)."""
+    return f"{PARTITION_COLUMN} IN ({', '.join(repr(str(r)) for r in sorted(run_ids))})"
 
 
 def choose_sink(spark: SparkSession, preference: str = "auto") -> Sink:

@@ -1,0 +1,189 @@
+"""delta-spark, the default sink, against delta-rs and as a Delta user reaches the tables.
+
+* one scenario and seed committed by each sink gives the same contents, table by table
+  (digests), and each sink's commits say which engine made them;
+* a folder either sink began is continued by the other, at the protocol delta-rs, DuckDB
+  and Polars read (reader 1, writer 2: no deletion vectors, no column mapping), and every
+  table delta-spark wrote reads the same without Spark;
+* a batch of runs is one commit a table whose userMetadata names them (``DESCRIBE
+  HISTORY``), ``VERSION AS OF`` that commit reads a run as it was published, until a vacuum
+  removes its files;
+* ``retrysim runs delete | optimize | vacuum`` commit through delta-spark where it is the
+  sink, and the rows stay exactly what they were.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+from chispa import assert_df_equality
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+from support import retrying_scenario
+from test_delta_tables import SCENARIO
+
+from retrysim import complete_files
+from retrysim.checks.digest import table_digests
+from retrysim.cli.main import main
+from retrysim.runner import RunRequest, simulate, simulate_runs
+from retrysim.store.sinks import (
+    published_versions,
+    read_table,
+    table_path,
+)
+from retrysim.tables.schemas import SCHEMAS, TABLE_ORDER
+
+SMALL = retrying_scenario("sinks", seed=3, messages=120)
+SPARK_ENGINE, RS_ENGINE = "Delta-Lake/", "delta-rs"
+
+
+def engines(output: Path | str, table: str) -> set[str]:
+    """Which engine made each commit of ``table``: delta-spark's engineInfo names Delta Lake,
+    delta-rs' commits name delta-rs."""
+    found = set()
+    for commit in DeltaTable(table_path(str(output), table)).history():
+        made_by = f"{commit.get('engineInfo', '')} {commit.get('clientVersion', '')}"
+        found.add(SPARK_ENGINE if SPARK_ENGINE in made_by else made_by.strip())
+    return found
+
+
+def notes(output: Path | str, table: str) -> list[dict]:
+    """The userMetadata of each commit of ``table``, oldest first."""
+    history = DeltaTable(table_path(str(output), table)).history()
+    return [json.loads(c["userMetadata"]) for c in sorted(history, key=lambda c: c["version"])]
+
+
+@pytest.fixture(scope="module")
+def by_sink(spark, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sinks")
+    for sink in ("delta-rs", "delta-spark"):
+        simulate(spark, SCENARIO, output=str(root / sink), run_id="same", sink=sink)
+    return root
+
+
+def test_both_sinks_commit_the_same_tables(spark, by_sink):
+    digests = {sink: table_digests(spark, str(by_sink / sink), "same") for sink in
+               ("delta-rs", "delta-spark")}  # fmt: skip
+    assert list(digests["delta-spark"]) == list(SCHEMAS)
+    assert digests["delta-spark"] == digests["delta-rs"]
+    assert all(rows > 0 for rows, _ in digests["delta-spark"].values())
+    for table in TABLE_ORDER:
+        assert engines(by_sink / "delta-spark", table) == {SPARK_ENGINE}, table
+        assert RS_ENGINE in " ".join(engines(by_sink / "delta-rs", table)), table
+
+
+@pytest.mark.parametrize("first, then", [("delta-rs", "delta-spark"), ("delta-spark", "delta-rs")])
+def test_each_sink_continues_a_folder_the_other_began(spark, tmp_path, first, then):
+    output = str(tmp_path / "out")
+    simulate(spark, SMALL, output=output, run_id="one", sink=first, validate=False)
+    simulate(spark, SMALL, output=output, run_id="two", sink=then, validate=False)
+    simulate(spark, SMALL, output=output, run_id="one", sink=then, validate=False)  # replaced
+    for table in TABLE_ORDER:
+        delta = DeltaTable(table_path(output, table))
+        protocol = delta.protocol()
+        assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2), table
+        assert not protocol.writer_features and not protocol.reader_features, table
+        assert delta.metadata().configuration.get("delta.enableDeletionVectors") == "false"
+        assert engines(output, table) == {SPARK_ENGINE, *engines(output, table) - {SPARK_ENGINE}}
+    counts = read_table(spark, output, "attempts").groupBy("run_id").count().collect()
+    assert {row["run_id"]: row["count"] for row in counts}["one"] == dict(
+        (row["run_id"], row["count"]) for row in counts
+    )["two"]
+    assert table_digests(spark, output, "one") == table_digests(spark, output, "two")
+
+
+def test_readers_without_spark_read_every_table_delta_spark_wrote(spark, by_sink):
+    output = str(by_sink / "delta-spark")
+    for table in SCHEMAS:
+        expected = read_table(spark, output, table).count()
+        assert expected > 0, table
+        assert DeltaTable(table_path(output, table)).to_pyarrow_table().num_rows == expected
+        files = complete_files(output, table)
+        scanned = duckdb.sql(
+            f"SELECT count(*) FROM read_parquet({files!r}, hive_partitioning = true)"
+        ).fetchone()[0]
+        assert scanned == expected, table
+        assert pl.read_delta(table_path(output, table)).height == expected, table
+
+
+def test_a_batch_is_one_commit_a_table_naming_its_runs_and_time_travel_reads_it(spark, tmp_path):
+    output = str(tmp_path / "out")
+    batch = [RunRequest(SMALL, f"b{i}") for i in range(3)]
+    simulate_runs(spark, batch, output=output, validate=False, sink="delta-spark")
+    ids = ["b0", "b1", "b2"]
+    assert notes(output, "runs") == [
+        {"step": "publishing", "run_ids": ids}, {"step": "complete", "run_ids": ids}
+    ]  # fmt: skip
+    for table in TABLE_ORDER:
+        if table != "runs":
+            assert notes(output, table) == [{"step": "publish", "run_ids": ids}], table
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table_path(output, 'attempts')}`")
+    assert [json.loads(row["userMetadata"])["run_ids"] for row in history.collect()] == [ids]
+
+    # b1 again under another seed: its rows change, and the version that published the
+    # first ones still reads them
+    path = table_path(output, "attempts")
+    before = read_table(spark, output, "attempts").where("run_id = 'b1'")
+    before = spark.createDataFrame(before.collect(), before.schema)  # kept, not re-read
+    simulate(spark, retrying_scenario("sinks", seed=4, messages=120), output=output,
+             run_id="b1", sink="delta-spark", validate=False)  # fmt: skip
+    assert published_versions(output, "attempts", "b1") == [0, 1]
+    now = read_table(spark, output, "attempts").where("run_id = 'b1'")
+    assert now.exceptAll(before).count() > 0, "the second seed's rows differ"
+    first = spark.sql(f"SELECT * FROM delta.`{path}` VERSION AS OF 0 WHERE run_id = 'b1'")
+    assert_df_equality(first.select(*before.columns), before, ignore_row_order=True,
+                       ignore_nullable=True, ignore_metadata=True)  # fmt: skip
+
+    # a vacuum that keeps no history removes the replaced files: version 0 is gone
+    args = ["runs", "vacuum", "--output", output, "--retention", "0h", "--force"]
+    assert main([*args, "--delta-sink", "delta-spark"]) == 0
+    with pytest.raises(Exception, match=r"(?i)not exist|FileNotFound|not found"):
+        spark.sql(f"SELECT * FROM delta.`{path}` VERSION AS OF 0").collect()
+    assert read_table(spark, output, "attempts").where("run_id = 'b1'").count() == now.count()
+
+
+def test_runs_delete_optimize_and_vacuum_go_through_delta_spark(spark, tmp_path, capsys):
+    output = str(tmp_path / "out")
+    for run_id in ("keep", "gone", "more"):
+        simulate(spark, SMALL, output=output, run_id=run_id, sink="delta-spark", validate=False)
+    digest = table_digests(spark, output, "keep")
+    files_before = len(DeltaTable(table_path(output, "attempts")).file_uris())
+
+    assert main(["runs", "delete", "--output", output, "--run-id", "gone"]) == 0
+    assert "through delta-spark" in capsys.readouterr().out
+    for table in TABLE_ORDER:
+        operations = [c["operation"] for c in DeltaTable(table_path(output, table)).history()]
+        assert operations[0] == "DELETE", (table, operations)
+        assert notes(output, table)[-1] == {"step": "remove", "run_ids": ["gone"]}
+    shown = read_table(spark, output, "runs").select("run_id").collect()
+    assert sorted(row[0] for row in shown) == ["keep", "more"]
+
+    assert main(["runs", "optimize", "--output", output]) == 0
+    said = capsys.readouterr().out
+    assert "attempts:" in said and "through delta-spark" in said
+    attempts = DeltaTable(table_path(output, "attempts"))
+    assert attempts.history()[0]["operation"] == "OPTIMIZE"
+    assert "zOrderBy" in json.dumps(attempts.history()[0]["operationParameters"])
+    assert len(attempts.file_uris()) < files_before  # two runs' files, one each now
+    assert table_digests(spark, output, "keep") == digest
+    files = complete_files(output, "attempts")
+    scanned = duckdb.sql(f"SELECT count(*) FROM read_parquet({files!r})").fetchone()[0]
+    assert scanned == read_table(spark, output, "attempts").count()
+
+    assert main(["runs", "vacuum", "--output", output, "--retention", "0h"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("retrysim: error: --retention: value 0h is shorter")
+    assert main(["runs", "vacuum", "--output", output, "--retention", "0h", "--force"]) == 0
+    on_disk = {str(p) for p in Path(output).glob("*/run_id=*/*.parquet")}
+    referenced = {
+        uri.removeprefix("file://")
+        for table in TABLE_ORDER
+        for uri in DeltaTable(table_path(output, table)).file_uris()
+    }
+    assert on_disk == referenced
+    assert not any("run_id=gone" in path for path in on_disk)
+    assert read_table(spark, output, "attempts").where(F.col("run_id") == "keep").count() > 0
