@@ -9,15 +9,18 @@ from ``.cluster/`` is not disturbed. The small scenario of test_determinism.py t
 * on the cluster again, with the master as the job's own option (``jobs/simulate.py
   --master spark://...``) into the same folder as the first cluster run.
 
-All eight tables' digests must be equal, the executors of both workers must have received
-the package zip, and the cluster is stopped afterwards even when the test fails (fixture
-teardown), with nothing of it left running. Not skipped anywhere: a cluster that cannot
+All eight tables' digests must be equal, every commit must be delta-spark's, the executors
+of both workers must have received the package zip and the Delta Lake JAR (the cached one
+from spark-submit.sh, then the one ``--packages`` resolves, as docs/cluster.md shows), and
+the cluster is stopped afterwards even when the test fails (fixture teardown), with nothing
+of it left running. Not skipped anywhere: a cluster that cannot
 start is a failure with the script's message and the daemons' log lines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import signal
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from test_determinism import (
     PROJECT,
     assert_same_digests,
@@ -41,6 +45,7 @@ from test_determinism import (
 
 from retrysim.checks.digest import table_digests
 from retrysim.store.sinks import read_table
+from retrysim.tables.schemas import SCHEMAS
 
 pytestmark = pytest.mark.spark  # spark-submit runs, each in its own JVM
 
@@ -170,9 +175,13 @@ def test_cluster_gives_the_same_tables_as_local_mode(spark, cluster, tmp_path):
     local = start(simulate_command(on_local, "lo", "local[2]"), tmp_path / "lo.log")
     finish(first, local)
     # two replications simulated together: both runs' keys are the tasks of one stage,
-    # spread over both workers; the first replication is the scenario's own seed
+    # spread over both workers; the first replication is the scenario's own seed. Delta
+    # comes as docs/cluster.md shows a cluster user adding it: --packages, resolved by
+    # Spark (its Ivy cache after the first time), not the cached JARs
     job_option = simulate_command(on_cluster, "cl-job", cluster.url, job_master=True)
     job_option += ["--replications", "2"]
+    package = f"io.delta:delta-spark_2.13:{importlib.metadata.version('delta-spark')}"
+    job_option[1:1] = ["--packages", package]
     assert "--master" not in job_option[: job_option.index("jobs/simulate.py")]
     run(job_option, tmp_path / "cl-job.log")
 
@@ -189,11 +198,17 @@ def test_cluster_gives_the_same_tables_as_local_mode(spark, cluster, tmp_path):
     assert masters == {"cl": cluster.url, "cl-job-r1": cluster.url, "cl-job-r2": cluster.url}
     for log in ("cl.log", "cl-job.log"):
         assert "shipping the package to executors" in (tmp_path / log).read_text()
+    for table in SCHEMAS:  # every commit on the cluster went through delta-spark
+        made_by = {c.get("engineInfo", "") for c in DeltaTable(f"{on_cluster}/{table}").history()}
+        assert all("Delta-Lake/" in engine for engine in made_by), (table, made_by)
     apps = completed_apps(cluster, 2)
     assert len(apps) == 2, apps
     for worker in ("worker-1", "worker-2"):  # both workers ran executors of both apps
-        shipped = list((cluster.state / "work" / worker).glob("app-*/*/retrysim-*.zip"))
+        work = cluster.state / "work" / worker
+        shipped = list(work.glob("app-*/*/retrysim-*.zip"))
         assert len(shipped) == 2, (worker, shipped)
+        delta = sorted(path.name for path in work.glob("app-*/*/*delta-spark_2.13-*.jar"))
+        assert len(delta) == 2, (worker, delta)  # the cached JAR, and the resolved package
 
 
 def test_start_fails_clearly_when_the_master_port_is_taken(tmp_path):

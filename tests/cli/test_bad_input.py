@@ -548,7 +548,9 @@ CASES = [
 ]
 
 
-def run_cli(tmp_path: Path, case: Case) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    tmp_path: Path, case: Case, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     scenario = tmp_path / "scenario.yaml"
     if case.scenario is not None:
         scenario.write_text(case.scenario, encoding="utf-8")
@@ -564,8 +566,9 @@ def run_cli(tmp_path: Path, case: Case) -> subprocess.CompletedProcess[str]:
         *case.args,
     ]
     return subprocess.run(
-        command, cwd=PROJECT, capture_output=True, text=True, timeout=60, check=False
-    )
+        command, cwd=PROJECT, capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
 
 
 def files_under(root: Path) -> set[str]:
@@ -677,20 +680,17 @@ def test_validate_without_tables(tmp_path):
 
 
 def test_a_delta_spark_sink_without_its_classes_stops_before_spark_starts(tmp_path):
-    """Spark would start, simulate and fail at the first commit; the check says it first."""
-    from pyspark import SparkConf
-
-    from retrysim.session import delta_jars_configured
-
-    if delta_jars_configured(SparkConf()):
-        pytest.skip("the Delta Lake JARs are configured here")
+    """Spark would start, simulate and fail at the first commit; the check says it first.
+    Without the JARs: an empty cache (RETRYSIM_JARS_DIR), as where nothing was fetched."""
     case = Case(
         "delta-spark-without-classes",
         ("--delta-sink", "value 'delta-spark'", "Delta Lake classes are not on the classpath"),
         args=("--delta-sink", "delta-spark"),
     )
+    (tmp_path / "no-jars").mkdir()
     before = files_under(tmp_path) | {"scenario.yaml"}
-    assert_one_error(run_cli(tmp_path, case), case.expect)
+    result = run_cli(tmp_path, case, {"RETRYSIM_JARS_DIR": str(tmp_path / "no-jars")})
+    assert_one_error(result, case.expect)
     assert files_under(tmp_path) == before
 
 
