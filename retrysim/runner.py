@@ -280,6 +280,8 @@ def _simulate_batch(
     began = time.monotonic()
     started_at = dt.datetime.now(dt.UTC)
     several = len(requests) > 1  # their staging lines would repeat for each run
+    preparing = threading.Thread(target=chosen.prepare, args=(spark,), daemon=True)
+    preparing.start()
     reports = _Reports(options.report, spark.sparkContext.defaultParallelism if several else None)
     try:
         for _, run_id in requests:  # each as taken: a later refusal releases the earlier
@@ -309,6 +311,8 @@ def _simulate_batch(
             check_staged_runs(spark, [run.check for run in staged_runs], say)
         if several:
             say(f"publishing {len(requests)} runs ...")
+        preparing.join()
+        publishing_began = time.monotonic()
         publish_runs(
             chosen,
             spark,
@@ -318,6 +322,7 @@ def _simulate_batch(
         say(
             f"committed {len(written)} tables with the {chosen.name} sink"
             + (f", {len(requests)} runs in each commit" if several else "")
+            + f" ({time.monotonic() - publishing_began:.1f}s)"
         )
     except BaseException:
         reports.discard()

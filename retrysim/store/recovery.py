@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from deltalake import DeltaTable
@@ -157,10 +158,21 @@ def publish_runs(
     markers = {lease.run_id: marker for _, marker, lease in runs}
     sink.publish_runs(spark, output, "runs", markers, step="publishing")
     try:
-        for table in TABLE_ORDER:
-            mine = {lease.run_id: staged[table] for staged, _, lease in runs if table in staged}
-            if table != "runs" and mine:  # a lean run stages fewer tables
-                sink.publish_runs(spark, output, table, mine)
+        data = {
+            table: {lease.run_id: staged[table] for staged, _, lease in runs if table in staged}
+            for table in TABLE_ORDER
+            if table != "runs"
+        }
+        # the data tables' commits are independent (readers hide the runs until the last
+        # commit), so they go side by side: a Delta Lake commit is mostly waiting on the log
+        with ThreadPoolExecutor(max_workers=len(data)) as pool:
+            commits = [
+                pool.submit(sink.publish_runs, spark, output, table, mine)
+                for table, mine in data.items()
+                if mine  # a lean run stages fewer tables
+            ]
+        for commit in commits:  # all have ended; the first failure, if any, is raised
+            commit.result()
         for _, _, lease in runs:
             lease.check()
         complete = {lease.run_id: staged["runs"] for staged, _, lease in runs}

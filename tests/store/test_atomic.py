@@ -31,7 +31,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
-from support import PROJECT, QUICK_JVM, FailAfterThreeTables
+from support import PROJECT, PUBLISHED_BEFORE_THE_FAILURE, QUICK_JVM, FailingDeadLetters
 
 from retrysim.checks.validate import validate_output
 from retrysim.runner import simulate
@@ -187,11 +187,11 @@ def test_failure_between_table_commits_is_rolled_back(spark, tmp_path):
     output = tmp_path / "out"
     lease = acquire_lease(str(output), "half")
     staged, marker = staged_run(Path(lease.staging))
-    sink = FailAfterThreeTables()
+    sink = FailingDeadLetters()
     with pytest.raises(RuntimeError, match="injected failure before publishing dead_letters"):
         publish_run(sink, spark, str(output), staged, marker, lease)
     lease.release()
-    assert sink.published == ["runs", "messages", "attempts", "transitions"]
+    assert sink.published[0] == "runs" and set(sink.published) == PUBLISHED_BEFORE_THE_FAILURE
     assert_no_rows(spark, output, "half")
     assert not (output / "_staging").exists()
 
@@ -215,7 +215,7 @@ def test_rerun_replaces_and_a_crashed_half_published_run_is_hidden_then_removed(
     with monkeypatch.context() as patch:  # the process "dies" before it can roll back
         patch.setattr(recovery, "remove_runs", lambda output, run_ids: None)
         with pytest.raises(RuntimeError, match="injected failure"):
-            publish_run(FailAfterThreeTables(), spark, str(output),
+            publish_run(FailingDeadLetters(), spark, str(output),
                         *staged_run(Path(lease.staging)), lease)  # fmt: skip
     for table in ("runs", "messages", "attempts", "transitions"):
         assert delta_rows(output, table, "half") > 0, table
