@@ -287,6 +287,8 @@ def run_size(args: argparse.Namespace, size: int) -> dict:
         "--tables",
         args.tables,
         *([] if args.validate else ["--no-validate"]),
+        "--delta-sink",
+        args.delta_sink,
     ]
     for item in overrides:
         command += ["--set", item]
@@ -972,6 +974,7 @@ def write_json(
             "simpy_sample": args.simpy_sample,
             "skip": sorted(args.skip),
             "tables": args.tables,
+            "delta_sink": args.delta_sink,
             "validate": args.validate,
         },
         "results": results,
@@ -1081,9 +1084,16 @@ def main(argv: list[str] | None = None) -> int:
         default="full",
         help="retrysim's output: all seven tables (default) or lean (no transitions, messages)",
     )
+    parser.add_argument(
+        "--delta-sink",
+        choices=("auto", "delta-rs", "delta-spark"),
+        default="auto",
+        help="the job's --delta-sink (default auto: delta-spark with its JARs); not auto: in "
+        "the results file's name, e.g. lean-delta-rs-10M.json",
+    )
     args = parser.parse_args(argv)
     sizes = [1_000_000] if args.quick else args.sizes
-    name = results_name(args.tables, args.validate, sizes, args.skip)
+    name = results_name(args.tables, args.validate, sizes, args.skip, args.delta_sink)
     results_path = (
         Path(args.results)
         if args.results
@@ -1128,16 +1138,19 @@ def size_label(size: int) -> str:
 
 
 def results_name(
-    tables: str, validate: bool, sizes: list[int], skip: set[str] | frozenset[str] = frozenset()
-) -> str:
+    tables: str, validate: bool, sizes: list[int], skip: set[str] | frozenset[str] = frozenset(),
+    sink: str = "auto",
+) -> str:  # fmt: skip
     """The one results file of a bench configuration, overwritten by its next run:
-    ``full-10M.json``, ``lean-novalidate-100M.json``, ``full-1M-10M-50M.json``, or the
-    baselines run alone, ``simpy-10M.json``. (--set, --conf, --scenario, --master and
-    --driver-memory are not in the name: give such a run its own --results.)"""
+    ``full-10M.json``, ``lean-novalidate-100M.json``, ``lean-delta-rs-10M.json``,
+    ``full-1M-10M-50M.json``, or the baselines run alone, ``simpy-10M.json``. (--set,
+    --conf, --scenario, --master and --driver-memory are not in the name: give such a run
+    its own --results.)"""
     if "retrysim" in skip:
         what = "-".join(part for part in ("numpy", "simpy") if part not in skip) or "nothing"
     else:
         what = tables if validate else f"{tables}-novalidate"
+        what += "" if sink == "auto" else f"-{sink}"
     return f"{what}-{'-'.join(size_label(size) for size in sizes)}.json"
 
 

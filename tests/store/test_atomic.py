@@ -41,7 +41,7 @@ from retrysim.store import lease as lease_module
 from retrysim.store import recovery
 from retrysim.store.lease import LEASE_TIMEOUT_S, Holder, acquire_lease, holders
 from retrysim.store.recovery import publish_run, recover
-from retrysim.store.sinks import DeltaRsSink, arrow_schema, read_table, table_path
+from retrysim.store.sinks import DeltaRsSink, DeltaSparkSink, arrow_schema, read_table, table_path
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, TABLE_ORDER, data_schema
 
 pytestmark = pytest.mark.spark  # spark-submit runs, each in its own JVM
@@ -258,7 +258,11 @@ def test_two_concurrent_runs_both_complete(spark, tmp_path):
     assert report.ok and report.runs == ("left", "right"), report.format()
 
 
-def test_commit_races_to_create_and_update_a_table_are_retried(tmp_path):
+@pytest.mark.parametrize("sink", [DeltaRsSink(), DeltaSparkSink()], ids=lambda s: s.name)
+def test_commit_races_to_create_and_update_a_table_are_retried(spark, tmp_path, sink):
+    """Six writers at once into one table, which none of them finds: one creates it, the
+    others lose the race (delta-rs' conflicts, Delta Lake's ConcurrentAppend and
+    ProtocolChanged exceptions), retry, and land."""
     output, writers = tmp_path / "out", 6
     staged = [_stage(tmp_path / f"s{i}", "messages", [MESSAGE]) for i in range(writers)]
     start, errors = threading.Barrier(writers), []
@@ -266,7 +270,7 @@ def test_commit_races_to_create_and_update_a_table_are_retried(tmp_path):
     def publish(index: int) -> None:
         start.wait()
         try:
-            DeltaRsSink().publish(None, str(output), "messages", staged[index], f"r{index}")
+            sink.publish(spark, str(output), "messages", staged[index], f"r{index}")
         except Exception as error:  # pragma: no cover - reported below
             errors.append(error)
 
@@ -277,6 +281,7 @@ def test_commit_races_to_create_and_update_a_table_are_retried(tmp_path):
         thread.join()
     assert errors == []
     assert delta_run_ids(output, "messages") == {f"r{i}" for i in range(writers)}
+    assert len(DeltaTable(table_path(str(output), "messages")).history()) == writers
 
 
 # --------------------------------------------------------------------------- leases

@@ -31,6 +31,7 @@ from retrysim.checks.digest import table_digests
 from retrysim.cli.main import main
 from retrysim.runner import RunRequest, simulate, simulate_runs
 from retrysim.store.sinks import (
+    DeltaSparkSink,
     published_versions,
     read_table,
     table_path,
@@ -187,3 +188,21 @@ def test_runs_delete_optimize_and_vacuum_go_through_delta_spark(spark, tmp_path,
     assert on_disk == referenced
     assert not any("run_id=gone" in path for path in on_disk)
     assert read_table(spark, output, "attempts").where(F.col("run_id") == "keep").count() > 0
+
+
+def test_a_table_past_its_checkpoint_still_commits_and_reads(spark, tmp_path):
+    """Delta writes a checkpoint every ten commits and reads it back at the next: the
+    delta-spark JARs and pyspark must agree on Spark's classes there (delta-spark 4.1.0 and
+    Spark 4.1.2 do not: a NoSuchMethodError that stops the SparkContext)."""
+    output = str(tmp_path / "out")
+    staged = tmp_path / "staged"
+    columns = "group string, topic string, msg_id long, queue_id int, born_ms long, size_bytes int"
+    row = spark.createDataFrame([("g", "t", 0, 0, 0, 1)], columns)
+    for k in range(12):
+        row.write.mode("overwrite").parquet(str(staged / str(k)))
+        DeltaSparkSink().publish(spark, output, "messages", str(staged / str(k)), f"r{k % 3}")
+    log = Path(table_path(output, "messages")) / "_delta_log"
+    assert list(log.glob("*.checkpoint.parquet")), "ten commits make a checkpoint"
+    counts = spark.read.format("delta").load(table_path(output, "messages")).groupBy("run_id")
+    assert sorted(tuple(r) for r in counts.count().collect()) == [("r0", 1), ("r1", 1), ("r2", 1)]
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{table_path(output, 'messages')}`").count() == 12
