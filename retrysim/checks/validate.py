@@ -33,7 +33,7 @@ from retrysim.checks import rows as row_checks
 from retrysim.checks.invariants import INVARIANTS, Invariant
 from retrysim.store import views
 from retrysim.store.sinks import STATUS_COMPLETE
-from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, data_schema
+from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, data_schema, without_comments
 from retrysim.tables.staging import run_together
 
 __all__ = ["INVARIANTS", "Finding", "Report", "ValidationError", "check_staged",
@@ -528,7 +528,7 @@ def staged_tables(
     for name, schema in SCHEMAS.items():
         if name in staged:
             builders[name] = lambda path=staged[name], schema=schema: spark.read.schema(
-                data_schema(schema)
+                without_comments(data_schema(schema))
             ).parquet(path)
     return _Lazy(
         {

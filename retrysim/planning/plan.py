@@ -80,7 +80,13 @@ from retrysim.scenario.loading import (
 )
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import Sink, choose_sink, read_table, remove_tree
-from retrysim.tables.schemas import PARTITION_COLUMN, PLAN, PLAN_METRICS, data_schema
+from retrysim.tables.schemas import (
+    PARTITION_COLUMN,
+    PLAN,
+    PLAN_METRICS,
+    data_schema,
+    without_comments,
+)
 
 MAX_PLAN_ID = 120  # leaves room for "-p100" within a run id's 128 characters
 
@@ -468,7 +474,8 @@ def write_plan_table(
     staging_root = os.path.join(output, "_staging")
     staging = os.path.join(staging_root, f"plan-{plan_id}-{uuid.uuid4().hex[:8]}")
     try:
-        spark.createDataFrame(rows, data_schema(PLAN)).coalesce(1).write.parquet(staging)
+        schema = without_comments(data_schema(PLAN))  # what Spark writes has none
+        spark.createDataFrame(rows, schema).coalesce(1).write.parquet(staging)
         sink.publish(spark, output, "plan", staging, plan_id)
     finally:
         remove_tree(staging)

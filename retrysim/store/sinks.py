@@ -96,8 +96,20 @@ def _arrow_type(dtype: T.DataType) -> pa.DataType:
 
 
 def arrow_schema(schema: T.StructType) -> pa.Schema:
+    """``schema`` as Arrow, each column's comment in its field metadata: delta-rs stores it
+    as the Delta column's comment, which ``DESCRIBE TABLE`` shows."""
     return pa.schema(
-        [pa.field(f.name, _arrow_type(f.dataType), nullable=True) for f in schema.fields]
+        [
+            pa.field(
+                f.name,
+                _arrow_type(f.dataType),
+                nullable=True,
+                metadata={b"comment": f.metadata["comment"].encode()}
+                if f.metadata.get("comment")
+                else None,
+            )
+            for f in schema.fields
+        ]
     )
 
 

@@ -25,6 +25,7 @@ from retrysim.tables.schemas import (
     PARTITION_COLUMN,
     SCHEMAS,
     select_schema,
+    without_comments,
 )
 from retrysim.tables.transitions import transitions_from_attempts
 
@@ -43,7 +44,7 @@ def derived(spark: SparkSession, output: str, table: str, runs: list[tuple[str, 
     if table == "transitions":
         attempts = read_table(spark, output, "attempts").where(F.col(PARTITION_COLUMN).isin(ids))
         return transitions_from_attempts(attempts)
-    messages = spark.createDataFrame([], MESSAGES)
+    messages = spark.createDataFrame([], without_comments(MESSAGES))
     for run_id, config in runs:
         regenerated = all_messages(spark, scenario_from_json(config))
         messages = messages.unionByName(

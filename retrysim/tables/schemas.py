@@ -3,6 +3,12 @@
 Each stage ends with ``select_schema(df, SCHEMA)`` so the columns, their order and their
 types are a contract checked in one place. Every table is partitioned by ``run_id``; the
 ``*_DATA`` schemas are the same without it, as stored inside a partition's Parquet files.
+
+Every field carries its column's comment (field metadata ``{"comment": ...}``, the docs'
+meaning of the column in a few words): this module is the one source of what
+``DESCRIBE TABLE`` shows, and tests/tables/test_column_docs.py holds the docs and these
+columns to each other. Spark is given :func:`without_comments` where the rows it reads or
+makes end up in staged files.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
+    DataType,
     DoubleType,
     IntegerType,
     LongType,
@@ -27,89 +34,215 @@ from pyspark.sql.types import (
 )
 
 PARTITION_COLUMN = "run_id"
+COMMENT = "comment"  # the field metadata key Spark and Delta read a column's comment from
 
 
-def nullable_schema(*fields: tuple[str, object]) -> StructType:
-    """A schema of nullable ``(name, type)`` fields."""
-    return StructType([StructField(name, dtype, True) for name, dtype in fields])
+def nullable_schema(*fields: tuple[str, DataType] | tuple[str, DataType, str]) -> StructType:
+    """A schema of nullable ``(name, type)`` or ``(name, type, comment)`` fields."""
+    return StructType(
+        [
+            StructField(name, dtype, True, {COMMENT: text[0]} if text else None)
+            for name, dtype, *text in fields
+        ]
+    )
 
+
+def comment(field: StructField) -> str | None:
+    """The column's comment, if it has one."""
+    return (field.metadata or {}).get(COMMENT)
+
+
+def without_comments(schema: StructType) -> StructType:
+    """``schema`` with no field metadata, for Spark where its rows end up in staged files:
+    the optimizer drops ``select_schema``'s no-op casts and aliases, so an input column's
+    metadata reaches the Parquet footer Spark writes although ``df.schema`` no longer shows
+    it, and staged files must be the same with or without comments."""
+    return StructType([StructField(f.name, f.dataType, f.nullable) for f in schema.fields])
+
+
+# Columns (and phrases) several tables share.
+_RUN_ID = ("run_id", StringType(), "the run this row belongs to (the Delta partition)")
+_GROUP = ("group", StringType(), "the consumer group this row belongs to")
+_MSG_ID = ("msg_id", LongType(), "the message's id, 0-based within its group")
+_IN_MS = "in ms since the scenario start"
+_AT_BUCKET_END = "at the bucket's end"
+_UNLIMITED_NULL = "null for an unlimited pool"
 
 RUNS = nullable_schema(
-    ("run_id", StringType()),
-    ("scenario", StringType()),
-    ("seed", LongType()),
-    ("config_json", StringType()),
-    ("started_at", TimestampType()),
-    ("finished_at", TimestampType()),
-    ("engine_version", StringType()),
-    ("spark_master", StringType()),
-    ("status", StringType()),
-    ("rounds", IntegerType()),
-    ("tables", StringType()),
+    _RUN_ID,
+    ("scenario", StringType(), "the scenario's name"),
+    ("seed", LongType(), "the seed of every random draw (a replication's own seed)"),
+    (
+        "config_json",
+        StringType(),
+        "the scenario as JSON, every default resolved and times in ms",
+    ),
+    ("started_at", TimestampType(), "when the run started (wall-clock time, UTC)"),
+    (
+        "finished_at",
+        TimestampType(),
+        "when the run's tables were staged, before publishing (wall-clock time, UTC)",
+    ),
+    ("engine_version", StringType(), "the retrysim version that simulated the run"),
+    ("spark_master", StringType(), "the Spark master the run ran on"),
+    (
+        "status",
+        StringType(),
+        "publishing while the run's tables are committed, complete after (readers show "
+        "complete runs only)",
+    ),
+    ("rounds", IntegerType(), "the rounds the round engine ran for the run"),
+    (
+        "tables",
+        StringType(),
+        "full, or lean: no transitions and messages rows (readers derive them)",
+    ),
     # replications (docs/planning.md §3): the id the replications of one scenario or plan
     # point share, the plan point (null outside a plan) and the replication, 1-based; a
     # single run is replication 1 of itself
-    ("replication_of", StringType()),
-    ("point", IntegerType()),
-    ("replication", IntegerType()),
+    (
+        "replication_of",
+        StringType(),
+        "the id the replications of one scenario or plan point share (a single run: its own id)",
+    ),
+    ("point", IntegerType(), "the run's plan point; null outside a plan"),
+    ("replication", IntegerType(), "the run's replication, 1-based (a single run: 1)"),
     # the scenario's start_at: the real moment its time 0 stands for (null: none given)
-    ("start_at", TimestampType()),
+    (
+        "start_at",
+        TimestampType(),
+        "the real moment the scenario's time 0 stands for (null if none); readers put every "
+        "*_ms moment on that clock as *_ts",
+    ),
 )
 
 MESSAGES = nullable_schema(
-    ("run_id", StringType()),
-    ("group", StringType()),
-    ("topic", StringType()),
-    ("msg_id", LongType()),
-    ("queue_id", IntegerType()),
-    ("born_ms", LongType()),
-    ("size_bytes", IntegerType()),
+    _RUN_ID,
+    _GROUP,
+    ("topic", StringType(), "the source topic the message is published to"),
+    _MSG_ID,
+    ("queue_id", IntegerType(), "the source topic's queue: msg_id mod the topic's queues"),
+    ("born_ms", LongType(), f"when the message is published, {_IN_MS}"),
+    ("size_bytes", IntegerType(), "the message's size in bytes"),
 )
 
 ATTEMPTS = nullable_schema(
-    ("run_id", StringType()),
-    ("group", StringType()),
-    ("msg_id", LongType()),
-    ("delivery", IntegerType()),
-    ("reconsume_times", IntegerType()),
+    _RUN_ID,
+    _GROUP,
+    _MSG_ID,
+    ("delivery", IntegerType(), "the delivery's number for its message, 1-based"),
+    (
+        "reconsume_times",
+        IntegerType(),
+        "the reconsume count the listener sees: 0 on a first delivery and after a replay",
+    ),
     # the reconsumeTimes of the copy the broker stored: a 4.x send-back's level and DLQ test
     # read it (equal to reconsume_times until a send-back fails and the client resubmits)
-    ("broker_reconsume_times", IntegerType()),
-    ("source_topic", StringType()),
-    ("queue_id", IntegerType()),
+    (
+        "broker_reconsume_times",
+        IntegerType(),
+        "the reconsume count of the commit-log copy the delivery came from (a 4.x "
+        "send-back's level and DLQ test read it)",
+    ),
+    ("source_topic", StringType(), "the topic the delivery was Ready on"),
+    ("queue_id", IntegerType(), "the queue the delivery was Ready on"),
     # the instance that ran the delivery (or that a delivery still Ready waits for)
-    ("consumer_instance", IntegerType()),
-    ("ready_ms", LongType()),
-    ("start_ms", LongType()),
-    ("processing_ms", LongType()),
-    ("end_ms", LongType()),
-    ("outcome", StringType()),
-    ("result_state", StringType()),
-    ("delay_level", IntegerType()),
-    ("next_ready_ms", LongType()),
-    ("settled_ms", LongType()),
-    ("batch_size", IntegerType()),
+    (
+        "consumer_instance",
+        IntegerType(),
+        "the instance (0-based) that ran the delivery, or that it waits for",
+    ),
+    ("ready_ms", LongType(), f"when the delivery became Ready, {_IN_MS}"),
+    ("start_ms", LongType(), f"when the delivery started (Inflight), {_IN_MS}; null if not"),
+    (
+        "processing_ms",
+        LongType(),
+        "how long the listener and its thread ran, in ms (a batch's: the members' sum)",
+    ),
+    (
+        "end_ms",
+        LongType(),
+        f"when the delivery's result was settled (its timeout at the latest), {_IN_MS}",
+    ),
+    (
+        "outcome",
+        StringType(),
+        "the delivery's outcome: CONSUME_SUCCESS, RECONSUME_LATER, EXCEPTION, NULL_RETURN or "
+        "TIMEOUT",
+    ),
+    (
+        "result_state",
+        StringType(),
+        "the state the delivery left the message in: Ready, Inflight, Commit, WaitingRetry, "
+        "DLQ or Discard",
+    ),
+    (
+        "delay_level",
+        IntegerType(),
+        "the 4.x schedule level of a broker retry, or of a dead letter or expired broadcast "
+        "message waiting in the schedule topic; else null",
+    ),
+    ("next_ready_ms", LongType(), f"when the retry becomes Ready, {_IN_MS} (retries only)"),
+    (
+        "settled_ms",
+        LongType(),
+        f"when the message reached Commit, DLQ or Discard in this delivery, {_IN_MS}; else null",
+    ),
+    (
+        "batch_size",
+        IntegerType(),
+        "the deliveries in its consume request (1 without batches; null if not started)",
+    ),
     # How the delivery entered Ready and left Inflight (and, for after-backoff moves, its
     # WaitingRetry): enough to derive its transitions (transitions.transitions_from_attempts)
     # when a lean run does not store them.
-    ("ready_reason", StringType()),
-    ("end_state", StringType()),
-    ("end_topic", StringType()),
-    ("end_queue_id", IntegerType()),
-    ("end_reason", StringType()),
-    ("leave_state", StringType()),
-    ("leave_topic", StringType()),
-    ("leave_queue_id", IntegerType()),
-    ("leave_reason", StringType()),
+    (
+        "ready_reason",
+        StringType(),
+        "why the delivery became Ready: published, retry_due, local_retry, visible_again or "
+        "replayed",
+    ),
+    (
+        "end_state",
+        StringType(),
+        "the state entered on leaving Inflight: Commit, WaitingRetry, DLQ or Discard",
+    ),
+    ("end_topic", StringType(), "the topic of the state entered on leaving Inflight"),
+    ("end_queue_id", IntegerType(), "the queue of the state entered on leaving Inflight"),
+    ("end_reason", StringType(), "the reason of the state entered on leaving Inflight"),
+    (
+        "leave_state",
+        StringType(),
+        "DLQ or Discard entered at settled_ms after a WaitingRetry (an after-backoff leave)",
+    ),
+    ("leave_topic", StringType(), "the topic of the state entered after the WaitingRetry"),
+    ("leave_queue_id", IntegerType(), "the queue of the state entered after the WaitingRetry"),
+    ("leave_reason", StringType(), "the reason of the state entered after the WaitingRetry"),
     # Where the delivery came from and where its retry goes: the message's born_ms, the
     # topic, queue and Ready reason of the next delivery (null unless it is retried), and
     # whether a replay fixed the message's poison. The engine carries them from round to
     # round; stored, the round files *are* the table's files (no rewrite when staging).
-    ("born_ms", LongType()),
-    ("next_topic", StringType()),
-    ("next_queue_id", IntegerType()),
-    ("next_reason", StringType()),
-    ("poison_fixed", BooleanType()),
+    ("born_ms", LongType(), f"when the message was published, {_IN_MS}"),
+    (
+        "next_topic",
+        StringType(),
+        "the topic the retry is Ready on (set exactly when next_ready_ms is)",
+    ),
+    (
+        "next_queue_id",
+        IntegerType(),
+        "the queue the retry is Ready on (set exactly when next_ready_ms is)",
+    ),
+    (
+        "next_reason",
+        StringType(),
+        "why the retry becomes Ready (set exactly when next_ready_ms is)",
+    ),
+    (
+        "poison_fixed",
+        BooleanType(),
+        "true after a replay with replay.poison_fixed: the message's poison no longer fails it",
+    ),
 )
 
 # The attempts columns that exist so transitions can be derived from attempts.
@@ -128,117 +261,253 @@ DERIVATION_COLUMNS = (
 ROUTING_COLUMNS = ("born_ms", "next_topic", "next_queue_id", "next_reason", "poison_fixed")
 
 TRANSITIONS = nullable_schema(
-    ("run_id", StringType()),
-    ("group", StringType()),
-    ("msg_id", LongType()),
-    ("delivery", IntegerType()),
-    ("seq", IntegerType()),
-    ("state", StringType()),
-    ("at_ms", LongType()),
-    ("topic", StringType()),
-    ("queue_id", IntegerType()),
-    ("delay_level", IntegerType()),
-    ("reason", StringType()),
+    _RUN_ID,
+    _GROUP,
+    _MSG_ID,
+    ("delivery", IntegerType(), "the delivery that changed state, 1-based"),
+    (
+        "seq",
+        IntegerType(),
+        "the change's order, 4 * (delivery - 1) + k: k = 1 Ready, 2 Inflight, 3 the end "
+        "state, 4 the leave after WaitingRetry",
+    ),
+    (
+        "state",
+        StringType(),
+        "the state entered: Ready, Inflight, Commit, WaitingRetry, DLQ or Discard",
+    ),
+    ("at_ms", LongType(), f"when the state was entered, {_IN_MS}"),
+    ("topic", StringType(), "the topic the message is on in that state"),
+    ("queue_id", IntegerType(), "the queue the message is on in that state"),
+    ("delay_level", IntegerType(), "the 4.x schedule level of a WaitingRetry, else null"),
+    (
+        "reason",
+        StringType(),
+        "why the state was entered: a Ready reason, delivered, the outcome, or a send-back "
+        "or leave reason",
+    ),
 )
 
 DEAD_LETTERS = nullable_schema(
-    ("run_id", StringType()),
-    ("group", StringType()),
-    ("msg_id", LongType()),
-    ("dlq_topic", StringType()),
-    ("dlq_at_ms", LongType()),
-    ("deliveries", IntegerType()),
-    ("origin_topic", StringType()),
-    ("replayed_at_ms", LongType()),
+    _RUN_ID,
+    _GROUP,
+    _MSG_ID,
+    ("dlq_topic", StringType(), "the DLQ topic, %DLQ%<group>"),
+    ("dlq_at_ms", LongType(), f"when the message moved to the DLQ, {_IN_MS}"),
+    ("deliveries", IntegerType(), "the deliveries the message had made"),
+    ("origin_topic", StringType(), "the topic the message came from, where a replay re-sends it"),
+    (
+        "replayed_at_ms",
+        LongType(),
+        f"when a DLQ replay re-sent the message, {_IN_MS}; else null",
+    ),
 )
 
+_BUCKET_START = ("bucket_start_ms", LongType(), f"the bucket's start, {_IN_MS}")
+_BUCKET_MS = ("bucket_ms", LongType(), "the bucket's length in ms (the scenario's load_bucket)")
 LOAD = nullable_schema(
-    ("run_id", StringType()),
-    ("group", StringType()),
-    ("bucket_start_ms", LongType()),
-    ("bucket_ms", LongType()),
-    ("deliveries", LongType()),
-    ("first_deliveries", LongType()),
-    ("retries", LongType()),
-    ("commits", LongType()),
-    ("dlq", LongType()),
-    ("discards", LongType()),
-    ("inflight", LongType()),
-    ("waiting_retry", LongType()),
-    ("ready_backlog", LongType()),
-    ("commitlog_writes", LongType()),
-    ("commitlog_bytes", LongType()),
-    ("replays", LongType()),
-    ("schedule_backlog", ArrayType(LongType())),
-    ("busy_thread_ms", DoubleType()),
-    ("utilization", DoubleType()),
-    ("oldest_ready_age_ms", LongType()),
-    ("inflight_max", LongType()),
-    ("waiting_retry_max", LongType()),
-    ("ready_backlog_max", LongType()),
-    ("schedule_backlog_max", ArrayType(LongType())),
-    ("utilization_max", DoubleType()),
-    ("oldest_ready_age_ms_max", LongType()),
+    _RUN_ID,
+    _GROUP,
+    _BUCKET_START,
+    _BUCKET_MS,
+    ("deliveries", LongType(), "consume starts in the bucket"),
+    (
+        "first_deliveries",
+        LongType(),
+        "consume starts of first deliveries (published or replayed) in the bucket",
+    ),
+    ("retries", LongType(), "consume starts of retries in the bucket"),
+    ("commits", LongType(), "messages committed in the bucket"),
+    ("dlq", LongType(), "messages moved to the DLQ in the bucket"),
+    ("discards", LongType(), "messages discarded in the bucket"),
+    (
+        "inflight",
+        LongType(),
+        f"deliveries started and not yet settled, {_AT_BUCKET_END}",
+    ),
+    (
+        "waiting_retry",
+        LongType(),
+        f"messages between a failed delivery and their next Ready moment, {_AT_BUCKET_END}",
+    ),
+    ("ready_backlog", LongType(), f"messages Ready and not started, {_AT_BUCKET_END}"),
+    (
+        "commitlog_writes",
+        LongType(),
+        "broker commit-log writes in the bucket: publishes, replays, schedule-topic and "
+        "retry-topic copies, DLQ moves",
+    ),
+    ("commitlog_bytes", LongType(), "the bytes of those writes: writes x size_bytes"),
+    ("replays", LongType(), "dead letters re-published by a replay in the bucket"),
+    (
+        "schedule_backlog",
+        ArrayType(LongType()),
+        f"4.x: messages in SCHEDULE_TOPIC_XXXX per delay level (index = level - 1), "
+        f"{_AT_BUCKET_END}; empty for other flavors",
+    ),
+    (
+        "busy_thread_ms",
+        DoubleType(),
+        "consumer thread time used in the bucket, in ms (split exactly across buckets)",
+    ),
+    (
+        "utilization",
+        DoubleType(),
+        f"busy_thread_ms / (threads x bucket_ms); {_UNLIMITED_NULL}",
+    ),
+    (
+        "oldest_ready_age_ms",
+        LongType(),
+        f"the age in ms of the oldest message Ready {_AT_BUCKET_END} (0 when none)",
+    ),
+    ("inflight_max", LongType(), "inflight's largest value within the bucket"),
+    ("waiting_retry_max", LongType(), "waiting_retry's largest value within the bucket"),
+    ("ready_backlog_max", LongType(), "ready_backlog's largest value within the bucket"),
+    (
+        "schedule_backlog_max",
+        ArrayType(LongType()),
+        "per delay level, schedule_backlog's largest value within the bucket",
+    ),
+    (
+        "utilization_max",
+        DoubleType(),
+        f"the most threads busy at once within the bucket, over the pool; {_UNLIMITED_NULL}",
+    ),
+    (
+        "oldest_ready_age_ms_max",
+        LongType(),
+        "the oldest Ready message's largest age within the bucket, in ms",
+    ),
 )
 
 INSTANCE_LOAD = nullable_schema(
-    ("run_id", StringType()),
-    ("group", StringType()),
-    ("consumer_instance", IntegerType()),
-    ("bucket_start_ms", LongType()),
-    ("bucket_ms", LongType()),
-    ("deliveries", LongType()),
-    ("ready_backlog", LongType()),
-    ("ready_backlog_max", LongType()),
-    ("busy_thread_ms", DoubleType()),
-    ("utilization", DoubleType()),
-    ("utilization_max", DoubleType()),
+    _RUN_ID,
+    _GROUP,
+    ("consumer_instance", IntegerType(), "the consumer instance, 0-based"),
+    _BUCKET_START,
+    _BUCKET_MS,
+    ("deliveries", LongType(), "deliveries the instance started in the bucket"),
+    (
+        "ready_backlog",
+        LongType(),
+        f"deliveries Ready for this instance and not started, {_AT_BUCKET_END}",
+    ),
+    ("ready_backlog_max", LongType(), "ready_backlog's largest value within the bucket"),
+    (
+        "busy_thread_ms",
+        DoubleType(),
+        "the instance's thread time in the bucket, in ms (exact)",
+    ),
+    (
+        "utilization",
+        DoubleType(),
+        f"busy_thread_ms / (threads x bucket_ms); {_UNLIMITED_NULL}",
+    ),
+    (
+        "utilization_max",
+        DoubleType(),
+        f"the most of its threads busy at once within the bucket, over threads; {_UNLIMITED_NULL}",
+    ),
 )
 
+
+_UNTIL = {"commit": "commit", "dlq": "the DLQ"}
+
+
+def _percentile(share: str, until: str) -> tuple[str, DataType, str]:
+    return (
+        f"p{share}_time_to_{until}_ms",
+        DoubleType(),
+        f"the exact {share}th percentile of the time from publish to {_UNTIL[until]}, in ms",
+    )
+
+
+def _quantiles(until: str) -> tuple[str, DataType, str]:
+    return (
+        f"time_to_{until}_quantiles_ms",
+        ArrayType(DoubleType()),
+        f"the exact times from publish to {_UNTIL[until]} in ms at 0, 5, ..., 95, 99, 99.9 "
+        "and 100 %; null when no message got there",
+    )
+
+
 SUMMARY = nullable_schema(
-    ("run_id", StringType()),
-    ("group", StringType()),
-    ("messages", LongType()),
-    ("deliveries", LongType()),
-    ("retries", LongType()),
-    ("commits", LongType()),
-    ("dlq", LongType()),
-    ("discards", LongType()),
-    ("pending", LongType()),
-    ("replayed", LongType()),
-    ("amplification", DoubleType()),
-    ("commitlog_writes", LongType()),
-    ("write_amplification", DoubleType()),
-    ("p50_time_to_commit_ms", DoubleType()),
-    ("p95_time_to_commit_ms", DoubleType()),
-    ("p99_time_to_commit_ms", DoubleType()),
-    ("p50_time_to_dlq_ms", DoubleType()),
-    ("p95_time_to_dlq_ms", DoubleType()),
-    ("p99_time_to_dlq_ms", DoubleType()),
+    _RUN_ID,
+    _GROUP,
+    ("messages", LongType(), "messages the group publishes"),
+    ("deliveries", LongType(), "deliveries started"),
+    ("retries", LongType(), "deliveries started that were retries"),
+    ("commits", LongType(), "messages committed"),
+    ("dlq", LongType(), "messages in the DLQ at the end (dead letters not replayed)"),
+    ("discards", LongType(), "messages discarded"),
+    (
+        "pending",
+        LongType(),
+        "messages neither committed, dead-lettered nor discarded by the horizon",
+    ),
+    ("replayed", LongType(), "dead letters re-sent by a DLQ replay"),
+    ("amplification", DoubleType(), "deliveries per message"),
+    ("commitlog_writes", LongType(), "broker commit-log writes before the horizon"),
+    ("write_amplification", DoubleType(), "commit-log writes per message"),
+    _percentile("50", "commit"),
+    _percentile("95", "commit"),
+    _percentile("99", "commit"),
+    _percentile("50", "dlq"),
+    _percentile("95", "dlq"),
+    _percentile("99", "dlq"),
     # the distributions: the time to commit and to the DLQ at summary.QUANTILES (every 5 %,
     # then 99 %, 99.9 % and the largest)
-    ("time_to_commit_quantiles_ms", ArrayType(DoubleType())),
-    ("time_to_dlq_quantiles_ms", ArrayType(DoubleType())),
-    ("max_ready_backlog", LongType()),
-    ("max_waiting_retry", LongType()),
-    ("peak_utilization", DoubleType()),
-    ("max_inflight", LongType()),
-    ("max_schedule_backlog", LongType()),
-    ("max_oldest_ready_age_ms", LongType()),
-    ("peak_deliveries_per_s", LongType()),
-    ("peak_retries_per_s", LongType()),
-    ("peak_commitlog_writes_per_s", LongType()),
+    _quantiles("commit"),
+    _quantiles("dlq"),
+    (
+        "max_ready_backlog",
+        LongType(),
+        "the most messages Ready and not started at once in the run (exact)",
+    ),
+    ("max_waiting_retry", LongType(), "the most messages in WaitingRetry at once (exact)"),
+    ("peak_utilization", DoubleType(), "the most threads busy at once, over the pool (exact)"),
+    ("max_inflight", LongType(), "the most messages in consumption at once (exact)"),
+    (
+        "max_schedule_backlog",
+        LongType(),
+        "4.x: the most messages in SCHEDULE_TOPIC_XXXX at once, all levels together",
+    ),
+    (
+        "max_oldest_ready_age_ms",
+        LongType(),
+        "the largest age in ms of a message while Ready, over the run (exact)",
+    ),
+    (
+        "peak_deliveries_per_s",
+        LongType(),
+        "deliveries started in the busiest whole second of the run",
+    ),
+    ("peak_retries_per_s", LongType(), "retries started in the busiest whole second of the run"),
+    (
+        "peak_commitlog_writes_per_s",
+        LongType(),
+        "commit-log writes in the busiest whole second of the run",
+    ),
     # consumer instances (instance_load): the one with the most thread time in a bucket,
     # its utilization there, and how many ran no delivery
-    ("busiest_instance", IntegerType()),
-    ("busiest_instance_utilization", DoubleType()),
-    ("idle_instances", IntegerType()),
-    ("engine", StringType()),
+    (
+        "busiest_instance",
+        IntegerType(),
+        "the consumer instance with the most thread time in one load bucket",
+    ),
+    (
+        "busiest_instance_utilization",
+        DoubleType(),
+        "the busiest instance's utilization in that bucket",
+    ),
+    ("idle_instances", IntegerType(), "consumer instances that ran no delivery in the whole run"),
+    ("engine", StringType(), "the engine that simulated the group: rounds or sequential"),
 )
 
 # Staged attempts: the attempts table's data columns in the order the engines build them
 # (sequential.py appends rows positionally). Round files in this shape are published as the
 # attempts table's files as they are: Parquet and Delta readers find columns by name.
+# Without comments: Spark makes these rows (mapInArrow, empty rounds) and writes the files.
 _STAGE_ORDER = (
     "group", "msg_id", "delivery", "reconsume_times", "broker_reconsume_times", "source_topic",
     "queue_id",
@@ -248,7 +517,7 @@ _STAGE_ORDER = (
     "end_topic", "end_queue_id", "end_reason", "leave_state", "leave_topic", "leave_queue_id",
     "leave_reason", "next_topic", "next_queue_id", "next_reason", "poison_fixed",
 )  # fmt: skip
-STAGE = StructType([ATTEMPTS[name] for name in _STAGE_ORDER])
+STAGE = without_comments(StructType([ATTEMPTS[name] for name in _STAGE_ORDER]))
 assert sorted(STAGE.fieldNames()) == sorted(ATTEMPTS.fieldNames()[1:]), "STAGE != attempts"
 # The same as Arrow: the event-by-event stage hands Spark Arrow record batches.
 STAGE_ARROW = to_arrow_schema(STAGE)
@@ -265,25 +534,65 @@ PLAN_METRICS = (
     "idle_instances",
 )  # fmt: skip
 PLAN = nullable_schema(
-    ("run_id", StringType()),
-    ("point", IntegerType()),
-    ("point_run_id", StringType()),
-    ("group", StringType()),
-    ("settings_json", StringType()),
-    ("instances", IntegerType()),
-    ("threads", IntegerType()),
-    ("pool", IntegerType()),
-    *((metric, DoubleType()) for metric in PLAN_METRICS),
-    ("targets_json", StringType()),
-    ("replications", IntegerType()),
+    ("run_id", StringType(), "the plan's id (the Delta partition)"),
+    ("point", IntegerType(), "the plan point's number k, 1-based"),
+    (
+        "point_run_id",
+        StringType(),
+        "the point's run id, <plan-id>-p<k> (its replications: <point_run_id>-r<j>)",
+    ),
+    _GROUP,
+    ("settings_json", StringType(), "the point's settings of the swept keys, as JSON"),
+    ("instances", IntegerType(), "the group's consumer instances at this point"),
+    ("threads", IntegerType(), "consumer threads per instance at this point"),
+    ("pool", IntegerType(), "the pool size, instances x threads"),
+    *(
+        (metric, DoubleType(), f"the summary's {metric}, the mean across the replications")
+        for metric in PLAN_METRICS
+    ),
+    (
+        "targets_json",
+        StringType(),
+        "the targets that apply to the group: limits by column, as JSON",
+    ),
+    ("replications", IntegerType(), "the replications the point ran"),
     # the share of replications that must meet every target, and the share that did
-    ("confidence", DoubleType()),
-    ("meets_targets_share", DoubleType()),
-    ("meets_targets", BooleanType()),
-    ("failed_targets", StringType()),
-    ("recommended", BooleanType()),
-    ("binding_target", StringType()),
-    *((f"{metric}_ci_{end}", DoubleType()) for metric in PLAN_METRICS for end in ("low", "high")),
+    (
+        "confidence",
+        DoubleType(),
+        "the share of replications that must meet every target (null without targets)",
+    ),
+    (
+        "meets_targets_share",
+        DoubleType(),
+        "the share of replications that met every target (null without targets)",
+    ),
+    (
+        "meets_targets",
+        BooleanType(),
+        "whether the point meets the targets: meets_targets_share >= confidence",
+    ),
+    ("failed_targets", StringType(), "the targets some replication missed, comma-separated"),
+    (
+        "recommended",
+        BooleanType(),
+        "whether this point is the recommended pool for its group and case",
+    ),
+    (
+        "binding_target",
+        StringType(),
+        "of the recommended point: the targets the next smaller pool swept misses (none when "
+        "the smallest pool meets them all)",
+    ),
+    *(
+        (
+            f"{metric}_ci_{end}",
+            DoubleType(),
+            f"the {end} end of the 95 % interval of the mean {metric} (null for one replication)",
+        )
+        for metric in PLAN_METRICS
+        for end in ("low", "high")
+    ),
 )
 
 SCHEMAS: dict[str, StructType] = {

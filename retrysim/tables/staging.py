@@ -29,7 +29,13 @@ from retrysim.tables.instances import changes_of_shared_groups, instance_load_fr
 from retrysim.tables.key_peaks import GroupSums
 from retrysim.tables.load import compact_attempts, load_from_attempts, retries_by_level
 from retrysim.tables.peaks import bucket_changes
-from retrysim.tables.schemas import ATTEMPTS, SCHEMAS, TABLE_ORDER, data_schema
+from retrysim.tables.schemas import (
+    ATTEMPTS,
+    SCHEMAS,
+    TABLE_ORDER,
+    data_schema,
+    without_comments,
+)
 from retrysim.tables.summary import summary_from, times_to_settle
 from retrysim.tables.task_tables import TASK_TABLES_DIR
 from retrysim.tables.transitions import transitions_from_attempts
@@ -71,7 +77,7 @@ def stage_tables(
     # read only by the tables staged in Spark (a run whose tables came from the tasks'
     # sums reads none: the read still cost the driver a file listing in the JVM)
     attempts_read = functools.cache(
-        lambda: spark.read.schema(data_schema(ATTEMPTS)).parquet(path["attempts"])
+        lambda: spark.read.schema(without_comments(data_schema(ATTEMPTS))).parquet(path["attempts"])
     )
 
     def stage(name: str, build: Callable[[], DataFrame]) -> None:
@@ -166,7 +172,7 @@ def derived_for_lean(
     derived: dict[str, Callable[[], DataFrame]] = {}
     if "transitions" not in staged:
         derived["transitions"] = lambda: transitions_from_attempts(
-            spark.read.schema(data_schema(ATTEMPTS)).parquet(staged["attempts"])
+            spark.read.schema(without_comments(data_schema(ATTEMPTS))).parquet(staged["attempts"])
         )
     if "messages" not in staged:
         derived["messages"] = lambda: all_messages(spark, scenario)

@@ -17,7 +17,14 @@ from retrysim.engine.sequential import output_parts, write_sequential_attempts
 from retrysim.runner import simulate
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.dead_letters import dead_letters_from_attempts
-from retrysim.tables.schemas import ATTEMPTS, DEAD_LETTERS, MESSAGES, TRANSITIONS, data_schema
+from retrysim.tables.schemas import (
+    ATTEMPTS,
+    DEAD_LETTERS,
+    MESSAGES,
+    TRANSITIONS,
+    data_schema,
+    without_comments,
+)
 from retrysim.tables.task_tables import TASK_TABLES, TASK_TABLES_DIR
 from retrysim.tables.transitions import transitions_from_attempts
 
@@ -65,10 +72,14 @@ def _stage(spark, config, folder: str) -> dict[str, object]:
     attempts = os.path.join(folder, "attempts")
     tables = os.path.join(folder, TASK_TABLES_DIR)
     write_sequential_attempts(spark, specs, set(), 2, attempts, task_tables=(tables, TASK_TABLES))
-    read = {"attempts": spark.read.schema(data_schema(ATTEMPTS)).parquet(attempts)}
+
+    def read_staged(schema, path: str):  # as staging reads them
+        return spark.read.schema(without_comments(data_schema(schema))).parquet(path)
+
+    read = {"attempts": read_staged(ATTEMPTS, attempts)}
     for name, schema in (("messages", MESSAGES), ("transitions", TRANSITIONS),
                          ("dead_letters", DEAD_LETTERS)):  # fmt: skip
-        read[name] = spark.read.schema(data_schema(schema)).parquet(os.path.join(tables, name))
+        read[name] = read_staged(schema, os.path.join(tables, name))
     return read
 
 

@@ -30,7 +30,14 @@ from retrysim.engine.rounds import (
 from retrysim.tables.dead_letters import dead_letters_from_attempts
 from retrysim.tables.load import load_from_attempts
 from retrysim.tables.peaks import THREAD_UNITS, bucket_changes, run_maxima
-from retrysim.tables.schemas import DEAD_LETTERS, MESSAGES, STAGE, TRANSITIONS, data_schema
+from retrysim.tables.schemas import (
+    DEAD_LETTERS,
+    MESSAGES,
+    STAGE,
+    TRANSITIONS,
+    data_schema,
+    without_comments,
+)
 from retrysim.tables.summary import exact_percentiles
 from retrysim.tables.transitions import lands_unread, transitions_from_attempts
 
@@ -134,7 +141,7 @@ def dead_after_backoff(msg_id: int, start: int, processing: int, backoff: int) -
 
 
 def transitions(spark: SparkSession, rows: list[tuple]) -> DataFrame:
-    return spark.createDataFrame(rows, data_schema(TRANSITIONS))
+    return spark.createDataFrame(rows, without_comments(data_schema(TRANSITIONS)))
 
 
 def sort(df: DataFrame) -> DataFrame:
@@ -207,7 +214,7 @@ def test_horizon_cut_leaves_ready_inflight_and_waiting_states(spark):
 def test_first_frontier_takes_messages_born_before_the_horizon(spark):
     messages = spark.createDataFrame(
         [("g", "T", 1, 0, 0, 100), ("g", "T", 2, 1, 999, 100), ("g", "T", 3, 0, 1_000, 100)],
-        data_schema(MESSAGES),
+        without_comments(data_schema(MESSAGES)),
     )
     frontier = first_frontier(messages, horizon_ms=1_000).select(
         "msg_id",
@@ -272,7 +279,7 @@ def test_dead_letters_name_the_dlq_topic_the_moment_and_the_replay(spark):
     dead = dead_letters_from_attempts(attempts, scenario(group("g", topic="T")))
     expected = spark.createDataFrame(
         [("g", 2, DLQ_TOPIC, 10_010, 1, "T", None), ("g", 3, DLQ_TOPIC, 10_015, 1, "T", 60_000)],
-        data_schema(DEAD_LETTERS),
+        without_comments(data_schema(DEAD_LETTERS)),
     )
     assert_df_equality(sort(dead), sort(expected))
 
