@@ -17,6 +17,8 @@ import nbformat
 import pytest
 from support import PROJECT, QUICK_JVM
 
+from retrysim.tables.schemas import ATTEMPTS
+
 pytestmark = pytest.mark.spark  # spark-submit runs, each in its own JVM
 
 _spec = importlib.util.spec_from_file_location(
@@ -63,6 +65,9 @@ def test_explore_run_notebook(executed):
     assert "deliveries, ends in" in text and "messages reached the DLQ" in text
     assert (output / "reports" / "explore.html").is_file()
     assert (output / "summary" / "_delta_log").is_dir()
+    # DESCRIBE TABLE explains the columns, DESCRIBE HISTORY names the run its commit published
+    assert ATTEMPTS["delivery"].metadata["comment"][:30] in text
+    assert '{"step":"publish","run_ids":["explore"]}'[:40] in text
 
 
 def test_capacity_plan_notebook(executed):

@@ -97,6 +97,17 @@ def test_each_sink_continues_a_folder_the_other_began(spark, tmp_path, first, th
     assert table_digests(spark, output, "one") == table_digests(spark, output, "two")
 
 
+@pytest.mark.parametrize("sink", ["delta-spark", "delta-rs"])
+def test_describe_table_explains_every_column(spark, by_sink, sink):
+    """The schema constants' comments, as DESCRIBE TABLE shows them on a path table."""
+    for table in SCHEMAS:
+        shown = spark.sql(f"DESCRIBE TABLE delta.`{table_path(str(by_sink / sink), table)}`")
+        comments = {row["col_name"]: row["comment"] for row in shown.collect()
+                    if row["col_name"] and not row["col_name"].startswith("#")}  # fmt: skip
+        expected = {f.name: f.metadata["comment"] for f in SCHEMAS[table].fields}
+        assert comments == expected, table
+
+
 def test_readers_without_spark_read_every_table_delta_spark_wrote(spark, by_sink):
     output = str(by_sink / "delta-spark")
     for table in SCHEMAS:
