@@ -8,7 +8,7 @@ from typing import Any
 
 from retrysim.scenario.loading import build_scenario
 from retrysim.scenario.spec import Scenario
-from retrysim.store.sinks import DeltaRsSink
+from retrysim.store.sinks import DeltaRsSink, DeltaSparkSink
 
 # The repository's root: conf/, jobs/, notebooks/ and the launchers are read from here.
 PROJECT = Path(__file__).resolve().parents[1]
@@ -103,9 +103,9 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-class FailingDeadLetters(DeltaRsSink):
-    """The delta-rs sink, failing to publish the dead_letters table (the other data tables,
-    published side by side, commit; the runs row stays publishing)."""
+class _FailingDeadLetters:
+    """A sink failing to publish the dead_letters table (the other data tables, published
+    side by side, commit; the runs row stays publishing)."""
 
     def __init__(self) -> None:
         self.published: list[str] = []
@@ -115,6 +115,14 @@ class FailingDeadLetters(DeltaRsSink):
             raise RuntimeError(f"injected failure before publishing {table}")
         super().publish_runs(spark, output, table, staged, step)
         self.published.append(table)
+
+
+class FailingDeadLetters(_FailingDeadLetters, DeltaRsSink):
+    """The delta-rs sink, failing at dead_letters."""
+
+
+class FailingDeadLettersSpark(_FailingDeadLetters, DeltaSparkSink):
+    """The delta-spark sink, failing at dead_letters."""
 
 
 PUBLISHED_BEFORE_THE_FAILURE = {"runs", "messages", "attempts", "transitions", "load",

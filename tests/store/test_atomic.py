@@ -31,7 +31,13 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
-from support import PROJECT, PUBLISHED_BEFORE_THE_FAILURE, QUICK_JVM, FailingDeadLetters
+from support import (
+    PROJECT,
+    PUBLISHED_BEFORE_THE_FAILURE,
+    QUICK_JVM,
+    FailingDeadLetters,
+    FailingDeadLettersSpark,
+)
 
 from retrysim.checks.validate import validate_output
 from retrysim.runner import simulate
@@ -183,11 +189,13 @@ def staged_run(folder: Path, status: str = "complete") -> tuple[dict[str, str], 
     return staged, _stage(folder / "marker", "runs", [_runs_row("publishing")])
 
 
-def test_failure_between_table_commits_is_rolled_back(spark, tmp_path):
+@pytest.mark.parametrize("failing", [FailingDeadLetters, FailingDeadLettersSpark],
+                         ids=["delta-rs", "delta-spark"])  # fmt: skip
+def test_failure_between_table_commits_is_rolled_back(spark, tmp_path, failing):
     output = tmp_path / "out"
     lease = acquire_lease(str(output), "half")
     staged, marker = staged_run(Path(lease.staging))
-    sink = FailingDeadLetters()
+    sink = failing()
     with pytest.raises(RuntimeError, match="injected failure before publishing dead_letters"):
         publish_run(sink, spark, str(output), staged, marker, lease)
     lease.release()
