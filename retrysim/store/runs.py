@@ -159,13 +159,19 @@ def vacuum(
 def _spark_vacuum(
     spark: SparkSession, path: str, hours: int, dry_run: bool, force: bool
 ) -> list[str]:
-    """Delta's ``VACUUM``: the files it would remove (its dry run), then removed."""
+    """Delta's ``VACUUM`` (its ``DRY RUN`` for ``dry_run``). The files it removes are listed
+    by delta-rs' dry run beforehand, the same rule: a dry run of Delta's own is a second
+    pass of Spark jobs over the table's files for a count."""
     check = "spark.databricks.delta.retentionDurationCheck.enabled"
     spark.conf.set(check, str(not force).lower())
     try:
         command = f"VACUUM delta.`{path}` RETAIN {hours} HOURS"
-        files = [row[0] for row in spark.sql(f"{command} DRY RUN").collect()]
-        if files and not dry_run:
+        if dry_run:
+            return [row[0] for row in spark.sql(f"{command} DRY RUN").collect()]
+        files = DeltaTable(path).vacuum(
+            retention_hours=hours, dry_run=True, enforce_retention_duration=not force
+        )
+        if files:
             spark.sql(command).collect()
         return files
     finally:
