@@ -19,6 +19,7 @@ version, or a writer that took its snapshot before, would lose its files.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -163,19 +164,28 @@ def _spark_vacuum(
     by delta-rs' dry run beforehand, the same rule: a dry run of Delta's own is a second
     pass of Spark jobs over the table's files for a count."""
     check = "spark.databricks.delta.retentionDurationCheck.enabled"
+    # Delta lists the table's files in a job of this many tasks (Spark's default: 10,000,
+    # minutes of task overhead a table on a small machine); a core's worth does it
+    listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
     spark.conf.set(check, str(not force).lower())
+    spark.conf.set(listing, str(max(2, spark.sparkContext.defaultParallelism)))
     try:
         command = f"VACUUM delta.`{path}` RETAIN {hours} HOURS"
         if dry_run:
             return [row[0] for row in spark.sql(f"{command} DRY RUN").collect()]
-        files = DeltaTable(path).vacuum(
-            retention_hours=hours, dry_run=True, enforce_retention_duration=not force
-        )
+        files = [  # the log's expired tombstones whose files are still there
+            file
+            for file in DeltaTable(path).vacuum(
+                retention_hours=hours, dry_run=True, enforce_retention_duration=not force
+            )
+            if os.path.exists(os.path.join(path, file))
+        ]
         if files:
             spark.sql(command).collect()
         return files
     finally:
         spark.conf.unset(check)
+        spark.conf.unset(listing)
 
 
 def optimize(
