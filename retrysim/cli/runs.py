@@ -88,11 +88,11 @@ def runs_command(args: argparse.Namespace) -> int:
         for name, value in vars(run).items():
             print(f"{name}: {_shown(value)}", flush=True)
     elif args.action == "delete":
-        find_run(output, args.run_id)
+        find_run(output, args.run_id)  # before a Spark session starts for nothing
         removed = delete_run(output, args.run_id, say, _session(args))
         say(f"run {args.run_id}: deleted from {', '.join(removed)}")
     elif args.action == "optimize":
-        for run_id in args.run_ids or []:
+        for run_id in args.run_ids or []:  # before a Spark session starts for nothing
             find_run(output, run_id)
         done = optimize(output, args.run_ids, args.zorder, _session(args))
         say(f"optimize: {len(done)} tables compacted" if done else "optimize: no complete runs")

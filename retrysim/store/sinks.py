@@ -5,9 +5,11 @@ the run's partition of each table in a single Delta commit per table, ``runs`` l
 commit carries the run ids it published in its ``userMetadata`` (:func:`commit_note`), so
 ``DESCRIBE HISTORY`` says which runs each version holds.
 
-* :class:`DeltaSparkSink` — ``df.write.format("delta")`` with ``replaceWhere`` on run_id,
-  when the Delta classes load: the default, with the JARs ``scripts/delta-jars.sh`` fetched
-  (or a cluster started with ``--packages io.delta:delta-spark_2.13:...``).
+* :class:`DeltaSparkSink` — moves the staged files into the run's partition as delta-rs
+  does and commits the same add actions through Delta Lake's own transaction in the
+  driver's JVM, when the Delta classes load: the default, with the JARs
+  ``scripts/delta-jars.sh`` fetched (or a cluster started with ``--packages
+  io.delta:delta-spark_2.13:...``).
 * :class:`DeltaRsSink` — moves the staged Parquet files into ``<table>/run_id=<id>/`` and
   commits them with the ``deltalake`` package (add actions with statistics read from the
   Parquet footers; an overwrite filtered on ``run_id`` removes the run's previous files).
