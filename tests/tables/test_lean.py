@@ -90,6 +90,6 @@ def test_lean_through_the_command_line(tmp_path):
     ]  # fmt: skip
     done = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "tables (delta-rs, lean)" in done.stdout
+    assert "tables (delta-spark, lean)" in done.stdout  # the JARs setup fetched
     assert not (tmp_path / "transitions").exists()
     assert deltalake.DeltaTable(str(tmp_path / "attempts")).to_pandas()["run_id"].nunique() == 1
