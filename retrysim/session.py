@@ -49,7 +49,16 @@ DELTA_CONF = {
     "spark.databricks.delta.properties.defaults.columnMapping.mode": "none",
     # a table's log is a few commits a run: its state in 2 tasks, not Delta's default 50
     "spark.databricks.delta.snapshotPartitions": "2",
+    # no <version>.crc beside each commit (delta-rs writes none either): Delta writes it
+    # through Hadoop's local file system, which runs a readlink or chmod process for each of
+    # some ten steps of it (jvm/delta's log store says why)
+    "spark.databricks.delta.writeChecksumFile.enabled": "false",
 }
+
+# The log store the cached JARs bring for file: tables (jvm/delta/src): a commit without
+# Hadoop's processes, and a version's file created by exactly one writer.
+LOG_STORE_JAR = "retrysim-delta.jar"
+LOG_STORE_CONF = {"spark.delta.logStore.file.impl": "retrysim.delta.LocalFileLogStore"}
 
 
 # Where scripts/delta-jars.sh caches the JARs: the checkout's build folder, or RETRYSIM_JARS_DIR.
@@ -160,6 +169,8 @@ def build_session(
         if jars:
             own = given.get("spark.jars", "")
             settings["spark.jars"] = ",".join([*([own] if own else []), *jars])
+    if LOG_STORE_JAR in settings.get("spark.jars", given.get("spark.jars", "")):
+        settings.update(LOG_STORE_CONF)
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):
         # the JVM starts with this session (a notebook, the tests). Under spark-submit it is
         # running already and conf/spark passed the options, where a user's --conf wins.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Delta Lake JARs (delta-spark and delta-storage, at the version of the installed
-# delta-spark Python package), fetched once with Maven from jvm/delta/pom.xml into
-# build/jars/delta-<version>/ and printed as a comma-separated list for spark.jars.
+# delta-spark Python package) and retrysim-delta.jar (the log store retrysim commits file:
+# tables with, jvm/delta/src), fetched and built once with Maven from jvm/delta/pom.xml into
+# build/jars/delta-<version>/ and printed as a comma-separated list for spark.jars. A change
+# to jvm/delta builds the cache again.
 #
 #   scripts/delta-jars.sh     prints the JARs, fetching them first if they are not cached
 #
@@ -23,6 +25,13 @@ if [ -z "$version" ]; then
 fi
 dir="$CACHE/delta-$version"
 failed="$CACHE/delta-$version.failed"
+# what the cache was built from: a change to the pom or the log store's source rebuilds it
+sources="$(cd "$ROOT/jvm/delta" && find pom.xml src -type f | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-12)"
+hadoop_jar=("$ROOT"/.venv/lib/python3*/site-packages/pyspark/jars/hadoop-client-api-*.jar)
+hadoop="${hadoop_jar[0]##*/hadoop-client-api-}"
+hadoop="${hadoop%.jar}"
+
+cached() { [ "$(cat "$dir/.complete" 2>/dev/null)" = "$sources" ]; }
 
 print_jars() {
   local jars=("$dir"/*.jar)
@@ -30,11 +39,11 @@ print_jars() {
   echo "${jars[*]}"
 }
 
-[ ! -f "$dir/.complete" ] || { print_jars; exit 0; }
+! cached || { print_jars; exit 0; }
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9 # one fetch at a time; a second launcher waits for it and then reads the cache
-[ ! -f "$dir/.complete" ] || { print_jars; exit 0; }
+! cached || { print_jars; exit 0; }
 if [ -f "$failed" ] && [ -z "$(find "$failed" -mmin +"$RETRY_AFTER_MIN")" ]; then
   echo "retrysim: no Delta Lake JARs ($(cat "$failed")); committing with delta-rs" >&2
   exit 0
@@ -47,14 +56,17 @@ why=""
 if ! command -v mvn >/dev/null 2>&1; then
   why="mvn not found"
 elif ! mvn -B -q -Dstyle.color=never -f "$ROOT/jvm/delta/pom.xml" -Ddelta.version="$version" \
-  dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$scratch/jars" \
+  -Dhadoop.version="$hadoop" -Dbuild.folder="$scratch/target" \
+  package dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$scratch/jars" \
   >"$scratch/log" 2>&1; then
   # its first error, without colour codes or its "-> [Help 1]" pointer
   error="$(sed -e 's/\x1b\[[0-9;]*m//g' "$scratch/log" | grep -m1 '^\[ERROR\] [^ ]' |
     sed -e 's/^\[ERROR\] //' -e 's/ -> \[Help.*//' | cut -c1-300 || true)"
-  why="mvn: ${error:-failed, see mvn -f jvm/delta/pom.xml dependency:copy-dependencies}"
+  why="mvn: ${error:-failed, see mvn -f jvm/delta/pom.xml package}"
 elif ! ls "$scratch/jars"/delta-spark_*.jar "$scratch/jars"/delta-storage-*.jar >/dev/null 2>&1; then
   why="mvn fetched no delta-spark and delta-storage JARs"
+elif ! mv "$scratch/target/retrysim-delta.jar" "$scratch/jars/"; then
+  why="mvn built no retrysim-delta.jar"
 fi
 if [ -n "$why" ]; then
   echo "$why" >"$failed"
@@ -62,7 +74,7 @@ if [ -n "$why" ]; then
   exit 0
 fi
 rm -rf "$dir" "$failed"
-touch "$scratch/jars/.complete"
+echo "$sources" >"$scratch/jars/.complete"
 mv "$scratch/jars" "$dir"
 echo " done" >&2
 print_jars

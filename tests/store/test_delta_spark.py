@@ -230,3 +230,38 @@ def test_a_table_past_its_checkpoint_still_commits_and_reads(spark, tmp_path):
     counts = spark.read.format("delta").load(table_path(output, "messages")).groupBy("run_id")
     assert sorted(tuple(r) for r in counts.count().collect()) == [("r0", 1), ("r1", 1), ("r2", 1)]
     assert spark.sql(f"DESCRIBE HISTORY delta.`{table_path(output, 'messages')}`").count() == 12
+
+
+def test_the_log_store_gives_each_version_to_one_writer(spark, tmp_path):
+    """The sessions commit file: tables through retrysim's log store (jvm/delta): of several
+    writers of one version exactly one creates it, whole; the others get the
+    FileAlreadyExistsException Delta retries on; the commits leave no Hadoop checksum files
+    and no version checksums (the processes they cost)."""
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.delta.logStore.file.impl") == "retrysim.delta.LocalFileLogStore"
+    jvm = spark._jvm
+    hadoop = spark._jsc.hadoopConfiguration()
+    version = jvm.org.apache.hadoop.fs.Path(
+        str(tmp_path / "_delta_log" / "00000000000000000000.json")
+    )
+    stores = [jvm.retrysim.delta.LocalFileLogStore(hadoop) for _ in range(3)]
+    outcomes = []
+    for k, store in enumerate(stores):
+        lines = jvm.java.util.ArrayList()
+        lines.add(f'{{"writer":{k}}}')
+        try:
+            store.write(version, lines.iterator(), False, hadoop)
+            outcomes.append("wrote")
+        except Exception as error:  # py4j carries the Java exception's class name
+            outcomes.append("refused" if "FileAlreadyExistsException" in str(error) else error)
+    assert outcomes == ["wrote", "refused", "refused"]
+    assert (tmp_path / "_delta_log" / "00000000000000000000.json").read_text() == '{"writer":0}\n'
+    assert [p.name for p in (tmp_path / "_delta_log").iterdir()] == ["00000000000000000000.json"]
+
+    output = str(tmp_path / "out")
+    simulate(spark, SMALL, output=output, run_id="one", sink="delta-spark", validate=False)
+    simulate(spark, SMALL, output=output, run_id="one", sink="delta-spark", validate=False)
+    log = Path(table_path(output, "attempts")) / "_delta_log"
+    assert sorted(p.name for p in log.iterdir() if p.is_file()) == [
+        "00000000000000000000.json", "00000000000000000001.json",
+    ]  # fmt: skip
