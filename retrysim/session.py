@@ -53,6 +53,9 @@ DELTA_CONF = {
     # through Hadoop's local file system, which runs a readlink or chmod process for each of
     # some ten steps of it (jvm/delta's log store says why)
     "spark.databricks.delta.writeChecksumFile.enabled": "false",
+    # nor the list of a table's files kept for it: a commit collected the previous version's
+    # files with a Spark query to keep it (0.3 s a new table in a run's JVM)
+    "spark.databricks.delta.allFilesInCrc.enabled": "false",
 }
 
 # The log store the cached JARs bring for file: tables (jvm/delta/src): a commit without
