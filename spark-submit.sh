@@ -26,6 +26,17 @@ submit_master="${MASTER:-}"
 py_files_at=-1
 jars_at=-1
 driver_path_at=-1
+# a --conf spark.jars=... or spark.driver.extraClassPath=... (where the JARs are added when
+# the flag is not given: spark-submit's flag would replace the setting)
+conf_jars_at=-1
+conf_path_at=-1
+note_conf() { # the index in submit of a --conf value just added
+  case "$1" in
+    spark.master=*) submit_master="${1#spark.master=}" ;;
+    spark.jars=*) conf_jars_at=$((${#submit[@]} - 1)) ;;
+    spark.driver.extraClassPath=*) conf_path_at=$((${#submit[@]} - 1)) ;;
+  esac
+}
 i=0
 while [ "$i" -lt "${#args[@]}" ]; do
   arg="${args[$i]}"
@@ -33,7 +44,7 @@ while [ "$i" -lt "${#args[@]}" ]; do
     -h | --help | -v | --verbose | --version | --supervise | --usage-error | --load-spark-defaults)
       submit+=("$arg") ;;
     --master=*) submit_master="${arg#--master=}"; submit+=("$arg") ;;
-    --conf=spark.master=*) submit_master="${arg#--conf=spark.master=}"; submit+=("$arg") ;;
+    --conf=*) submit+=("--conf" "${arg#--conf=}"); note_conf "${arg#--conf=}" ;;
     --py-files=*) submit+=("--py-files" "${arg#--py-files=}"); py_files_at=$((${#submit[@]} - 1)) ;;
     --jars=*) submit+=("--jars" "${arg#--jars=}"); jars_at=$((${#submit[@]} - 1)) ;;
     --driver-class-path=*)
@@ -42,11 +53,11 @@ while [ "$i" -lt "${#args[@]}" ]; do
     -*=*) submit+=("$arg") ;;
     -*)
       value="${args[$((i + 1))]:-}"
+      submit+=("$arg" "$value")
       case "$arg" in
         --master) submit_master="$value" ;;
-        --conf | -c) [[ "$value" != spark.master=* ]] || submit_master="${value#spark.master=}" ;;
+        --conf | -c) note_conf "$value" ;;
       esac
-      submit+=("$arg" "$value")
       [ "$arg" != --py-files ] || py_files_at=$((${#submit[@]} - 1))
       [ "$arg" != --jars ] || jars_at=$((${#submit[@]} - 1))
       [ "$arg" != --driver-class-path ] || driver_path_at=$((${#submit[@]} - 1))
@@ -70,11 +81,15 @@ if [ -n "$app" ] && [[ " ${submit[*]} " != *delta-spark* ]]; then
   if [ -n "$delta_jars" ]; then
     if [ "$jars_at" -ge 0 ]; then
       submit[$jars_at]="${submit[$jars_at]},$delta_jars"
+    elif [ "$conf_jars_at" -ge 0 ]; then
+      submit[$conf_jars_at]="${submit[$conf_jars_at]},$delta_jars"
     else
       submit+=(--jars "$delta_jars")
     fi
     if [ "$driver_path_at" -ge 0 ]; then
       submit[$driver_path_at]="${submit[$driver_path_at]}:${delta_jars//,/:}"
+    elif [ "$conf_path_at" -ge 0 ]; then
+      submit[$conf_path_at]="${submit[$conf_path_at]}:${delta_jars//,/:}"
     else
       submit+=(--driver-class-path "${delta_jars//,/:}")
     fi

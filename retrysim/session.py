@@ -155,9 +155,11 @@ def build_session(
     """Get or create the session with retrysim's settings; ``conf`` entries win.
     ``light_jit``: the driver JVM compiles with C1 alone until a run asks for more
     (:func:`light_jit`); the commands that simulate ask for it."""
-    if light_jit and os.environ.get("PYSPARK_GATEWAY_PORT"):
-        SparkContext._ensure_initialized()  # spark-submit's JVM: connects, starts nothing
-        _compile_lightly(SparkContext._gateway)
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # spark-submit's JVM: connects, starts nothing; SparkConf() then reads its settings
+        SparkContext._ensure_initialized()
+        if light_jit:
+            _compile_lightly(SparkContext._gateway)
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)

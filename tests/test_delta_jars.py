@@ -104,3 +104,30 @@ def test_where_nothing_can_be_fetched_one_line_says_so_and_delta_rs_commits(tmp_
     assert again.returncode == 0
     (line,) = [line for line in again.stderr.splitlines() if "Delta Lake JARs" in line]
     assert line.startswith("retrysim: no Delta Lake JARs (mvn: ")
+
+
+def test_the_launcher_adds_the_jars_to_the_users_own_class_path_settings(tmp_path):
+    """A class path or JAR list given as --conf keeps its entries and gains the cached JARs
+    (spark-submit's --driver-class-path or --jars flag would replace the setting), and the
+    session names retrysim's log store."""
+    job = tmp_path / "show_conf.py"
+    job.write_text(
+        "from retrysim.session import build_session\n"
+        "conf = build_session(master='local[1]').sparkContext.getConf()\n"
+        "for key in ('spark.driver.extraClassPath', 'spark.jars', "
+        "'spark.delta.logStore.file.impl'):\n"
+        "    print(key, conf.get(key, ''))\n"
+    )
+    own = sorted((PROJECT / ".venv").glob("lib/python3*/site-packages/pyspark/jars/zstd-*.jar"))[0]
+    command = ["./spark-submit.sh", "--conf", "spark.driver.extraClassPath=/opt/user/extra.jar",
+               f"--conf=spark.jars=file://{own}", str(job)]  # fmt: skip
+    done = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = dict(
+        line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith("spark.")
+    )
+    path, jars = shown["spark.driver.extraClassPath"].split(":"), shown["spark.jars"].split(",")
+    assert path[0] == "/opt/user/extra.jar" and jars[0].endswith(own.name), shown
+    for jar in delta_jar_paths():
+        assert jar in path and any(j.endswith(Path(jar).name) for j in jars), (jar, shown)
+    assert shown["spark.delta.logStore.file.impl"] == "retrysim.delta.LocalFileLogStore"
