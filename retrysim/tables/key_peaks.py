@@ -77,10 +77,19 @@ class GroupSums:
         (level 0 rows; null where no delivery started and nothing was written)."""
         busiest = dict(self.busiest)
         none = (None,) * BusiestSeconds.RATES
-        return [
+        rows = [
             (*row, *(busiest.get(row[0], none) if row[1] == ALL_LEVELS else none))
             for row in self.gauges
         ]
+        # buckets with writes and no gauge change (bucket_changes' full join)
+        gauged = {row[0] for row in self.gauges if row[1] == ALL_LEVELS}
+        gauges = len(GAUGES)
+        rows += [
+            (bucket, ALL_LEVELS, self.group, *(0,) * gauges, None, *(None,) * gauges, *rates)
+            for bucket, rates in self.busiest
+            if bucket not in gauged
+        ]
+        return rows
 
     def merged(self, other: GroupSums) -> GroupSums:
         """These sums with ``other``'s shares (the same group's, from another task; a

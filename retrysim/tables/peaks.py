@@ -186,7 +186,8 @@ def bucket_changes(
     gauge's net change (``<gauge>_total``) and rise (``<gauge>_rise``, its largest value in
     the bucket minus the value it entered with), each rate's busiest second starting in the
     bucket (``<rate>_busiest``) and the longest wait of a delivery that left Ready in it
-    (``longest_wait``). Level L rows: ``schedule_total`` and ``schedule_rise`` of delay level
+    (``longest_wait``); a bucket with rates and no gauge change has zero totals and null
+    rises and wait. Level L rows: ``schedule_total`` and ``schedule_rise`` of delay level
     L. Held in executor memory: a few rows per bucket. The rows of the groups in ``known``
     come from the tasks that simulated them (:mod:`retrysim.tables.key_peaks`)."""
     bucket_ms = scenario.load_bucket
@@ -216,7 +217,13 @@ def bucket_changes(
         )
 
     def changes_of(rows: DataFrame) -> DataFrame:
-        return gauges_of(rows).join(rates_of(rows), keys, "left")
+        # a bucket where only commit-log writes happen (a 5.x pop's checkpoint and ack put by
+        # the timer wheel a minute on) changes no gauge, and its busiest second still counts
+        return (
+            gauges_of(rows)
+            .join(rates_of(rows), keys, "full")
+            .fillna(0, subset=[f"{g}_total" for g in GAUGES])
+        )
 
     groups = [group.name for group in scenario.groups]
     return with_known(

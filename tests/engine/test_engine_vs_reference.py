@@ -360,6 +360,37 @@ def test_a_replay_on_an_idle_ordered_lane_goes_before_a_later_first_delivery(
     compare(spark, result, simulate_scenario(REPLAY_ON_IDLE_LANE))
 
 
+# A hypothesis find: a 5.x pop's checkpoint and ack are both put again by the timer wheel
+# when the message would be visible again (63 s), a load bucket where no gauge changes;
+# the summary's busiest second of writes left that bucket out (1 where the broker has 2).
+WRITES_ALONE_IN_A_BUCKET = {
+    "name": "writes-alone", "seed": 2, "horizon": "10m",
+    "groups": [{
+        "name": "g1", "flavor": "rocketmq5.push", "consumers": "unlimited",
+        "workload": {"messages": 1, "over": "1ms", "queues": 3},
+        "behavior": {"processing_time": "2s", "ready_wait": "3s"},
+    }],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_writes_in_a_bucket_without_gauge_changes_count_in_the_busiest_second(
+    spark, tmp_path_factory, path
+):
+    scenario = WRITES_ALONE_IN_A_BUCKET
+    result = simulate(
+        spark,
+        build_scenario(scenario),
+        output=str(tmp_path_factory.mktemp("writes-alone")),
+        run_id="alone",
+        small_group=0 if path == "rounds first" else SMALL_GROUP_MESSAGES,
+        unit_messages=0 if path == "in units" else None,
+    )
+    reference = simulate_scenario(scenario)
+    assert busiest_second(scenario, reference) == {"g1": 2}
+    compare_writes(spark, result, scenario, reference)
+
+
 # A hypothesis find: the replay lands at 30 s, the very millisecond a retry waiting on
 # instance 0 becomes eligible; nothing else happens at 30 s.
 REPLAY_WHILE_A_RETRY_WAITS = {
