@@ -13,7 +13,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$ROOT/scripts/bootstrap.sh"
 export PYSPARK_PYTHON="${PYSPARK_PYTHON:-$ROOT/.venv/bin/python}"
 export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$ROOT/.venv/bin/python}"
-export SPARK_HOME="${SPARK_HOME:-$("$ROOT/.venv/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')}"
+if [ -z "${SPARK_HOME:-}" ]; then # the venv's pyspark (found without importing it: 0.2 s)
+  homes=("$ROOT"/.venv/lib/python3*/site-packages/pyspark/jars)
+  SPARK_HOME="$(dirname "${homes[0]}")"
+fi
+export SPARK_HOME
 cd "$ROOT"
 # Split the arguments into spark-submit options, the application file and the job's options
 # (spark-submit's own rule: the first argument that is neither an option nor an option's

@@ -20,13 +20,18 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 [ "${RETRYSIM_CLASS_ARCHIVE:-}" != off ] || exit 0
 [ -z "${RETRYSIM_CLASS_ARCHIVE_RECORD:-}" ] || exit 0 # this is the recording run itself
 command -v java >/dev/null 2>&1 || exit 0
-SPARK_HOME="${SPARK_HOME:-$("$ROOT/.venv/bin/python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')}"
+if [ -z "${SPARK_HOME:-}" ]; then
+  homes=("$ROOT"/.venv/lib/python3*/site-packages/pyspark/jars)
+  SPARK_HOME="$(dirname "${homes[0]}")"
+fi
 DIR="$ROOT/build/jvm"
 key="$(
   {
-    java="${JAVA_HOME:+$JAVA_HOME/bin/}java" # the one spark-class runs
-    readlink -f "$(command -v "$java")"
-    "$java" -version 2>&1
+    java="$(readlink -f "$(command -v "${JAVA_HOME:+$JAVA_HOME/bin/}java")")" # spark-class's
+    # which JDK, without starting it (java -version: a JVM at every launch)
+    echo "$java"
+    stat -c '%s %Y' "$java"
+    cat "$(dirname "$(dirname "$java")")/release" 2>/dev/null || true
     cat "${BASH_SOURCE[0]}"
     echo "$SPARK_HOME" "$ROOT/build/spark-conf"
     ls -l --time-style=+%s "$SPARK_HOME/jars"
