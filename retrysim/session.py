@@ -49,12 +49,10 @@ DELTA_CONF = {
     "spark.databricks.delta.properties.defaults.columnMapping.mode": "none",
     # a table's log is a few commits a run: its state in 2 tasks, not Delta's default 50
     "spark.databricks.delta.snapshotPartitions": "2",
-    # no <version>.crc beside each commit (delta-rs writes none either): Delta writes it
-    # through Hadoop's local file system, which runs a readlink or chmod process for each of
-    # some ten steps of it (jvm/delta's log store says why)
-    "spark.databricks.delta.writeChecksumFile.enabled": "false",
-    # nor the list of a table's files kept for it: a commit collected the previous version's
-    # files with a Spark query to keep it (0.3 s a new table in a run's JVM)
+    # the <version>.crc beside each commit stays (a new JVM reads a table's protocol and
+    # metadata from it; without it, a Spark job over the log, 1 s a table), without the list
+    # of the table's files: a commit collected the previous version's files with a Spark
+    # query to keep it (0.3 s a new table in a run's JVM)
     "spark.databricks.delta.allFilesInCrc.enabled": "false",
 }
 

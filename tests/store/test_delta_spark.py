@@ -235,8 +235,9 @@ def test_a_table_past_its_checkpoint_still_commits_and_reads(spark, tmp_path):
 def test_the_log_store_gives_each_version_to_one_writer(spark, tmp_path):
     """The sessions commit file: tables through retrysim's log store (jvm/delta): of several
     writers of one version exactly one creates it, whole; the others get the
-    FileAlreadyExistsException Delta retries on; the commits leave no Hadoop checksum files
-    and no version checksums (the processes they cost)."""
+    FileAlreadyExistsException Delta retries on; the commit files come without Hadoop's
+    checksum files beside them (the processes they cost), each version with Delta's own
+    checksum (a new JVM reads the table's protocol and metadata from it)."""
     conf = spark.sparkContext.getConf()
     assert conf.get("spark.delta.logStore.file.impl") == "retrysim.delta.LocalFileLogStore"
     jvm = spark._jvm
@@ -262,6 +263,7 @@ def test_the_log_store_gives_each_version_to_one_writer(spark, tmp_path):
     simulate(spark, SMALL, output=output, run_id="one", sink="delta-spark", validate=False)
     simulate(spark, SMALL, output=output, run_id="one", sink="delta-spark", validate=False)
     log = Path(table_path(output, "attempts")) / "_delta_log"
-    assert sorted(p.name for p in log.iterdir() if p.is_file()) == [
-        "00000000000000000000.json", "00000000000000000001.json",
-    ]  # fmt: skip
+    written = {p.name for p in log.iterdir() if p.is_file()}
+    assert {"00000000000000000000.json", "00000000000000000001.json"} <= written
+    assert {"00000000000000000000.crc", "00000000000000000001.crc"} <= written
+    assert not {name for name in written if name.endswith(".json.crc")}, written
