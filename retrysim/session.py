@@ -57,9 +57,17 @@ DELTA_CONF = {
 }
 
 # The log store the cached JARs bring for file: tables (jvm/delta/src): a commit without
-# Hadoop's processes, and a version's file created by exactly one writer.
+# Hadoop's processes, and a version's file created by exactly one writer. Delta writes each
+# version's checksum through Spark's checkpoint file manager instead: its FileSystem form
+# runs 2 of those processes where the FileContext form ran 6 (a new table's commit 0.12 ->
+# 0.06 s, a later one 0.09 -> 0.04 s).
 LOG_STORE_JAR = "retrysim-delta.jar"
-LOG_STORE_CONF = {"spark.delta.logStore.file.impl": "retrysim.delta.LocalFileLogStore"}
+LOG_STORE_CONF = {
+    "spark.delta.logStore.file.impl": "retrysim.delta.LocalFileLogStore",
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    ),
+}
 
 
 # Where scripts/delta-jars.sh caches the JARs: the checkout's build folder, or RETRYSIM_JARS_DIR.
