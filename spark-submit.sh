@@ -83,17 +83,16 @@ done
 if [ -n "$app" ] && [[ " ${submit[*]} " != *delta-spark* ]]; then
   delta_jars="$("$ROOT/scripts/delta-jars.sh")"
   if [ -n "$delta_jars" ]; then
+    # the flag's value where both are given (spark-submit takes the flag's)
+    [ "$jars_at" -ge 0 ] || jars_at=$conf_jars_at
+    [ "$driver_path_at" -ge 0 ] || driver_path_at=$conf_path_at
     if [ "$jars_at" -ge 0 ]; then
       submit[$jars_at]="${submit[$jars_at]},$delta_jars"
-    elif [ "$conf_jars_at" -ge 0 ]; then
-      submit[$conf_jars_at]="${submit[$conf_jars_at]},$delta_jars"
     else
       submit+=(--jars "$delta_jars")
     fi
     if [ "$driver_path_at" -ge 0 ]; then
       submit[$driver_path_at]="${submit[$driver_path_at]}:${delta_jars//,/:}"
-    elif [ "$conf_path_at" -ge 0 ]; then
-      submit[$conf_path_at]="${submit[$conf_path_at]}:${delta_jars//,/:}"
     else
       submit+=(--driver-class-path "${delta_jars//,/:}")
     fi
