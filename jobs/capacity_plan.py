@@ -5,7 +5,7 @@ Thin on purpose: all logic lives in the retrysim package (retrysim/cli/plan.py).
 
 import sys
 
-from retrysim.cli.main import main
+from retrysim.cli.main import run_process
 
 if __name__ == "__main__":
-    sys.exit(main(["plan", *sys.argv[1:]]))
+    run_process(["plan", *sys.argv[1:]])

@@ -1,5 +1,3 @@
-import sys
+from retrysim.cli.main import run_process
 
-from retrysim.cli.main import main
-
-sys.exit(main())
+run_process()

@@ -42,9 +42,13 @@ _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
 # first two take a share each, so neither waits for the other's work.
 PEAKS, COUNTS, RATES = "peaks", "counts", "rates"
 SHARES = frozenset({PEAKS, COUNTS, RATES})
-# The peaks of the even and of the odd buckets (a bucket's rows depend on its moments
-# alone): two tasks that simulate the same group split the peaks' sort, the larger share.
-PEAK_HALVES = ("peaks of even buckets", "peaks of odd buckets")
+# The peaks of two sets of buckets (a bucket's rows depend on its moments alone): two tasks
+# that simulate the same group split the peaks' sort, the larger share. The first set is 5
+# buckets of every 8, since its task also sums up the rates where the other sums up the
+# counts (at 3M messages the peaks cost about 1.2 s, the counts 0.55 s, the rates 0.25 s):
+# about 1 s each, where halves left one task 0.2 s behind the other.
+PEAK_HALVES = ("peaks of the first buckets of 8", "peaks of the other buckets of 8")
+FIRST_BUCKETS_OF_8 = 5
 
 
 @dataclass(frozen=True)
@@ -205,7 +209,7 @@ class GroupSummer:
         """Which moments fall in the buckets this task's peaks cover."""
         if self.parity is None:
             return True
-        return (at // self.bucket_ms) % 2 == self.parity
+        return ((at // self.bucket_ms) % 8 < FIRST_BUCKETS_OF_8) == (self.parity == 0)
 
     def _add_peaks(self, rows: Attempts) -> None:
         ready, start, processing, end = rows.ready, rows.start, rows.processing, rows.end

@@ -164,10 +164,10 @@ def test_a_group_alone_on_the_cores_is_written_by_all_of_them(spark, simulated, 
 
 
 def test_the_halves_of_the_peaks_merge_in_any_order_and_a_retried_half_replaces():
-    """Two tasks sum up the peaks of the even and the odd buckets, one with the rates and
+    """Two tasks sum up the peaks of two sets of buckets, one with the rates and
     the other with the counts: merged, their rows are one task's, in its order, with each
     share's values; a half that comes again (a retried task) changes nothing."""
-    even, odd = (frozenset({half}) for half in PEAK_HALVES)
+    even, odd = (frozenset({half}) for half in PEAK_HALVES)  # here, buckets 0 and 1
     row = lambda bucket, level: (bucket, level, "g", 1)  # noqa: E731
     rates = {"ttc": [1.0, 2.0], "ttd": None, "busiest": ((0, (3, 1, 4)),)}
     counts = {"compact": (("g", True),), "dead_letters": 7}
