@@ -25,7 +25,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from retrysim.checks.validate import StagedRun, check_staged_runs
 from retrysim.engine.choice import SMALL_GROUP_MESSAGES, simulate_runs_attempts
-from retrysim.engine.rounds import TAIL_ROWS, Progress
+from retrysim.engine.rounds import TAIL_ROWS
+from retrysim.progress import Progress
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.spec import Scenario
 from retrysim.store import views

@@ -1,5 +1,6 @@
-"""The package layout as rules: the import graph has no cycle, the command line sits on top,
-a flavor's name is known to one module, and the compiled loop's workers load no pandas.
+"""The package layout as rules: the import graph has no cycle (type-only imports counted),
+imports inside functions are few and each says why, the command line sits on top, a
+flavor's name is known to one module, and the compiled loop's workers load no pandas.
 Pure Python: reads the sources, and imports the workers' modules in a subprocess."""
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from support import PROJECT
 
 PACKAGE = PROJECT / "retrysim"
 # Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
-# which only executors that run the compiled loop and a check from staged files need).
+# which only executors that run the compiled loop and a check from staged files need), at
+# most DEFERRED_AT_MOST import lines, each with its reason in a comment on the line.
 DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.compiled", "retrysim.checks.files",
             "retrysim.checks.spark_hash"}  # fmt: skip
+DEFERRED_AT_MOST = 8
 FLAVOR_NAMES = (
     "rocketmq4.concurrently",
     "rocketmq4.orderly",
@@ -44,10 +47,12 @@ def _type_checking_nodes(tree: ast.Module) -> set[int]:
     return skipped
 
 
-def imports(module: str) -> list[tuple[str, bool]]:
-    """(imported retrysim module, inside a function?) for every import the module runs."""
+def imports(module: str, type_only: bool = True) -> list[tuple[str, bool]]:
+    """(imported retrysim module, inside a function?) for every import of the module, those
+    under ``if TYPE_CHECKING`` too unless ``type_only`` is false: a cycle through a type
+    is a cycle of the design, though Python never runs it."""
     tree = ast.parse(MODULES[module].read_text())
-    skipped = _type_checking_nodes(tree)
+    skipped = set() if type_only else _type_checking_nodes(tree)
     found: list[tuple[str, bool]] = []
 
     def visit(node: ast.AST, nested: bool) -> None:
@@ -98,14 +103,38 @@ def test_the_import_graph_has_no_cycle():
             visit(module)
 
 
-def test_imports_inside_functions_only_defer_matplotlib():
+def _deferred_lines() -> list[tuple[str, int, str]]:
+    """(module, line number, line) of each import of a retrysim module inside a function."""
+    found = []
+    for module, path in MODULES.items():
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""]
+                elif isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                else:
+                    continue
+                if any(name.startswith("retrysim") for name in names):
+                    found.append((module, node.lineno, lines[node.lineno - 1]))
+    return sorted(set(found))
+
+
+def test_imports_inside_functions_only_defer_heavy_dependencies_and_say_why():
     deferred = {
         (module, target)
         for module in MODULES
-        for target, inner in imports(module)
+        for target, inner in imports(module, type_only=False)
         if inner and target not in DEFERRED
     }
     assert not deferred
+    lines = _deferred_lines()
+    assert 0 < len(lines) <= DEFERRED_AT_MOST, lines
+    assert [line for line in lines if "#" not in line[2]] == []
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from retrysim.engine.numba_cache import cache_by_source
 from retrysim.model import rng
+from retrysim.numba_cache import cache_by_source
 
 cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 

@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
+from types import ModuleType
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -285,8 +286,7 @@ def _fast_counts(
     sums summary and load must match, the chain digests; per run, its runs rows. ``files``
     (run -> table -> staged folder): the passes over those tables run in Python tasks
     instead (:mod:`retrysim.checks.files`), with the same results."""
-    from retrysim.checks import files as file_passes  # numba: only a check from files needs it
-
+    file_passes = _file_passes()
     parts: dict[str, Callable[[], DataFrame]] = {
         "load": lambda: counts.load_counts(tables["load"]),
         "summary": lambda: counts.summary_counts(tables["summary"]),
@@ -339,6 +339,14 @@ def _fast_counts(
     return groups, runs
 
 
+def _file_passes() -> ModuleType:
+    """The passes over staged files (:mod:`retrysim.checks.files`), imported when a check
+    reads files: they load numba, which a command that only reads tables never needs."""
+    from retrysim.checks import files  # numba: only a check from staged files needs it
+
+    return files
+
+
 def _load_ends(tables: Mapping[str, DataFrame]) -> DataFrame:
     """Each group's load end (``load_end_ms``), which the chains and row-by-row passes read."""
     return counts.load_counts(tables["load"]).select(*invariants.GROUP, "load_end_ms")
@@ -347,8 +355,7 @@ def _load_ends(tables: Mapping[str, DataFrame]) -> DataFrame:
 def _from_files(files: dict[str, dict[str, str]], parts: dict[str, Any]) -> set[str]:
     """The passes of ``parts`` whose table every run has as staged files, but the attempts'
     transitions of a run with 5.x pops (their commit-log writes are Spark's rule alone)."""
-    from retrysim.checks import files as file_passes
-
+    file_passes = _file_passes()
     covered = {
         name
         for name in parts
@@ -572,13 +579,12 @@ def check_staged_runs(
             for name in SCHEMAS
         }
     )
-    from retrysim.checks.files import GENERATED
-
+    generated = _file_passes().GENERATED
     files = {}
     for run in runs:
         files[run.run_id] = dict(run.staged)
         if "messages" in (run.derived or {}):
-            files[run.run_id]["messages"] = GENERATED
+            files[run.run_id]["messages"] = generated
     lean = any("transitions" in (run.derived or {}) for run in runs)
     report = validate_tables(tables, transitions_derived=lean, files=files)
     if not report.ok:

@@ -10,6 +10,7 @@ is dropped from the round files and simulated again event by event.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -23,7 +24,6 @@ from pyspark.sql import functions as F
 from retrysim.engine.capacity import CERTAINLY_FULL, offered_load, peak_concurrency
 from retrysim.engine.rounds import (
     GroupPlan,
-    Progress,
     RoundRun,
     group_plans,
     key_specs,
@@ -43,11 +43,11 @@ from retrysim.engine.sequential import (
     units_of,
     write_runs_attempts,
 )
+from retrysim.progress import Progress
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
 from retrysim.session import full_jit
-from retrysim.store.sinks import remove_tree
-from retrysim.tables.key_peaks import GroupSums, GroupSumsParam
+from retrysim.tables.group_sums import GroupSums, GroupSumsParam
 from retrysim.tables.schemas import STAGE
 from retrysim.tables.task_tables import TASK_TABLES_DIR
 from retrysim.tables.writes import pops_of
@@ -291,7 +291,7 @@ def _drop_groups(spark: SparkSession, folder: str, groups: set[str]) -> None:
     kept = f"{folder}-kept"
     rows = spark.read.parquet(folder).select(*STAGE.fieldNames())
     rows.where(~F.col("group").isin(*sorted(groups))).write.parquet(f"{kept}/round=00001")
-    remove_tree(folder)
+    shutil.rmtree(folder, ignore_errors=True)
     os.replace(kept, folder)
 
 
@@ -359,7 +359,7 @@ def _run_sequential(
             spark, [spec for spec in specs if spec.key in split], path, owners_beats, say
         )
         beats += read_heartbeats(owners_beats)
-    remove_tree(heartbeats)
+    shutil.rmtree(heartbeats, ignore_errors=True)
     if len(beats) == keys and all(beat["sim_ms"] == beat["horizon_ms"] for beat in beats):
         count = sum(beat["deliveries"] for beat in beats)  # every key's last word
     else:  # a key without messages, or an executor that cannot write the folder

@@ -16,7 +16,7 @@ request, with a fast path for first deliveries, and runs a group's units (docs/m
 per queue. Replays and a round run's frontier stay with the Python loop. A loop is a
 generator: a key's rows leave in chunks, and between chunks it reports how far it got for
 the heartbeat. numba caches the compiled code on disk, keyed by the source
-(:mod:`retrysim.engine.numba_cache`), so only the first run on a machine pays the compilation (about
+(:mod:`retrysim.numba_cache`), so only the first run on a machine pays the compilation (about
 40 s for both loops; setup does it).
 """
 
@@ -34,12 +34,12 @@ from numba import njit, types
 from numba.np.unsafe.ndarray import to_fixed_tuple
 from numba.typed import Dict, List
 
-from retrysim.engine.numba_cache import cache_by_source
 from retrysim.model import behavior as listener
 from retrysim.model import rng, states
 from retrysim.model.behavior import ListenerModel, _Dist
 from retrysim.model.policy import Policy, policy_for
 from retrysim.model.topology import AVERAGELY_BY_CIRCLE, BY_MESSAGE, BY_QUEUE
+from retrysim.numba_cache import cache_by_source
 from retrysim.scenario import limits
 from retrysim.scenario.loading import load_scenario
 from retrysim.tables.schemas import STAGE, STAGE_ARROW

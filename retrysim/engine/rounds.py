@@ -40,11 +40,10 @@ from retrysim.model.states import (
     READY_REPLAYED,
     WAITING_RETRY,
 )
-from retrysim.model.workload import messages_df
+from retrysim.model.workload import all_messages
+from retrysim.progress import Progress
 from retrysim.scenario.spec import Group, Scenario
 from retrysim.tables.schemas import STAGE, schema_columns
-
-Progress = Callable[[str], None]
 
 # A frontier this thin is finished event by event in one stage (sequential.frontier_attempts)
 # rather than one Spark stage per remaining round: a round has a fixed cost however small its
@@ -128,12 +127,6 @@ def union_all(frames: list[DataFrame]) -> DataFrame:
     for frame in frames[1:]:
         result = result.unionByName(frame)
     return result
-
-
-def all_messages(spark: SparkSession, scenario: Scenario, groups: list[Group] | None = None):
-    """Every group's messages, one DataFrame (``messages`` table shape, no run_id)."""
-    chosen = groups if groups is not None else list(scenario.groups)
-    return union_all([messages_df(spark, group, scenario.seed) for group in chosen])
 
 
 def first_frontier(messages: DataFrame, horizon_ms: int) -> DataFrame:

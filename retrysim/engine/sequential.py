@@ -16,6 +16,7 @@ import gc
 import heapq
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,9 +48,9 @@ from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior, Workload
 from retrysim.session import python_tasks
-from retrysim.store.sinks import remove_tree
+from retrysim.tables.group_sums import COUNTS, PEAK_HALVES, RATES, SHARES
 from retrysim.tables.key_counts import Columns
-from retrysim.tables.key_peaks import COUNTS, PEAK_HALVES, RATES, SHARES, GroupSummer
+from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import SCHEMAS, STAGE, STAGE_ARROW, data_schema
 from retrysim.tables.schemas import write_rows as write_small_rows
 from retrysim.tables.task_tables import TaskTableWriter, messages_of, parquet_writer
@@ -916,7 +917,7 @@ def write_runs_attempts(
             if table != "attempts" and not os.listdir(target):  # no rows: a file with the columns
                 write_small_rows([], data_schema(SCHEMAS[table]), target)
     finally:
-        remove_tree(attempts_dir)
+        shutil.rmtree(attempts_dir, ignore_errors=True)
     return sum(row["rows"] for row in written if row["table"] == "attempts")
 
 

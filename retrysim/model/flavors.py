@@ -16,17 +16,36 @@ import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from retrysim.model.states import LOCAL, NO_RETRY, REVIVE, SCHEDULE, VISIBLE
 from retrysim.model.topology import BROADCAST, BY_MESSAGE, BY_QUEUE
 from retrysim.scenario import limits
 from retrysim.scenario.units import parse_delay_levels
 
-if TYPE_CHECKING:
-    from retrysim.scenario.spec import Group
 
-Rules = Callable[["Group", tuple[int, ...]], dict[str, object]]
+class _Behavior(Protocol):
+    send_back_fallback_probability: float
+
+
+class Group(Protocol):
+    """What a flavor's rules read of a scenario's group (``retrysim.scenario.spec.Group``
+    has it all): the scenario validates a group against the flavors, so the flavors name
+    what they read instead of importing the scenario."""
+
+    max_reconsume_times: int
+    delay_level_when_next_consume: int
+    consume_timeout: int | None
+    suspend_current_queue_time: int
+    invisible_duration: int
+    retry_policy: Any  # the scenario's RetryPolicy, or None
+    behavior: _Behavior
+
+    @property
+    def policy_kind(self) -> str | None: ...
+
+
+Rules = Callable[[Group, tuple[int, ...]], dict[str, object]]
 
 # The scenario keys that only some flavors read, in the order their errors are reported;
 # a key a flavor does not read is an error, not a silently ignored line.

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import reduce
 
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from retrysim.model.rng import uniform, uniform_np
-from retrysim.scenario.spec import Group, Piece, Workload
+from retrysim.scenario.spec import Group, Piece, Scenario, Workload
 from retrysim.tables.schemas import MESSAGES, data_schema, select_schema
 
 # The first round's files are the attempts table's files (engine/rounds.py), one per
@@ -83,6 +84,16 @@ def _piece_ids(spark: SparkSession, pieces: Sequence[Piece], messages: int) -> D
     slices = min(len(runs), partitions_for(spark, messages))
     frame = spark.sparkContext.parallelize(runs, slices).toDF(_RUNS_SCHEMA)
     return frame.select(*_PIECE, F.explode(F.sequence(F.col("low"), F.col("high") - 1)).alias("id"))
+
+
+def all_messages(
+    spark: SparkSession, scenario: Scenario, groups: list[Group] | None = None
+) -> DataFrame:
+    """Every group's messages (of ``groups``, else the scenario's), one DataFrame in the
+    ``messages`` table's shape without its run_id."""
+    chosen = groups if groups is not None else list(scenario.groups)
+    frames = [messages_df(spark, group, scenario.seed) for group in chosen]
+    return reduce(DataFrame.unionByName, frames)
 
 
 def messages_np(

@@ -30,6 +30,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +40,6 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from retrysim.engine.rounds import Progress
 from retrysim.model.policy import policy_for
 from retrysim.planning.replications import (
     DEFAULT_CONFIDENCE,
@@ -69,6 +69,7 @@ from retrysim.planning.targets import (
     recommend,
     show,
 )
+from retrysim.progress import Progress
 from retrysim.runner import RUN_ID_PATTERN, simulate_runs
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.limits import MAX_PLAN_RUNS
@@ -79,7 +80,7 @@ from retrysim.scenario.loading import (
     load_yaml,
 )
 from retrysim.scenario.spec import Scenario
-from retrysim.store.sinks import Sink, choose_sink, read_table, remove_tree
+from retrysim.store.sinks import Sink, choose_sink, read_table
 from retrysim.tables.schemas import (
     PARTITION_COLUMN,
     PLAN,
@@ -478,7 +479,7 @@ def write_plan_table(
         spark.createDataFrame(rows, schema).coalesce(1).write.parquet(staging)
         sink.publish(spark, output, "plan", staging, plan_id)
     finally:
-        remove_tree(staging)
+        shutil.rmtree(staging, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.rmdir(staging_root)
 

@@ -29,8 +29,8 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from retrysim.engine.rounds import Progress
 from retrysim.model.rng import hash_long
+from retrysim.progress import Progress
 from retrysim.runner import (
     RUN_ID_PATTERN,
     Result,

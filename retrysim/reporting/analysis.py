@@ -28,7 +28,8 @@ from pyspark.sql import functions as F
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.scenario.spec import Group, Scenario
 from retrysim.store.sinks import STATUS_COMPLETE, read_table, run_frame, run_rows
-from retrysim.tables.load import RETRY_NUMBER_CAP, retries_by_level
+from retrysim.tables.group_sums import RETRY_NUMBER_CAP
+from retrysim.tables.load import retries_by_level
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, data_schema
 
 MINUTE_MS = 60_000

@@ -20,6 +20,7 @@ import os
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection
+from types import ModuleType
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,7 @@ from retrysim.planning.targets import METRICS, show
 from retrysim.reporting import analysis
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.units import format_duration
-from retrysim.tables.summary import QUANTILES
+from retrysim.tables.group_sums import QUANTILES
 
 REPORTS_DIR = "reports"
 _CSS = """
@@ -110,6 +111,14 @@ __all__ = [
 ]
 
 
+def _plots() -> ModuleType:
+    """The figures (:mod:`retrysim.reporting.plots`), imported when a report is drawn: they
+    load matplotlib, which a command's start should not pay."""
+    from retrysim.reporting import plots  # matplotlib: only when a report is drawn
+
+    return plots
+
+
 def report_path(output: str, report_id: str) -> str:
     return os.path.join(os.path.abspath(output), REPORTS_DIR, f"{report_id}.html")
 
@@ -142,7 +151,7 @@ def _table(
 
 
 def _image(fig, alt: str) -> str:
-    from retrysim.reporting import plots
+    plots = _plots()
 
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{plots.png_base64(fig)}">'
 
@@ -206,7 +215,7 @@ def _summary_table(data: analysis.RunData, groups: list[str]) -> str:
 
 
 def _group_section(data: analysis.RunData, group: str) -> list[str]:
-    from retrysim.reporting import plots  # matplotlib only when a report is drawn: a fast CLI start
+    plots = _plots()
 
     whole = analysis.active_span(data.load[data.load["group"] == group])
     outages = data.outages(group)
@@ -300,7 +309,7 @@ def _figure(group: str, title: str, fig, note: str) -> str:
 
 def _over_time(data: analysis.RunData, group: str, load: pd.DataFrame) -> dict[str, tuple]:
     """The figures a planner reads over time, of ``load`` (drawn twice when zoomed)."""
-    from retrysim.reporting import plots
+    plots = _plots()
 
     outages = data.outages(group)
     return {
@@ -404,7 +413,7 @@ def _draw_into(data: analysis.RunData, send: Connection) -> None:
 
 def plan_report_html(plan: pd.DataFrame, plan_id: str, output: str = "") -> str:
     """The HTML of a plan's report: recommendations, trade-off curves and the points."""
-    from retrysim.reporting import plots
+    plots = _plots()
 
     body = [
         f"<p>plan <b>{html.escape(plan_id)}</b>: {plan['point'].nunique()} points, "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -28,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrysim.scenario.errors import ScenarioError
-from retrysim.store.sinks import remove_tree
 
 STAGING_DIR = "_staging"
 LEASE_SUFFIX = ".lease"
@@ -211,7 +211,7 @@ class Lease:
 
     def release(self) -> None:
         self._stop.set()
-        remove_tree(self.staging)
+        shutil.rmtree(self.staging, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         with contextlib.suppress(OSError):
@@ -266,7 +266,7 @@ def clean_staging(output: str) -> list[str]:
                 stale = False
         if stale:
             if entry.is_dir():
-                remove_tree(str(entry))
+                shutil.rmtree(str(entry), ignore_errors=True)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()

@@ -579,7 +579,3 @@ def _run_arrow(output: str, table: str, run_id: str) -> pa.Table:
         if field.name not in rows.column_names:  # a nullable column a later version added
             rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
     return rows.select(ALL_SCHEMAS[table].fieldNames())
-
-
-def remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)

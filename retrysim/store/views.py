@@ -15,7 +15,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from retrysim.engine.rounds import all_messages
+from retrysim.model.workload import all_messages
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.store.clock import on_clock
 from retrysim.store.sinks import read_table

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -12,6 +10,7 @@ from retrysim.model.states import (
     READY_REPLAYED,
 )
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.group_sums import GroupSums
 from retrysim.tables.groups import literal_map
 from retrysim.tables.schemas import (
     DEAD_LETTERS,
@@ -19,9 +18,6 @@ from retrysim.tables.schemas import (
     local_rows,
     select_schema,
 )
-
-if TYPE_CHECKING:
-    from retrysim.tables.key_peaks import GroupSums
 
 
 def dead_letters_from_attempts(

@@ -30,13 +30,19 @@ from retrysim.model.policy import policy_for
 from retrysim.model.states import COMMIT, DISCARD, DLQ
 from retrysim.model.topology import BROADCAST
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.group_sums import (
+    ALL_LEVELS,
+    GAUGES,
+    QUANTILES,
+    RATE_COLUMNS,
+    THREAD_UNITS,
+    GroupSums,
+)
 from retrysim.tables.groups import GROUPS, group_rows
 from retrysim.tables.instances import shared_groups
-from retrysim.tables.key_peaks import GroupSums
 from retrysim.tables.load import LOAD_COUNTS, LOAD_GAUGES
-from retrysim.tables.peaks import ALL_LEVELS, GAUGES, RATES, THREAD_UNITS
 from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, data_schema, write_rows
-from retrysim.tables.summary import PERCENTILES, QUANTILES
+from retrysim.tables.summary import PERCENTILES
 
 _SETTLED = {COMMIT: "commits", DLQ: "dlq", DISCARD: "discards"}
 
@@ -71,7 +77,7 @@ class _Compact(NamedTuple):
 
 # bucket_changes' columns (GroupSums.changes) and instance_changes' (GroupSums.instances)
 _CHANGES = ("bucket", "level", "group", *[f"{g}_total" for g in GAUGES], "longest_wait",
-            *[f"{g}_rise" for g in GAUGES], *[f"{r}_busiest" for r in RATES])  # fmt: skip
+            *[f"{g}_rise" for g in GAUGES], *[f"{r}_busiest" for r in RATE_COLUMNS])  # fmt: skip
 _INSTANCE_CHANGES = ("bucket", "consumer_instance", "group", "ready_backlog_total",
                      "threads_busy_total", "deliveries", "threads_busy_area",
                      "ready_backlog_rise", "threads_busy_rise")  # fmt: skip
@@ -402,7 +408,7 @@ def _run_maxima(changes: list[dict]) -> dict:
         "max_schedule_backlog": max(schedule, default=0),
         **{
             f"peak_{rate}_per_s": _largest(c[f"{rate}_busiest"] for c in rows) or 0
-            for rate in RATES
+            for rate in RATE_COLUMNS
         },
     }
 

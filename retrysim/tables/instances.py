@@ -11,20 +11,16 @@ most within it, and its threads' use, exact from the same moments as the group's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from retrysim.model.policy import policy_for
 from retrysim.model.topology import BROADCAST
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.group_sums import THREAD_UNITS, GroupSums
 from retrysim.tables.groups import groups_df, literal_map
-from retrysim.tables.peaks import EXACT, THREAD_UNITS, bucket_maximum, instance_changes
+from retrysim.tables.peaks import EXACT, bucket_maximum, instance_changes
 from retrysim.tables.schemas import INSTANCE_LOAD, data_schema, select_schema
-
-if TYPE_CHECKING:
-    from retrysim.tables.key_peaks import GroupSums
 
 _KEYS = ["group", "consumer_instance", "bucket"]
 

@@ -31,7 +31,7 @@ from retrysim.model.states import (
     WAITING_RETRY,
 )
 from retrysim.scenario import limits
-from retrysim.tables.load import RETRY_NUMBER_CAP
+from retrysim.tables.group_sums import RATE_COLUMNS, RETRY_NUMBER_CAP
 from retrysim.tables.writes import ACK_TIME_INTERVAL_MS
 
 NULL = np.iinfo(np.int64).min  # a null long
@@ -344,7 +344,7 @@ class BusiestSeconds:
     sparse, a few rows per second that has any, as Spark's groupBy keeps them: a horizon
     of a year has 31.6M seconds."""
 
-    RATES = 3
+    RATES = len(RATE_COLUMNS)
 
     def __init__(self, horizon_ms: int, bucket_ms: int) -> None:
         self.horizon, self.bucket_ms = horizon_ms, bucket_ms

@@ -14,14 +14,26 @@ tests/tables/test_key_peaks.py holds them equal to the Spark passes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
-from pyspark.accumulators import AccumulatorParam
 
 from retrysim.model.states import COMMIT, DLQ
+from retrysim.tables.group_sums import (
+    ALL_LEVELS,
+    COUNTS,
+    FIRST_BUCKETS_OF_8,
+    GAUGES,
+    PEAK_HALVES,
+    PEAKS,
+    QUANTILES,
+    RATES,
+    SHARES,
+    THREAD_UNITS,
+    GroupSums,
+)
 from retrysim.tables.key_counts import NULL as _NULL
 from retrysim.tables.key_counts import (
     Attempts,
@@ -30,129 +42,8 @@ from retrysim.tables.key_counts import (
     CompactCounter,
     columns_of,
 )
-from retrysim.tables.peaks import ALL_LEVELS, GAUGES, THREAD_UNITS
-from retrysim.tables.summary import QUANTILES
 
 _T_BITS = 42  # a moment's sort key: (level or instance) << _T_BITS | t
-
-
-# What a task sums up of a whole group (each over all of its rows): the peaks (the gauges,
-# each instance's), the counts (the load's compact rows, the dead letters) and the rates
-# (the busiest seconds, the times to settle). Where several tasks simulate the group, the
-# first two take a share each, so neither waits for the other's work.
-PEAKS, COUNTS, RATES = "peaks", "counts", "rates"
-SHARES = frozenset({PEAKS, COUNTS, RATES})
-# The peaks of two sets of buckets (a bucket's rows depend on its moments alone): two tasks
-# that simulate the same group split the peaks' sort, the larger share. The first set is 5
-# buckets of every 8, since its task also sums up the rates where the other sums up the
-# counts (at 3M messages the peaks cost about 1.2 s, the counts 0.55 s, the rates 0.25 s):
-# about 1 s each, where halves left one task 0.2 s behind the other.
-PEAK_HALVES = ("peaks of the first buckets of 8", "peaks of the other buckets of 8")
-FIRST_BUCKETS_OF_8 = 5
-
-
-@dataclass(frozen=True)
-class GroupSums:
-    """One group's rows for staging, from the ``shares`` summed up so far: of PEAKS (or
-    one of PEAK_HALVES: the rows of its buckets),
-    ``gauges`` as the gauge half of ``bucket_changes`` (bucket, level, group, the GAUGES'
-    totals, longest_wait, their rises) and ``instances`` as ``instance_changes`` (None
-    unless asked for); of RATES, ``ttc``/``ttd`` as ``times_to_settle`` and ``busiest``
-    (bucket -> the BusiestSeconds.RATES' busiest seconds); of COUNTS, ``compact`` as the
-    load's ``compact_attempts`` and how many of its attempts moved a message to the DLQ."""
-
-    group: str
-    shares: frozenset[str]
-    gauges: tuple[tuple, ...] = ()
-    instances: tuple[tuple, ...] | None = None
-    ttc: list[float] | None = None
-    ttd: list[float] | None = None
-    busiest: tuple[tuple[int, tuple[int, ...]], ...] = ()
-    compact: tuple[tuple, ...] = ()
-    dead_letters: int = 0
-
-    @property
-    def complete(self) -> bool:
-        return self.shares == SHARES
-
-    @property
-    def changes(self) -> list[tuple]:
-        """``bucket_changes``' rows: the gauges' with the busiest seconds of their bucket
-        (level 0 rows; null where no delivery started and nothing was written)."""
-        busiest = dict(self.busiest)
-        none = (None,) * BusiestSeconds.RATES
-        rows = [
-            (*row, *(busiest.get(row[0], none) if row[1] == ALL_LEVELS else none))
-            for row in self.gauges
-        ]
-        # buckets with writes and no gauge change (bucket_changes' full join)
-        gauged = {row[0] for row in self.gauges if row[1] == ALL_LEVELS}
-        gauges = len(GAUGES)
-        rows += [
-            (bucket, ALL_LEVELS, self.group, *(0,) * gauges, None, *(None,) * gauges, *rates)
-            for bucket, rates in self.busiest
-            if bucket not in gauged
-        ]
-        return rows
-
-    def merged(self, other: GroupSums) -> GroupSums:
-        """These sums with ``other``'s shares (the same group's, from another task; a
-        retried task's share replaces its earlier attempt's)."""
-        counts = other if COUNTS in other.shares else self
-        rates = other if RATES in other.shares else self
-        shares = self.shares | other.shares
-        if PEAKS in shares or set(PEAK_HALVES) <= shares:
-            shares = (shares - set(PEAK_HALVES)) | {PEAKS}
-        gauges, instances = _peaks_of(self, other)
-        return GroupSums(
-            self.group,
-            shares,
-            gauges,
-            instances,
-            rates.ttc,
-            rates.ttd,
-            rates.busiest,
-            counts.compact,
-            counts.dead_letters,
-        )
-
-
-def _peaks_of(first: GroupSums, second: GroupSums) -> tuple[tuple, tuple | None]:
-    """The gauges' and instances' rows of two shares of a group: the whole peaks of one, or
-    both halves' rows in the order one task would give them."""
-    for sums in (second, first):
-        if PEAKS in sums.shares:
-            return sums.gauges, sums.instances
-    halves = (first.shares & set(PEAK_HALVES), second.shares & set(PEAK_HALVES))
-    if all(halves) and halves[0] != halves[1]:
-        gauges = tuple(sorted(first.gauges + second.gauges, key=_by_level))
-        if first.instances is None:
-            return gauges, None
-        both = first.instances + (second.instances or ())
-        return gauges, tuple(sorted(both, key=_by_instance))
-    chosen = second if halves[1] else first
-    return chosen.gauges, chosen.instances
-
-
-def _by_level(row: tuple) -> tuple[int, int]:
-    return row[1], row[0]  # (level, bucket): the order _Runs gives
-
-
-def _by_instance(row: tuple) -> tuple[int, int]:
-    return -1 if row[1] is None else row[1], row[0]
-
-
-class GroupSumsParam(AccumulatorParam):
-    """Accumulates {group: GroupSums}, merging the shares of a group's tasks (a retried
-    task's sums replace its earlier attempt's, the same values)."""
-
-    def zero(self, value: dict) -> dict:
-        return {}
-
-    def addInPlace(self, value1: dict, value2: dict) -> dict:
-        for group, sums in value2.items():
-            value1[group] = value1[group].merged(sums) if group in value1 else sums
-        return value1
 
 
 class GroupSummer:

@@ -33,14 +33,9 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.group_sums import ALL_LEVELS, RETRY_NUMBER_CAP, THREAD_UNITS, GroupSums
 from retrysim.tables.groups import groups_df
-from retrysim.tables.peaks import (
-    ALL_LEVELS,
-    THREAD_UNITS,
-    bucket_changes,
-    bucket_maximum,
-    with_known,
-)
+from retrysim.tables.peaks import bucket_changes, bucket_maximum, with_known
 from retrysim.tables.schemas import (
     LOAD,
     data_schema,
@@ -51,11 +46,7 @@ from retrysim.tables.writes import write_times
 if TYPE_CHECKING:  # pandas too: the compiled loop's workers import this and never load it
     import pandas as pd
 
-    from retrysim.tables.key_peaks import GroupSums
 
-# Retries by retry number are counted up to this number; later ones share the last bar
-# (an orderly poison message can retry thousands of times).
-RETRY_NUMBER_CAP = 24
 LOAD_COUNTS = (
     "deliveries",
     "first_deliveries",

@@ -19,7 +19,6 @@ and the longest wait of a delivery that left Ready in each bucket.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -31,22 +30,13 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.group_sums import ALL_LEVELS, GAUGES, RATE_COLUMNS, THREAD_UNITS, GroupSums
 from retrysim.tables.schemas import local_rows
 from retrysim.tables.writes import write_times
 
-if TYPE_CHECKING:
-    from retrysim.tables.key_peaks import GroupSums
-
-# Threads busy are counted in units of 1/THREAD_UNITS of a thread, so that a batch member's
-# share (1/batch_size of its request's thread) adds up exactly as an integer.
-THREAD_UNITS = 10**12
-GAUGES = ("ready_backlog", "inflight", "waiting_retry", "schedule", "threads_busy")
-RATES = ("deliveries", "retries", "commitlog_writes")
-# Rows of the schedule gauge per delay level have level >= 1; level 0 rows hold the rest.
-ALL_LEVELS = 0
 # Thread time in THREAD_UNITS: a thousand threads x a bucket outgrows a long.
 EXACT = "decimal(38,0)"
-_FIELDS = (*GAUGES, *RATES)
+_FIELDS = (*GAUGES, *RATE_COLUMNS)
 
 
 def _change(at: Column, level: Column | None = None, **changes: Column) -> Column:
@@ -205,15 +195,15 @@ def bucket_changes(
     def rates_of(rows: DataFrame) -> DataFrame:
         second = F.floor(F.col("t") / F.lit(1000))
         return (
-            _exploded(rows, scenario, RATES)
+            _exploded(rows, scenario, RATE_COLUMNS)
             .groupBy("group", "level", second.alias("second"))
-            .agg(*[F.sum(r).alias(r) for r in RATES])
+            .agg(*[F.sum(r).alias(r) for r in RATE_COLUMNS])
             .groupBy(
                 F.floor(F.col("second") * F.lit(1000) / F.lit(bucket_ms)).alias("bucket"),
                 "level",
                 "group",
             )
-            .agg(*[F.max(r).alias(f"{r}_busiest") for r in RATES])
+            .agg(*[F.max(r).alias(f"{r}_busiest") for r in RATE_COLUMNS])
         )
 
     def changes_of(rows: DataFrame) -> DataFrame:
@@ -323,7 +313,7 @@ def run_maxima(changes: DataFrame) -> DataFrame:
         .groupBy("group")
         .agg(
             *[F.max(g).alias(g) for g in GAUGES],
-            *[F.max(f"{r}_busiest").alias(r) for r in RATES],
+            *[F.max(f"{r}_busiest").alias(r) for r in RATE_COLUMNS],
             F.max("longest_wait").alias("ready_wait"),
         )
     )

@@ -19,14 +19,15 @@ from typing import TypeVar
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
-from retrysim.engine.rounds import Progress, all_messages
+from retrysim.model.workload import all_messages
+from retrysim.progress import Progress
 from retrysim.scenario.loading import scenario_json
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.dead_letters import dead_letters_from_attempts
 from retrysim.tables.from_sums import small_tables
+from retrysim.tables.group_sums import GroupSums
 from retrysim.tables.instances import changes_of_shared_groups, instance_load_from
-from retrysim.tables.key_peaks import GroupSums
 from retrysim.tables.load import compact_attempts, load_from_attempts, retries_by_level
 from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.schemas import (

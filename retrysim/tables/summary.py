@@ -7,8 +7,6 @@ must give the same tables on any cluster.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -18,22 +16,17 @@ from retrysim.model.states import (
     DLQ,
 )
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.group_sums import QUANTILES, RATE_COLUMNS, GroupSums
 from retrysim.tables.groups import groups_df, literal_map
 from retrysim.tables.instances import instance_extremes, instance_load_from
 from retrysim.tables.load import compact_attempts
-from retrysim.tables.peaks import RATES, bucket_changes, run_maxima, with_known
+from retrysim.tables.peaks import bucket_changes, run_maxima, with_known
 from retrysim.tables.schemas import (
     SUMMARY,
     data_schema,
     select_schema,
 )
 
-if TYPE_CHECKING:
-    from retrysim.tables.key_peaks import GroupSums
-
-# The shares of the time to commit and to the DLQ each run keeps (the summary's quantile
-# arrays: the distribution a report draws as a CDF): every 5 %, then the tail.
-QUANTILES = (*(step / 20 for step in range(20)), 0.99, 0.999, 1.0)
 # The summary's own percentile columns, picked from QUANTILES.
 PERCENTILES = (0.5, 0.95, 0.99)
 
@@ -129,7 +122,7 @@ def summary_from(
     maxima = run_maxima(changes).select(
         "group",
         F.col("schedule").alias("max_schedule_backlog"),
-        *[F.col(rate).alias(f"peak_{rate}_per_s") for rate in RATES],
+        *[F.col(rate).alias(f"peak_{rate}_per_s") for rate in RATE_COLUMNS],
     )
     counted = ("deliveries", "retries", "commits", "dlq", "discards", "replayed")
     peaks = (
@@ -138,7 +131,7 @@ def summary_from(
         "max_inflight",
         "max_oldest_ready_age_ms",
         "max_schedule_backlog",
-        *[f"peak_{rate}_per_s" for rate in RATES],
+        *[f"peak_{rate}_per_s" for rate in RATE_COLUMNS],
     )
     joined = (
         groups_df(spark, scenario)

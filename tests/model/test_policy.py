@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 from support import group, scenario
@@ -23,7 +24,8 @@ from retrysim.model.behavior import (
     TIMEOUT,
 )
 from retrysim.model.flavors import delay_table_levels, exponential_intervals
-from retrysim.model.policy import Step, next_reconsume_times, policy_for
+from retrysim.model.policy import Step, next_reconsume_columns, next_reconsume_times, policy_for
+from retrysim.model.states import REASON_SEND_BACK_FAILED, REASON_SEND_BACK_FALLBACK
 
 FLAVOR_GROUPS = {
     "concurrently": {},
@@ -91,7 +93,7 @@ def _cases():
         )
 
 
-def test_next_step_columns_equal_python(spark):
+def _next_step_twins(spark):
     """Every flavor at once (one Spark job): a column ``flavor`` tells the cases apart."""
     cases = list(_cases())
     frame = spark.createDataFrame(
@@ -114,11 +116,10 @@ def test_next_step_columns_equal_python(spark):
                                delivery))
             for rt, brt, outcome, start, end, send_back, topic, q, msg_id, delivery in cases
         ]  # fmt: skip
-    expected = spark.createDataFrame(expected_rows, actual.schema)
-    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+    return actual, expected_rows
 
 
-def test_consume_result_columns_equal_python(spark):
+def _consume_result_twins(spark):
     starts = (0, 59_999, 60_000, 61_234, 3_600_000)
     processings = (0, 10_000, 29_999, 30_000, 30_001, 60_000, 119_999, 120_001, 900_001)
     cases = [(s, p, RECONSUME_LATER) for s in starts for p in processings]
@@ -133,6 +134,28 @@ def test_consume_result_columns_equal_python(spark):
         )
         actual = part if actual is None else actual.unionByName(part)
         expected_rows += [(name, s, p, *policy.consume_result(s, p, o)) for s, p, o in cases]
+    return actual, expected_rows
+
+
+def _next_reconsume_twins(spark):
+    """A send-back that failed counts on the client only, the producer's fallback stores the
+    client's count + 1, every other retry counts the stored copy's + 1."""
+    reasons = (REASON_SEND_BACK_FAILED, REASON_SEND_BACK_FALLBACK, RECONSUME_LATER, TIMEOUT)
+    cases = [(rt, brt, reason) for rt in (0, 3) for brt in (0, 2, 5) for reason in reasons]
+    frame = spark.createDataFrame(cases, "rt int, brt int, reason string")
+    counted, kept = next_reconsume_columns(F.col("rt"), F.col("brt"), F.col("reason"))
+    actual = frame.select("rt", "brt", "reason", counted.alias("next_rt"), kept.alias("next_brt"))
+    return actual, [(*case, *next_reconsume_times(*case)) for case in cases]
+
+
+@pytest.mark.parametrize(
+    "twins",
+    [_next_step_twins, _consume_result_twins, _next_reconsume_twins],
+    ids=["next step", "consume result", "next reconsume counts"],
+)
+def test_the_columns_give_what_the_python_gives(spark, twins):
+    """The round engine's column rules against the event loops' Python rules, case by case."""
+    actual, expected_rows = twins(spark)
     expected = spark.createDataFrame(expected_rows, actual.schema)
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
 

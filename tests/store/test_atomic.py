@@ -15,14 +15,11 @@ Subprocesses run ``python -m retrysim`` with a quick JVM (C1 only, serial GC) to
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -41,11 +38,9 @@ from support import (
 
 from retrysim.checks.validate import validate_output
 from retrysim.runner import simulate
-from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.loading import build_scenario
-from retrysim.store import lease as lease_module
 from retrysim.store import recovery
-from retrysim.store.lease import LEASE_TIMEOUT_S, Holder, acquire_lease, holders
+from retrysim.store.lease import acquire_lease, holders
 from retrysim.store.recovery import publish_run, recover
 from retrysim.store.sinks import DeltaRsSink, DeltaSparkSink, arrow_schema, read_table, table_path
 from retrysim.tables.schemas import PARTITION_COLUMN, SCHEMAS, TABLE_ORDER, data_schema
@@ -316,38 +311,3 @@ def test_recovery_spares_live_writers_and_complete_runs(tmp_path):
         lease.release()
     assert recover(str(output)).runs == ["live"]
     assert delta_run_ids(output, "messages") == delta_run_ids(output, "runs") == {"done"}
-
-
-def test_a_run_id_being_written_is_refused(tmp_path):
-    lease = acquire_lease(str(tmp_path), "busy")
-    try:
-        with pytest.raises(ScenarioError, match=r"--run-id: run 'busy' is being written by pid"):
-            acquire_lease(str(tmp_path), "busy")
-        acquire_lease(str(tmp_path), "other").release()
-    finally:
-        lease.release()
-    assert not (tmp_path / "_staging").exists()
-
-
-def _holder(tmp_path: Path, **record) -> Holder:
-    path = tmp_path / "_staging" / "x-1.lease"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"run_id": "x", "token": "1", **record}), encoding="utf-8")
-    found = [h for h in holders(str(tmp_path)) if h.path == path]
-    return found[0]
-
-
-def test_a_writer_is_dead_when_its_process_is_gone_or_its_lease_is_stale(tmp_path):
-    here = {"host": socket.gethostname(), "boot_id": lease_module._boot_id()}
-    me = os.getpid()
-    assert _holder(tmp_path, **here, pid=me, pid_start=lease_module._process_start(me)).alive
-    assert not _holder(tmp_path, **here, pid=me, pid_start=-1).alive, "a reused pid"
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True)  # fmt: skip
-    assert not _holder(tmp_path, **here, pid=int(finished.stdout), pid_start=None).alive
-    elsewhere = {"host": "another-host", "boot_id": "b", "pid": me, "pid_start": None}
-    assert _holder(tmp_path, **elsewhere).alive, "a fresh heartbeat from another host"
-    stale = time.time() - LEASE_TIMEOUT_S - 1
-    path = tmp_path / "_staging" / "x-1.lease"
-    os.utime(path, (stale, stale))
-    assert not next(h for h in holders(str(tmp_path)) if h.path == path).alive

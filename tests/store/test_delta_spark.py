@@ -24,7 +24,7 @@ from chispa import assert_df_equality
 from deltalake import DeltaTable
 from pyspark.sql import functions as F
 from support import group, scenario
-from test_delta_tables import SCENARIO
+from test_sinks import SCENARIO
 
 from retrysim import complete_files
 from retrysim.checks.digest import table_digests

@@ -14,8 +14,8 @@ from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import sequential_attempts
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.from_sums import small_tables
+from retrysim.tables.group_sums import GroupSumsParam
 from retrysim.tables.instances import instance_load_from
-from retrysim.tables.key_peaks import GroupSumsParam
 from retrysim.tables.load import load_from_attempts, retries_by_level
 from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, data_schema, local_rows
 from retrysim.tables.summary import summary_from

@@ -17,8 +17,7 @@ from retrysim.engine.sequential import (
 )
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.dead_letters import dead_letters_from_attempts
-from retrysim.tables.instances import changes_of_shared_groups
-from retrysim.tables.key_peaks import (
+from retrysim.tables.group_sums import (
     COUNTS,
     PEAK_HALVES,
     RATES,
@@ -26,6 +25,7 @@ from retrysim.tables.key_peaks import (
     GroupSums,
     GroupSumsParam,
 )
+from retrysim.tables.instances import changes_of_shared_groups
 from retrysim.tables.load import compact_attempts
 from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.summary import times_to_settle

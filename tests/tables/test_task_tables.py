@@ -12,8 +12,9 @@ import pytest
 from chispa import assert_df_equality
 from support import BUSY_GROUP
 
-from retrysim.engine.rounds import all_messages, group_plans, key_specs
+from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import output_parts, write_sequential_attempts
+from retrysim.model.workload import all_messages
 from retrysim.runner import simulate
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.dead_letters import dead_letters_from_attempts

@@ -7,33 +7,23 @@ rows the step must produce, worked out from docs/model.md, not from the engine.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from staged_rows import DLQ_TOPIC, RETRY, SCHED, committed, dead_after_backoff, retried, sort, stage
 from support import group, scenario
 
 from retrysim.engine.capacity import peak_concurrency
 from retrysim.engine.rounds import (
-    OPEN_COST_BYTES,
-    conf_set,
-    first_frontier,
-    frontier_read,
-    frontier_split_bytes,
-    next_frontier,
-    open_cost_bytes,
-    parquet_file_sizes,
     with_horizon_cut,
 )
 from retrysim.tables.dead_letters import dead_letters_from_attempts
+from retrysim.tables.group_sums import THREAD_UNITS
 from retrysim.tables.load import load_from_attempts
-from retrysim.tables.peaks import THREAD_UNITS, bucket_changes, run_maxima
+from retrysim.tables.peaks import bucket_changes, run_maxima
 from retrysim.tables.schemas import (
     DEAD_LETTERS,
-    MESSAGES,
-    STAGE,
     TRANSITIONS,
     data_schema,
     without_comments,
@@ -41,111 +31,9 @@ from retrysim.tables.schemas import (
 from retrysim.tables.summary import exact_percentiles
 from retrysim.tables.transitions import lands_unread, transitions_from_attempts
 
-SCHED = "SCHEDULE_TOPIC_XXXX"
-RETRY = "%RETRY%g"
-DLQ_TOPIC = "%DLQ%g"
-
-
-def stage(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
-    """Staged attempts of group ``g`` on topic ``T`` queue 0; unnamed columns are null."""
-    base = {
-        "group": "g",
-        "source_topic": "T",
-        "queue_id": 0,
-        "consumer_instance": 0,
-        "born_ms": 0,
-        "batch_size": 1,
-        "reconsume_times": 0,
-        "poison_fixed": False,
-    }
-    names = [f.name for f in STAGE.fields]
-    rows = [{**base, **row} for row in rows]
-    for row in rows:  # the broker's count is the client's unless a row says otherwise
-        row.setdefault("broker_reconsume_times", row["reconsume_times"])
-    return spark.createDataFrame([tuple(row.get(name) for name in names) for row in rows], STAGE)
-
-
-def committed(msg_id: int, ready: int, start: int, processing: int) -> dict[str, Any]:
-    end = start + processing
-    return {
-        "msg_id": msg_id,
-        "delivery": 1,
-        "ready_ms": ready,
-        "ready_reason": "published",
-        "start_ms": start,
-        "processing_ms": processing,
-        "end_ms": end,
-        "outcome": "CONSUME_SUCCESS",
-        "result_state": "Commit",
-        "settled_ms": end,
-        "end_state": "Commit",
-        "end_topic": "T",
-        "end_queue_id": 0,
-        "end_reason": "CONSUME_SUCCESS",
-    }
-
-
-def retried(
-    msg_id: int, delivery: int, ready: int, start: int, processing: int, level: int, wait: int
-) -> dict[str, Any]:
-    """A 4.x concurrent failure: sent back to the schedule topic at ``level``."""
-    end = start + processing
-    return {
-        "msg_id": msg_id,
-        "delivery": delivery,
-        "reconsume_times": delivery - 1,
-        "source_topic": "T" if delivery == 1 else RETRY,
-        "ready_ms": ready,
-        "ready_reason": "published" if delivery == 1 else "retry_due",
-        "start_ms": start,
-        "processing_ms": processing,
-        "end_ms": end,
-        "outcome": "RECONSUME_LATER",
-        "result_state": "WaitingRetry",
-        "delay_level": level,
-        "next_ready_ms": end + wait,
-        "settled_ms": end,
-        "end_state": "WaitingRetry",
-        "end_topic": SCHED,
-        "end_queue_id": level - 1,
-        "end_reason": "RECONSUME_LATER",
-        "next_topic": RETRY,
-        "next_queue_id": 0,
-        "next_reason": "retry_due",
-    }
-
-
-def dead_after_backoff(msg_id: int, start: int, processing: int, backoff: int) -> dict[str, Any]:
-    """A 5.x push failure past the max: WaitingRetry, then DLQ one backoff later."""
-    end = start + processing
-    return {
-        "msg_id": msg_id,
-        "delivery": 1,
-        "ready_ms": start,
-        "ready_reason": "published",
-        "start_ms": start,
-        "processing_ms": processing,
-        "end_ms": end,
-        "outcome": "EXCEPTION",
-        "result_state": "DLQ",
-        "settled_ms": end + backoff,
-        "end_state": "WaitingRetry",
-        "end_topic": RETRY,
-        "end_queue_id": 0,
-        "end_reason": "EXCEPTION",
-        "leave_state": "DLQ",
-        "leave_topic": DLQ_TOPIC,
-        "leave_queue_id": 0,
-        "leave_reason": "max_reconsume_times",
-    }
-
 
 def transitions(spark: SparkSession, rows: list[tuple]) -> DataFrame:
     return spark.createDataFrame(rows, without_comments(data_schema(TRANSITIONS)))
-
-
-def sort(df: DataFrame) -> DataFrame:
-    return df.orderBy(*df.columns)
 
 
 def test_transitions_walk_ready_inflight_and_the_end_state(spark):
@@ -183,81 +71,6 @@ def test_transitions_walk_ready_inflight_and_the_end_state(spark):
         ],
     )
     assert_df_equality(sort(transitions_from_attempts(attempts)), sort(expected))
-
-
-def test_horizon_cut_leaves_ready_inflight_and_waiting_states(spark):
-    horizon = 1_000
-    rows = [
-        committed(1, ready=0, start=0, processing=10),  # done before the horizon: untouched
-        committed(2, ready=900, start=1_000, processing=10),  # starts at the horizon
-        committed(3, ready=900, start=990, processing=10),  # ends at the horizon: running
-        dead_after_backoff(4, start=0, processing=10, backoff=990),  # DLQ due at the horizon
-        dead_after_backoff(5, start=0, processing=10, backoff=989),  # DLQ just before it
-    ]
-    cut = with_horizon_cut(stage(spark, rows), horizon).select(
-        "msg_id", "result_state", "start_ms", "end_ms", "end_state", "settled_ms", "leave_state"
-    )
-    expected = spark.createDataFrame(
-        [
-            (1, "Commit", 0, 10, "Commit", 10, None),
-            (2, "Ready", None, None, None, None, None),
-            (3, "Inflight", 990, None, None, None, None),
-            (4, "WaitingRetry", 0, 10, "WaitingRetry", None, None),
-            (5, "DLQ", 0, 10, "WaitingRetry", 999, "DLQ"),
-        ],
-        "msg_id long, result_state string, start_ms long, end_ms long, end_state string, "
-        "settled_ms long, leave_state string",
-    )
-    assert_df_equality(sort(cut), sort(expected))
-
-
-def test_first_frontier_takes_messages_born_before_the_horizon(spark):
-    messages = spark.createDataFrame(
-        [("g", "T", 1, 0, 0, 100), ("g", "T", 2, 1, 999, 100), ("g", "T", 3, 0, 1_000, 100)],
-        without_comments(data_schema(MESSAGES)),
-    )
-    frontier = first_frontier(messages, horizon_ms=1_000).select(
-        "msg_id",
-        "delivery",
-        "reconsume_times",
-        "source_topic",
-        "queue_id",
-        "ready_ms",
-        "ready_reason",
-    )
-    expected = spark.createDataFrame(
-        [(1, 1, 0, "T", 0, 0, "published"), (2, 1, 0, "T", 1, 999, "published")],
-        "msg_id long, delivery int, reconsume_times int, source_topic string, queue_id int, "
-        "ready_ms long, ready_reason string",
-    )
-    assert_df_equality(sort(frontier), sort(expected), ignore_nullable=True)
-
-
-def test_next_frontier_follows_retries_due_before_the_horizon(spark):
-    attempts = stage(
-        spark,
-        [
-            committed(1, ready=0, start=0, processing=10),
-            retried(2, 1, ready=0, start=0, processing=10, level=3, wait=10_000),
-            retried(3, 2, ready=0, start=0, processing=10, level=4, wait=30_000),  # due too late
-            dead_after_backoff(4, start=0, processing=10, backoff=10_000),
-        ],
-    )
-    frontier = next_frontier(attempts, horizon_ms=20_000).select(
-        "msg_id",
-        "delivery",
-        "reconsume_times",
-        "source_topic",
-        "queue_id",
-        "ready_ms",
-        "ready_reason",
-    )
-    expected = spark.createDataFrame(
-        [(2, 2, 1, RETRY, 0, 10_010, "retry_due")],
-        "msg_id long, delivery int, reconsume_times int, source_topic string, queue_id int, "
-        "ready_ms long, ready_reason string",
-    )
-    assert_df_equality(frontier, expected, ignore_nullable=True)
 
 
 def test_dead_letters_name_the_dlq_topic_the_moment_and_the_replay(spark):
@@ -436,53 +249,6 @@ def test_exact_percentiles_equal_spark_percentile(spark):
     assert_df_equality(
         sort(exact_percentiles(values, shares)), sort(expected), ignore_nullable=True
     )
-
-
-@pytest.mark.parametrize(
-    ("files", "megabytes", "per_task"),
-    [
-        (14, 60, 7),  # round 1's files at 100M messages: Spark's own split made 7 tasks of 2
-        (14, 2, 7),  # Spark's own: 12 and 2
-        (3, 20, 2),
-        (4, 200, 2),  # over Spark's 128 MB: it would split them
-    ],
-)
-def test_a_rounds_files_are_read_as_tasks_that_keep_the_cores_busy(
-    spark, tmp_path, files, megabytes, per_task
-):
-    """frontier_split_bytes predicts Spark's packing: at the split it returns, Spark reads
-    a round's files (equal sizes, incompressible) as tasks of ``per_task`` whole files. The
-    files are small; the split and open cost are scaled down with them."""
-    folder = str(tmp_path / "round")
-    rows = 2_000
-    spark.range(files * rows, numPartitions=files).select(
-        F.sha2(F.col("id").cast("string"), 256).alias("noise")
-    ).write.parquet(folder)
-    sizes = parquet_file_sizes(folder)
-    assert len(sizes) == files
-    scale = (megabytes << 20) // max(sizes)
-    open_cost = 4 << 20
-    split = frontier_split_bytes([size * scale for size in sizes], 2, open_cost)
-    assert split is not None
-    read_at = {
-        **frontier_read(split // scale),
-        OPEN_COST_BYTES: open_cost // scale,
-    }
-    with conf_set(spark, {key: str(value) for key, value in read_at.items()}):
-        read = spark.read.parquet(folder)
-        tasks = read.groupBy(F.spark_partition_id().alias("task")).count()
-        counts = sorted((row["count"] for row in tasks.collect()), reverse=True)
-    assert counts == [per_task * rows] * (files // per_task) + [rows * (files % per_task)] * (
-        files % per_task > 0
-    )
-    assert spark.conf.get("spark.sql.files.maxPartitionBytes") != str(split // scale)
-
-
-def test_the_open_cost_is_read_in_bytes_however_it_was_written(spark):
-    """The split is computed from Spark's open cost, which a user may write as ``8m``."""
-    assert open_cost_bytes(spark) == 4 << 20  # Spark's default
-    with conf_set(spark, {OPEN_COST_BYTES: "8m"}):
-        assert open_cost_bytes(spark) == 8 << 20
 
 
 def test_only_an_expired_broadcast_message_is_written_when_discarded(spark):

@@ -1,5 +1,6 @@
-"""The eight tables as Delta tables: read back by delta-rs and by Spark, a rerun replaces its
-run, and the counts of one run reconcile across every table.
+"""The eight tables as the Delta sinks write them (retrysim.store.sinks): read back by
+delta-rs and by Spark, a rerun replaces its run, and the counts of one run reconcile across
+every table.
 
 The scenario mixes a 4.x group that retries, times out, fails over to the DLQ and is cut by
 the horizon with a broadcasting group that discards, so every end state is present. The
