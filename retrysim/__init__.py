@@ -14,7 +14,7 @@ from retrysim.version import __version__
 
 # The public names, imported when first used: a Spark task's Python worker imports a module
 # of the package (the engine, the check's passes) and, through this file, would otherwise
-# import the whole library with pandas and the runner (about 0.7 s a worker).
+# import the whole library with pandas and the runner, which no task uses.
 _PUBLIC = {
     "Result": "retrysim.runner",
     "simulate": "retrysim.runner",

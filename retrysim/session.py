@@ -50,17 +50,16 @@ DELTA_CONF = {
     # a table's log is a few commits a run: its state in 2 tasks, not Delta's default 50
     "spark.databricks.delta.snapshotPartitions": "2",
     # the <version>.crc beside each commit stays (a new JVM reads a table's protocol and
-    # metadata from it; without it, a Spark job over the log, 1 s a table), without the list
-    # of the table's files: a commit collected the previous version's files with a Spark
-    # query to keep it (0.3 s a new table in a run's JVM)
+    # metadata from it; without it, a Spark job over the log for every table), without the
+    # list of the table's files: a commit collected the previous version's files with a
+    # Spark query to keep it
     "spark.databricks.delta.allFilesInCrc.enabled": "false",
 }
 
 # The log store the cached JARs bring for file: tables (jvm/delta/src): a commit without
 # Hadoop's processes, and a version's file created by exactly one writer. Delta writes each
 # version's checksum through Spark's checkpoint file manager instead: its FileSystem form
-# runs 2 of those processes where the FileContext form ran 6 (a new table's commit 0.12 ->
-# 0.06 s, a later one 0.09 -> 0.04 s).
+# runs 2 of those processes where the FileContext form ran 6, so every commit is shorter.
 LOG_STORE_JAR = "retrysim-delta.jar"
 LOG_STORE_CONF = {
     "spark.delta.logStore.file.impl": "retrysim.delta.LocalFileLogStore",
@@ -203,10 +202,10 @@ def build_session(
 
 # The JVM's JIT: HotSpot compiles hot code with C1 at once and again, optimised, with C2.
 # Where the rows are simulated, hashed and written in Python tasks (a group event by event,
-# the check from the staged files), the driver JVM only plans and schedules, and C2 spent
-# about 3.9 CPU-seconds of a 3M-message run compiling that code, on 2 cores beside the
-# tasks: C1 alone took the run from 13.3-13.8 s to 12.6-13.0 s. Rounds and Spark's scans of
-# the rows want C2's code, so a run that has them asks for it back (full_jit). A directive
+# the check from the staged files), the driver JVM only plans and schedules, and C2 takes
+# CPU from the tasks on a small machine to optimise code whose speed matters little: C1
+# alone makes such a run shorter (docs/performance.md). Rounds and Spark's scans of the
+# rows want C2's code, so a run that has them asks for it back (full_jit). A directive
 # (the JDK's `jcmd Compiler.directives_add`), through the platform's DiagnosticCommand MBean;
 # a JVM without it runs as it is.
 _NO_C2 = '[{ match: "*.*", c2: { Exclude: true } }]'
@@ -273,8 +272,8 @@ def full_jit(spark: SparkSession) -> None:
 def python_tasks(spark: SparkSession) -> Iterator[None]:
     """For a query whose work is all in Python tasks (a range of task numbers mapped in
     Arrow): no whole-stage code generation. Compiling its range's generated Java (Janino)
-    cost the event-by-event stage of a new JVM 0.4 s between the query's start and its
-    job's, for a handful of rows. Only for a query no other thread runs beside."""
+    delayed the event-by-event stage of a new JVM between the query's start and its job's,
+    for a handful of rows. Only for a query no other thread runs beside."""
     key = "spark.sql.codegen.wholeStage"
     before = spark.conf.get(key)
     spark.conf.set(key, "false")
@@ -288,8 +287,8 @@ def stop_session(spark: SparkSession) -> None:
     """Stop a command's session without waiting on PySpark's accumulator server.
 
     Its request handler polls its socket once a second, so ``SparkContext.stop`` waits up to
-    a second for it (0.9 s measured at the end of a run). The server's thread is a daemon
-    thread and a command's process exits right after, so it is told to stop and left behind.
+    a second for it. The server's thread is a daemon thread and a command's process exits
+    right after, so it is told to stop and left behind.
     Notebooks keep ``spark.stop()``.
     """
     server = getattr(spark.sparkContext, "_accumulatorServer", None)

@@ -3,11 +3,11 @@
 :func:`retrysim.checks.validate.validate_tables` reduces a run's tables to a few numbers per
 run and group (digests and counts) before it compares them. Built as Spark expressions, those
 scans spend most of a cold run in the JVM's compiler (Catalyst's planning, Janino and the
-generated code of a few hundred expressions: about 7 of the default scenario's 14 s), for
-work that is a few vector operations per column. Here the same numbers come from one Spark
-stage whose tasks read the staged files with pyarrow (a file's row groups, a batch at a
-time: memory stays flat) and compute every pass with NumPy, hashing with numba kernels that
-give Spark's ``xxhash64`` bit for bit.
+generated code of a few hundred expressions; docs/performance.md), for work that is a few
+vector operations per column. Here the same numbers come from one Spark stage whose tasks
+read the staged files with pyarrow (a file's row groups, a batch at a time: memory stays
+flat) and compute every pass with NumPy, hashing with numba kernels that give Spark's
+``xxhash64`` bit for bit.
 
 The results are the Spark passes' results, value for value (on a run with one runs row: a
 run with several fails ``runs_row`` either way), so the two mix freely: a pass whose rules
@@ -790,8 +790,8 @@ _SPLIT_ROWS = 1 << 20  # rows of a task over a big file: its row groups up to ab
 
 def _shares(tasks: list[Task], cores: int) -> list[list[Task]]:
     """``tasks`` (biggest first) dealt to ``cores`` Spark tasks, each to the least loaded: a
-    Spark task costs about 0.1 s before it runs a line of Python, and a file's share of
-    rows a few milliseconds."""
+    Spark task takes far longer to start running Python than a file's share of rows takes
+    to compute, so the stage has no more tasks than cores."""
     shares: list[list[Task]] = [[] for _ in range(max(cores, 1))]
     load = [0] * len(shares)
     for task in tasks:
@@ -925,8 +925,8 @@ def file_counts(
         )
 
     # A SQL stage, not an RDD one: its tasks reuse the Python workers the event-by-event
-    # stage warmed (Spark keeps the two kinds apart; a new RDD worker imports numpy,
-    # pyarrow and numba again, about 0.8 s).
+    # stage warmed (Spark keeps the two kinds apart; a new RDD worker would import numpy,
+    # pyarrow and numba again).
     stage = spark.range(0, len(shares), numPartitions=len(shares)).mapInArrow(run, _COUNTED)
     spark.sparkContext.setJobDescription("validating: the staged files' digests and counts")
     try:

@@ -395,11 +395,11 @@ def _collect_parts(
 ) -> None:
     """Collect the per-group (and per-run) rows of ``parts`` (each built by its function)
     into ``groups`` and ``runs``, each part built and run as a job of its own in a thread,
-    all at once: each is analysed and planned while the others run (on a new JVM, one union
-    of them all took about 3 s to plan before its first task, and building the parts one
-    after another before running any took about 3.4 s of the default scenario's 10.9), and
-    a core one part leaves idle takes another's tasks. ``in_tasks``: one more job, whose rows
-    are (pass, run, group, values) (:func:`retrysim.checks.files.file_counts`)."""
+    all at once: each is analysed and planned while the others run (on a new JVM, planning
+    is slow, and one union of them all, or the parts built one after another before any
+    ran, left the cores idle until every plan was made), and a core one part leaves idle
+    takes another's tasks. ``in_tasks``: one more job, whose rows are (pass, run, group,
+    values) (:func:`retrysim.checks.files.file_counts`)."""
     work = [lambda build=build: build().collect() for build in parts.values()]
     if in_tasks is not None:
         work.append(in_tasks)
@@ -501,7 +501,7 @@ def _tally(
 
 class _Lazy(Mapping[str, DataFrame]):
     """Tables built when first read: a check whose passes all run from the files never
-    plans a Spark read (each costs a cold driver tenths of a second)."""
+    plans a Spark read (planning one is slow on a cold driver)."""
 
     def __init__(self, builders: dict[str, Callable[[], DataFrame]]) -> None:
         self._builders = builders

@@ -57,8 +57,8 @@ def run_process(argv: Sequence[str] | None = None) -> NoReturn:
     """Run a command as the whole work of this process, then end it with the command's exit
     code. What a normal exit does that matters still happens (other threads finish, exit
     handlers run, output is flushed); the interpreter's teardown of its modules (numba,
-    pyarrow, pandas, PySpark: about 0.2 s, all of it memory the operating system frees at
-    once) is skipped. An exception or argparse's exit ends the process as ever."""
+    pyarrow, pandas, PySpark: work spent on memory the operating system frees at once
+    anyway) is skipped. An exception or argparse's exit ends the process as ever."""
     code = main(argv)
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:

@@ -1,6 +1,6 @@
 """``retrysim simulate`` (also ``jobs/simulate.py``): one run, its summary and report.
 
-Input is validated before Spark starts, so bad input costs a second, not a JVM start.
+Input is validated before Spark starts, so bad input is reported without a JVM start.
 """
 
 from __future__ import annotations

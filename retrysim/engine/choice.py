@@ -55,19 +55,18 @@ from retrysim.tables.writes import pops_of
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 # A group on a finite pool with at most this many messages is simulated event by event from
 # the start: no round run is thrown away when its pool turns out full, and where the pool
-# never fills both engines are exact and give the same rows. On 2 cores the compiled stage
-# took 12 s for the default scenario at 2M messages (2.9M deliveries), where the round run
-# and the check that found its pool full took 44 s; a cluster with many cores runs rounds
+# never fills both engines are exact and give the same rows. On a small machine the
+# compiled stage simulates such a group in less time than the round run and the check that
+# finds its pool full take (docs/performance.md); a cluster with many cores runs rounds
 # wider than this stage's few tasks, hence a bound. 0: rounds first always.
 SMALL_GROUP_MESSAGES = 5_000_000
 # A group simulated event by event whose instances are independent units (docs/model.md §5,
 # "Units") runs as its units from this many messages, when it has more units than a whole
 # group's tasks (MOST_OUTPUT_PARTS) and the cores to run them. A unit cannot sum up the
-# group's peaks, so staging scans its rows again in Spark: on 2 cores the default scenario
-# at 2M messages took 62 s in units against 32 s whole (the stage 11 s either way, staging
-# 36 s against 11.5 s). The compiled loop is cheap next to Spark's work on its rows, so
-# units can pay only where a large group would otherwise leave many cores idle while a few
-# simulate it (not measured on a cluster yet).
+# group's peaks, so staging scans its rows again in Spark: on a small machine units gain
+# nothing in the stage and lose much in staging (docs/performance.md). The compiled loop is
+# cheap next to Spark's work on its rows, so units can pay only where a large group would
+# otherwise leave many cores idle while a few simulate it (not measured on a cluster yet).
 UNIT_MESSAGES = 5_000_000
 
 

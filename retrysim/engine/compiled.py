@@ -16,8 +16,8 @@ request, with a fast path for first deliveries, and runs a group's units (docs/m
 per queue. Replays and a round run's frontier stay with the Python loop. A loop is a
 generator: a key's rows leave in chunks, and between chunks it reports how far it got for
 the heartbeat. numba caches the compiled code on disk, keyed by the source
-(:mod:`retrysim.numba_cache`), so only the first run on a machine pays the compilation (about
-40 s for both loops; setup does it).
+(:mod:`retrysim.numba_cache`), so only the first run on a machine pays the compilation (setup
+does it).
 """
 
 from __future__ import annotations
@@ -55,11 +55,12 @@ NAMES = (
     listener.NULL_RETURN, listener.TIMEOUT, states.REASON_MAX_RECONSUME,
     states.REASON_NEGATIVE_LEVEL, states.REASON_BROADCAST, states.REASON_SEND_BACK_FAILED,
     states.REASON_SEND_BACK_FALLBACK, states.REASON_BEYOND_ACK, states.READY_PUBLISHED,
-    states.READY_RETRY_DUE, states.READY_LOCAL, states.READY_VISIBLE,
+    states.READY_RETRY_DUE, states.READY_LOCAL, states.READY_VISIBLE, states.READY_REPLAYED,
 )  # fmt: skip
 (COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY, SUCCESS, LATER, EXCEPTION, NULL_RETURN,
  TIMEOUT, MAX_RECONSUME, NEGATIVE_LEVEL, BROADCAST, SEND_BACK_FAILED_REASON, FALLBACK_REASON,
- BEYOND_ACK, PUBLISHED, RETRY_DUE, LOCAL_RETRY, VISIBLE_AGAIN) = range(len(NAMES))  # fmt: skip
+ BEYOND_ACK, PUBLISHED, RETRY_DUE, LOCAL_RETRY, VISIBLE_AGAIN,
+ REPLAYED) = range(len(NAMES))  # fmt: skip
 # a key's topics: its source topic, the policy's retry topic, the schedule topic, its DLQ
 # topic and the topology's retry topic (whose queues 4.x allocates to instances)
 T_SOURCE, T_RETRY, T_SCHEDULE, T_DLQ, T_TOPOLOGY_RETRY = range(len(NAMES), len(NAMES) + 5)
@@ -86,7 +87,7 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
 # share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
 (D_PROBABILITY, D_KIND_1, D_KIND_2, D_SEND_BACK_1, D_SEND_BACK_2, D_DIST, D_MEAN, D_MU,
  D_SIGMA, D_CAPACITY, D_PER_GROUP, D_CALL_TIMEOUT, D_SHED, D_SIZE) = range(14)  # fmt: skip
-# Output columns: STAGE's, without group and poison_fixed (constant here).
+# Output columns: STAGE's, without group and poison_fixed (a message's, set by the caller).
 _OUT = STAGE.fieldNames()[1:-1]
 _WIDTH = len(_OUT)
 _STRING_COLUMNS = {name for name in _OUT if STAGE[name].dataType.simpleString() == "string"}
@@ -656,7 +657,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
     variable at every merge of the loop's paths where it may have been replaced; with the
-    arrays grown inside the loop, 55 % of its perf samples were those counts. It counts
+    arrays grown inside the loop, those counts were most of its time. It counts
     them too for each array a helper takes across blocks (inlined or not), so the rules
     come as tuples and the per-delivery helpers are straight-line code or take scalars;
     the retries' rules, the waiting heaps and the event heap still take arrays. The caller
@@ -1376,9 +1377,12 @@ assert all(STAGE_ARROW.field(_OUT[i]).type in (pa.int32(), pa.string()) for i in
 _POSITION = {name: position for position, name in enumerate(_OUT)}
 
 
-def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.RecordBatch:
+def _batch(
+    out: np.ndarray, rows: int, group: str, names: pa.Array, fixed: np.ndarray
+) -> pa.RecordBatch:
     """A chunk of rows as a record batch in STAGE_ARROW's shape: the string columns taken
-    from ``names`` by code in Arrow (no Python string objects), NULL to missing."""
+    from ``names`` by code in Arrow (no Python string objects), NULL to missing;
+    ``poison_fixed`` where the row's message is one of the sorted ids ``fixed``."""
     columns: list[pa.Array | None] = [None] * _WIDTH
     for positions, dtype in ((_LONGS, np.int64), (_NARROW, np.int32)):
         kind = pa.from_numpy_dtype(dtype)
@@ -1397,19 +1401,23 @@ def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.Record
             name = _OUT[position]
             columns[position] = pc.take(names, array) if name in _STRING_COLUMNS else array
     group_column = pc.take(pa.array([group]), pa.array(np.zeros(rows, np.int32)))
-    poison_fixed = pa.array(np.zeros(rows, dtype=bool))
+    poison_fixed = pa.array(
+        np.isin(out[_POSITION["msg_id"], :rows], fixed) if len(fixed) else np.zeros(rows, bool)
+    )
     return pa.RecordBatch.from_arrays([group_column, *columns, poison_fixed], schema=STAGE_ARROW)
 
 
 class Chunk:
     """A chunk of the loop's rows before it becomes a record batch: the
     :class:`~retrysim.tables.key_counts.Columns` the sums read, answered from the loop's
-    own longs and string codes (converting every column of every batch cost a task at 3M
-    messages about 0.9 s), and the record batch, made only for the rows a task writes.
+    own longs and string codes (not every column of every batch converted), and the record
+    batch, made only for the rows a task writes.
     Valid until the loop goes on (it reuses its buffer): the loop then empties it."""
 
-    def __init__(self, out: np.ndarray, rows: int, group: str, names: pa.Array, codes: dict):
+    def __init__(self, out: np.ndarray, rows: int, group: str, names: pa.Array, codes: dict,
+                 fixed: np.ndarray):  # fmt: skip
         self.out, self.rows, self.group, self.names, self.codes = out, rows, group, names, codes
+        self.fixed = fixed
 
     @property
     def num_rows(self) -> int:
@@ -1434,23 +1442,27 @@ class Chunk:
         return index
 
     def arrow(self) -> pa.RecordBatch:
-        return _batch(self.out, self.rows, self.group, self.names)
+        return _batch(self.out, self.rows, self.group, self.names, self.fixed)
 
 
 def simulate_compiled(
-    spec, msg_ids, queue_ids, born, heartbeat=None, unit=None, imports=None, chunks=False
-) -> Iterator[pa.RecordBatch] | Iterator[Chunk]:
+    spec, msg_ids, queue_ids, born, heartbeat=None, unit=None, imports=None, chunks=False,
+    publish=True,
+) -> Iterator[pa.RecordBatch] | Iterator[Chunk]:  # fmt: skip
     """The rows :func:`~retrysim.engine.sequential.simulate_key` gives, from the compiled
     loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers), as the
     record batches the Spark stage hands on. With ``unit`` (the instances it runs, the
     instances it sends retries to), those of one unit of the group (docs/model.md §5,
     "Units"), fed the retries ``imports`` (a frame of the deliveries other units' rows
-    lead to, as :func:`retrysim.engine.rounds.next_frontier` gives them). With ``chunks``,
-    :class:`Chunk` s instead of record batches."""
+    lead to, as :func:`retrysim.engine.rounds.next_frontier` gives them). Without
+    ``publish``, the messages are not published: the loop starts from ``imports`` alone (a
+    round run's frontier, whose ``poison_fixed`` column, where there is one, says which
+    messages a replay fixed). With ``chunks``, :class:`Chunk` s instead of record
+    batches."""
     policy, behavior = spec.policy, spec.behavior
     order = _publish_order(born, msg_ids)
     msg_ids, queue_ids, born = msg_ids[order], queue_ids[order], born[order]
-    count = int(np.searchsorted(born, spec.horizon_ms))
+    count = int(np.searchsorted(born, spec.horizon_ms)) if publish else 0
     model = ListenerModel(behavior)
     d, windows = _doubles(model)
     prefixes = np.array(
@@ -1458,6 +1470,12 @@ def simulate_compiled(
         dtype=np.uint64,
     )
     poisoned = listener.poisoned(spec.seed, spec.group, msg_ids, behavior.poison_fraction)
+    fixed = np.empty(0, np.int64)
+    if imports is not None and "poison_fixed" in imports:
+        fixed = np.unique(
+            imports["msg_id"].to_numpy(np.int64)[imports["poison_fixed"].to_numpy(bool)]
+        )
+        poisoned &= ~np.isin(msg_ids, fixed)
     topology = policy.topology
     names = pa.array(
         [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
@@ -1479,7 +1497,7 @@ def simulate_compiled(
         born, poisoned, count,
     )  # fmt: skip
     if policy.batch_size > 1 or policy.blocking:
-        if unit is not None:
+        if unit is not None or imports is not None:
             raise ValueError(f"group {spec.group}: batches and ordered queues run whole")
         loop = _run_lanes(*rules, policy.batch_size, policy.blocking)
     else:
@@ -1491,11 +1509,11 @@ def simulate_compiled(
         if heartbeat is not None:
             heartbeat.beat(int(now), int(deliveries), int(first), own)
         if rows and chunks:
-            chunk = Chunk(out, rows, spec.group, names, codes)
+            chunk = Chunk(out, rows, spec.group, names, codes, fixed)
             yield chunk
             chunk.out = None  # the loop reuses the buffer
         elif rows:
-            yield _batch(out, rows, spec.group, names)
+            yield _batch(out, rows, spec.group, names, fixed)
     if heartbeat is not None:
         heartbeat.beat(spec.horizon_ms, int(deliveries), own, own, done=True)
 

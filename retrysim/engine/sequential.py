@@ -56,7 +56,7 @@ from retrysim.tables.schemas import write_rows as write_small_rows
 from retrysim.tables.task_tables import TaskTableWriter, messages_of, parquet_writer
 from retrysim.tables.writes import pops_of
 
-if TYPE_CHECKING:  # a worker of the compiled loop never loads pandas (0.3 s a worker)
+if TYPE_CHECKING:  # a worker of the compiled loop never loads pandas (a slow import)
     import pandas as pd
 
 OUTPUT_CHUNK_ROWS = 100_000
@@ -869,8 +869,8 @@ def write_runs_attempts(
     Several runs in one stage (a plan's points and replications) pay the stage's start once,
     and a cluster runs them side by side.
 
-    Spark's writer takes the rows through Arrow into the JVM and encodes them again there:
-    at 3M rows about 12 CPU-seconds, three times the simulation's. Here each task encodes
+    Spark's writer takes the rows through Arrow into the JVM and encodes them again there,
+    several times the simulation's own work. Here each task encodes
     its rows with pyarrow (STAGE_ARROW's types are the ones Spark writes and reads back)
     into a folder of its own attempt, and returns the files' names; the driver moves the
     files of the attempts Spark kept (one per task) into place and removes the rest, so a
@@ -1158,6 +1158,8 @@ def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int
     def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd  # a pandas UDF's worker has it already
 
+        from retrysim.engine.compiled import simulate_compiled  # numba: on executors only
+
         data = [batch for batch in batches if len(batch)]
         if not data:
             return
@@ -1165,18 +1167,17 @@ def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int
         for (number, name), part in rows.groupby([RUN, "group"], sort=True):
             spec = by_key[(int(number), name)]
             messages = part.drop_duplicates("msg_id")
-            simulation = _Simulation(
+            loop = simulate_compiled(
                 spec,
                 messages["msg_id"].to_numpy(np.int64),
                 messages["queue_id"].to_numpy(np.int64),
                 messages["born_ms"].to_numpy(np.int64),
+                imports=part,
                 publish=False,
             )
-            simulation.continue_from(part)
-            for chunk in simulation.run():
-                if chunk:
-                    frame = pd.DataFrame.from_records(chunk, columns=_COLUMNS)
-                    yield frame.astype(_PANDAS_TYPES).assign(**{RUN: np.int32(number)})
+            for batch in loop:
+                frame = batch.to_pandas(types_mapper=_nullable).astype(_PANDAS_TYPES)
+                yield frame.assign(**{RUN: np.int32(number)})
 
     schema = StructType([*STAGE.fields, StructField(RUN, IntegerType(), False)])
     return frontier.repartition(partitions, "group", "msg_id").mapInPandas(run, schema)

@@ -300,8 +300,9 @@ def run_data(
 ) -> RunData | None:
     """Read a run's aggregated data (None if there is no such complete run). ``retries``:
     the run's :func:`retries_by_level`, when the caller counted them while staging the run.
-    The small tables are read by delta-rs on the driver (four Spark jobs cost a new JVM
-    about 2 s at the end of a run); only the attempts, for the retries, go through Spark."""
+    The small tables are read by delta-rs on the driver (four Spark jobs would be planned
+    and compiled on a new JVM at the end of a run, for a few rows); only the attempts, for
+    the retries, go through Spark."""
     runs = [row for row in run_rows(output, "runs", run_id) if row["status"] == STATUS_COMPLETE]
     if not runs:
         return None

@@ -371,10 +371,10 @@ def draw_run_report(
 ) -> Callable[[], str]:
     """Start drawing a run's report from its staged tables (``staged``: each table's folder,
     as :func:`retrysim.runner.simulate` hands them over) and return the function that writes
-    it once the run is complete (and returns its path). The drawing (matplotlib, about
-    1.3 s) runs in a forked process while the run is checked, beside the check's tasks: a
-    thread took the driver's interpreter from the check's own Python and saved half as
-    much. The tables are read here, before publishing moves their files."""
+    it once the run is complete (and returns its path). The drawing (matplotlib, CPU-bound
+    Python) runs in a forked process while the run is checked, beside the check's tasks: a
+    thread competed for the driver's interpreter with the check's own Python and saved
+    less. The tables are read here, before publishing moves their files."""
     data = analysis.staged_run_data(run_id, staged, retries)
     path = report_path(output, run_id)
     if "fork" not in multiprocessing.get_all_start_methods():

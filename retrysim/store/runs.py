@@ -43,8 +43,8 @@ from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, TABLE_ORDER
 DEFAULT_RETENTION_HOURS = 168  # Delta's own default for delta.deletedFileRetentionDuration
 # Optimize can Z-order the tables keyed by message on these, so a message's rows (``msg_id =
 # 42``, a group's) sit in few files for Delta's file statistics to skip to. Off by default:
-# compaction leaves one file a run and table, and at 1M messages a run Z-order made no filter
-# faster than compaction alone, for twice its time (docs/performance.md).
+# compaction leaves one file a run and table, and Z-order made no filter faster than
+# compaction alone while taking longer itself (docs/performance.md).
 ZORDER_COLUMNS = ("group", "msg_id")
 STATUS_WRITING = "writing"  # a run under a live writer's lease, not yet published
 
@@ -165,7 +165,7 @@ def _spark_vacuum(
     pass of Spark jobs over the table's files for a count."""
     check = "spark.databricks.delta.retentionDurationCheck.enabled"
     # Delta lists the table's files in a job of this many tasks (Spark's default: 10,000,
-    # minutes of task overhead a table on a small machine); a core's worth does it
+    # whose task overhead dwarfs the listing on a small machine); a core's worth does it
     listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
     spark.conf.set(check, str(not force).lower())
     spark.conf.set(listing, str(max(2, spark.sparkContext.defaultParallelism)))

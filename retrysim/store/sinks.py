@@ -301,8 +301,8 @@ class DeltaSparkSink(_OneRun):
     where they are, as delta-rs does: the same moved files and add actions, the run's older
     files removed, in one optimistic commit with Delta's conflict checks (a concurrent
     writer of the same partitions conflicts; of other runs, not). Writing the rows again
-    through ``df.write`` would read and re-encode every row for nothing, and cost 1.5-2 s
-    of Spark jobs a table even for a row."""
+    through ``df.write`` would read and re-encode every row for nothing, and run Spark jobs
+    for every table even for a row (docs/performance.md)."""
 
     name = "delta-spark"
 
@@ -316,8 +316,8 @@ class DeltaSparkSink(_OneRun):
         with_commit_retries(lambda: _DeltaJvm(spark).commit(path, table, adds, list(staged), note))
 
     def prepare(self, spark: SparkSession) -> None:
-        """A driver JVM's first Delta commits load and compile Delta's commit path: 2-3 s
-        of CPU at a run's end, on the critical path. One throwaway commit of a row into a
+        """A driver JVM's first Delta commits load and compile Delta's commit path: CPU
+        spent at a run's end, on the critical path. One throwaway commit of a row into a
         scratch table, while the run simulates (its stage often leaves a core idle), pays it
         beforehand; once per JVM."""
         if getattr(spark.sparkContext, "_retrysim_delta_ready", False):
@@ -405,7 +405,7 @@ def _new_metadata(table: str) -> dict:
 def _remove_json(path: str, version: int, run_ids: list[str]) -> list[dict]:
     """Remove actions for the files of ``run_ids`` in ``version`` of the table: the version
     the transaction read, listed by delta-rs from the same log (Delta's own listing of a
-    partition's files is a Spark job over the whole log, 0.4-1.5 s a table). A writer that
+    partition's files is a Spark job over the whole log, for every table). A writer that
     removed one of them first makes the commit conflict, and it is retried."""
     if version < 0:
         return []
@@ -560,8 +560,9 @@ def read_table(
 
 def run_rows(output: str, table: str, run_id: str) -> list[dict]:
     """One run's rows of a small table (runs, summary, load), read by delta-rs on the
-    driver, whatever the run's status (the caller checks it): a Spark job to read a few rows
-    costs a new JVM about a second. Only for tables whose rows fit in the driver."""
+    driver, whatever the run's status (the caller checks it): on a new JVM, a Spark job's
+    planning and compiling would cost far more than reading a few rows. Only for tables
+    whose rows fit in the driver."""
     return _run_arrow(output, table, run_id).to_pylist()
 
 

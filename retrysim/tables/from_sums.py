@@ -3,9 +3,9 @@
 When every group of a run was summed up where it was simulated
 (:mod:`retrysim.tables.key_peaks`), the Spark passes that build ``load``, ``instance_load``
 and ``summary`` read nothing but those sums: a few rows per bucket and kind of delivery. On
-a new JVM their forty-odd small jobs cost seconds of planning and code generation for
-milliseconds of work (the default scenario: about 7 s of its staging). This module is their
-twin in Python integers, the same rows column for column
+a new JVM their forty-odd small jobs spend far longer on planning and code generation than
+on their work, and staging waits for them. This module is their twin in Python integers,
+the same rows column for column
 (:func:`retrysim.tables.load.load_from_attempts`,
 :func:`retrysim.tables.instances.instance_load_from`,
 :func:`retrysim.tables.summary.summary_from` and

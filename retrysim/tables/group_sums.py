@@ -36,7 +36,7 @@ SHARES = frozenset({PEAKS, COUNTS, RATES})
 # The peaks of two sets of buckets (a bucket's rows depend on its moments alone): two tasks
 # that simulate the same group split the peaks' sort, the larger share. The first set is 5
 # buckets of every 8: its task also sums up the rates, the other the counts, which cost
-# about twice as much (docs/performance.md), so that neither task waits for the other.
+# more (docs/performance.md), so that neither task waits for the other.
 PEAK_HALVES = ("peaks of the first buckets of 8", "peaks of the other buckets of 8")
 FIRST_BUCKETS_OF_8 = 5
 

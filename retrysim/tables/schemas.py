@@ -645,8 +645,8 @@ def schema_columns(schema: StructType) -> list[Column]:
 def local_rows(spark: SparkSession, rows: list[tuple], schema: StructType) -> DataFrame:
     """``rows`` (values in ``schema``'s order) as a DataFrame of ``schema``, handed to the
     JVM as an Arrow table. PySpark's ``createDataFrame`` of Python rows runs them through a
-    Python worker when the plan runs (a run's first one takes seconds to start, on the
-    critical path of staging); many rows as literals make a plan slow to analyse."""
+    Python worker when the plan runs (a run's first one is slow to start, on the critical
+    path of staging); many rows as literals make a plan slow to analyse."""
     return spark.createDataFrame(arrow_table(rows, schema))
 
 
@@ -665,8 +665,8 @@ def arrow_table(rows: list[tuple], schema: StructType) -> pa.Table:
 
 def literal_rows(spark: SparkSession, rows: list[tuple], schema: StructType) -> DataFrame:
     """``rows`` as a DataFrame of ``schema``, built from literals in the JVM. PySpark's
-    ``createDataFrame`` sends local rows through a Python worker, and a run's first one takes
-    a second to start, on the critical path of staging."""
+    ``createDataFrame`` sends local rows through a Python worker, and a run's first one is
+    slow to start, on the critical path of staging."""
     if not rows:
         return local_rows(spark, rows, schema)
     structs = [

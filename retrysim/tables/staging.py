@@ -69,7 +69,7 @@ def stage_tables(
     job of a few big tasks, and a core left idle by one job's last task takes the next job's
     (Spark's FIFO scheduler runs the first job's tasks first; a fair scheduler pool per
     thread was measured and ends at the same time). Says how long each took (the times
-    overlap): on a large run staging is minutes, and the split shows where they go."""
+    overlap): on a large run staging is long, and the split shows where the time goes."""
     tables = os.path.join(staging, "tables")
     path = {name: os.path.join(tables, name) for name in SCHEMAS}
     began = time.monotonic()
@@ -168,8 +168,8 @@ def derived_for_lean(
 ) -> dict[str, Callable[[], DataFrame]]:
     """The staged data tables a lean run does not write, derived, so that validation checks
     them as readers will see them (data columns only, like the staged Parquet): builders,
-    called only by a check that reads them in Spark (planning them costs a cold driver
-    about 0.7 s)."""
+    called only by a check that reads them in Spark (planning them is slow on a cold
+    driver)."""
     derived: dict[str, Callable[[], DataFrame]] = {}
     if "transitions" not in staged:
         derived["transitions"] = lambda: transitions_from_attempts(

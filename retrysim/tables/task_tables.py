@@ -1,12 +1,12 @@
 """The messages, transitions and dead letters of a group simulated whole in a task, made by
 that task beside its attempts (pyarrow), instead of by three Spark jobs in staging.
 
-On a new JVM those jobs cost seconds of planning, code generation and JIT for what is, per
-row, a few column copies: the default scenario staged them in about 4 s of its 20. Each is
-a twin of the Spark derivation, and each is checked by the invariant check as the Spark
-tables were: the transitions' digest against the attempts' own derivation, the messages'
-and dead letters' links against the attempts' chains (retrysim.checks.digests), so a twin
-that differs fails the run rather than publishing a wrong table.
+On a new JVM those jobs spend far longer on planning, code generation and JIT than on
+their work, which is, per row, a few column copies. Each is a twin of the Spark derivation,
+and each is checked by the invariant check as the Spark tables were: the transitions'
+digest against the attempts' own derivation, the messages' and dead letters' links against
+the attempts' chains (retrysim.checks.digests), so a twin that differs fails the run rather
+than publishing a wrong table.
 ``tests/tables/test_task_tables.py`` holds them equal to the Spark derivations.
 
 - :func:`transitions_of`: :func:`retrysim.tables.transitions.transitions_from_attempts`;
@@ -130,8 +130,8 @@ def messages_of(
 def parquet_writer(path: str, schema: pa.Schema) -> pq.ParquetWriter:
     """A task's Parquet writer (snappy, as Spark's), with dictionaries for the string
     columns only: a dictionary of timestamps and ids, nearly all distinct, costs their
-    encoding time for nothing (at 3M attempts a task wrote its half in 0.55 s against 0.75 s,
-    and a smaller file). Statistics stay on every column, for Delta's per-file stats."""
+    encoding time for nothing and makes a bigger file. Statistics stay on every column, for
+    Delta's per-file stats."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     strings = [field.name for field in schema if pa.types.is_string(field.type)]
     return pq.ParquetWriter(path, schema, compression="snappy", use_dictionary=strings)

@@ -115,7 +115,7 @@ def _per_group(settings: dict[str, tuple[int, bool]], index: int, dtype: str) ->
 def before(times: list[Column], horizon: int | Column) -> list[Column]:
     """``times``, each null unless it happens before the horizon. Columns, not an array
     filtered by a lambda: Spark evaluates higher-order functions without generated code, and
-    one in a projection slows the whole scan (the 10M bench's staging by half)."""
+    one in a projection slows the whole scan (docs/performance.md)."""
     return [F.when(t < horizon, t) for t in times]
 
 
