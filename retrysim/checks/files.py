@@ -51,7 +51,7 @@ from retrysim.checks.invariants import (
     RETRY_REASONS,
     STATE_CODE,
 )
-from retrysim.checks.spark_hash import LOW32, Value, constant, null, number, spark_hash
+from retrysim.checks.spark_hash import Value, constant, null, number, spark_hash
 from retrysim.model.states import (
     COMMIT,
     DISCARD,
@@ -67,6 +67,7 @@ from retrysim.model.states import (
     WAITING_RETRY,
 )
 from retrysim.model.workload import messages_np
+from retrysim.model.xxh64 import LOW32
 from retrysim.scenario import limits
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.scenario.spec import Scenario

@@ -1,4 +1,5 @@
-"""Spark's ``xxhash64`` in numba, bit for bit, over columns of a batch.
+"""Spark's ``xxhash64`` in numba (:mod:`retrysim.model.xxh64`), bit for bit, over columns
+of a batch.
 
 The check's passes over staged files (:mod:`retrysim.checks.files`) hash the same values as
 its Spark expressions, and the digests of both sides must agree: a row's hash is
@@ -16,45 +17,12 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
-from retrysim.model import rng
+from retrysim.model import xxh64
 from retrysim.numba_cache import cache_by_source
 
 cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 
-_P1, _P2, _P3 = np.uint64(rng._P1), np.uint64(rng._P2), np.uint64(rng._P3)
-_P4, _P5 = np.uint64(rng._P4), np.uint64(rng._P5)
-_LONG_SEED_ADD = np.uint64((rng._P5 + 8) & rng._MASK64)
-_INT_SEED_ADD = np.uint64((rng._P5 + 4) & rng._MASK64)
-LOW32 = np.uint64(0xFFFFFFFF)
 _SPARK_SEED = 42  # xxhash64's seed in Spark
-
-
-@njit(cache=True, inline="always")
-def _rotl(value, bits):
-    return (value << np.uint64(bits)) | (value >> np.uint64(64 - bits))
-
-
-@njit(cache=True, inline="always")
-def _fmix(value):
-    value ^= value >> np.uint64(33)
-    value *= _P2
-    value ^= value >> np.uint64(29)
-    value *= _P3
-    return value ^ (value >> np.uint64(32))
-
-
-@njit(cache=True, inline="always")
-def _round(acc, lane):
-    return _rotl(acc + lane * _P2, 31) * _P1
-
-
-@njit(cache=True, inline="always")
-def _word(data, at, width):
-    """The little-endian word of ``width`` bytes at ``at``."""
-    word = np.uint64(0)
-    for j in range(width):
-        word |= np.uint64(data[at + j]) << np.uint64(8 * j)
-    return word
 
 
 @njit(cache=True)
@@ -62,9 +30,7 @@ def _mix_longs(acc, values, valid):
     """XXH64.hashLong of each valid value into its row's running hash (``values``: uint64)."""
     for i in range(acc.size):
         if valid[i]:
-            h = acc[i] + _LONG_SEED_ADD
-            h ^= _rotl(values[i] * _P2, 31) * _P1
-            acc[i] = _fmix(_rotl(h, 27) * _P1 + _P4)
+            acc[i] = xxh64.hash_long(acc[i], values[i])
 
 
 @njit(cache=True)
@@ -72,54 +38,14 @@ def _mix_ints(acc, values, valid):
     """XXH64.hashInt (the int's 32 bits, zero-extended; ``values``: uint64)."""
     for i in range(acc.size):
         if valid[i]:
-            h = acc[i] + _INT_SEED_ADD
-            h ^= (values[i] & LOW32) * _P1
-            acc[i] = _fmix(_rotl(h, 23) * _P2 + _P3)
-
-
-@njit(cache=True)
-def _mix_bytes(seed, data, start, end):
-    """XXH64.hashUnsafeBytes of ``data[start:end]`` (a UTF8String's bytes)."""
-    length = end - start
-    at = start
-    if length >= 32:
-        v1 = seed + _P1 + _P2
-        v2 = seed + _P2
-        v3 = seed
-        v4 = seed - _P1
-        while at <= end - 32:
-            v1 = _round(v1, _word(data, at, 8))
-            v2 = _round(v2, _word(data, at + 8, 8))
-            v3 = _round(v3, _word(data, at + 16, 8))
-            v4 = _round(v4, _word(data, at + 24, 8))
-            at += 32
-        h = _rotl(v1, 1) + _rotl(v2, 7) + _rotl(v3, 12) + _rotl(v4, 18)
-        for lane in (v1, v2, v3, v4):
-            h ^= _round(np.uint64(0), lane)
-            h = h * _P1 + _P4
-    else:
-        h = seed + _P5
-    h += np.uint64(length)
-    while at <= end - 8:
-        h ^= _round(np.uint64(0), _word(data, at, 8))
-        h = _rotl(h, 27) * _P1 + _P4
-        at += 8
-    if at + 4 <= end:
-        h ^= _word(data, at, 4) * _P1
-        h = _rotl(h, 23) * _P2 + _P3
-        at += 4
-    while at < end:
-        h ^= np.uint64(data[at]) * _P5
-        h = _rotl(h, 11) * _P1
-        at += 1
-    return _fmix(h)
+            acc[i] = xxh64.hash_int(acc[i], values[i])
 
 
 @njit(cache=True)
 def _mix_strings(acc, offsets, data, valid):
     for i in range(acc.size):
         if valid[i]:
-            acc[i] = _mix_bytes(acc[i], data, offsets[i], offsets[i + 1])
+            acc[i] = xxh64.hash_bytes(acc[i], data, offsets[i], offsets[i + 1])
 
 
 @njit(cache=True)
@@ -127,7 +53,7 @@ def _mix_string(acc, data, valid):
     """The same string (``data``) into every valid row."""
     for i in range(acc.size):
         if valid[i]:
-            acc[i] = _mix_bytes(acc[i], data, 0, data.size)
+            acc[i] = xxh64.hash_bytes(acc[i], data, 0, data.size)
 
 
 # --------------------------------------------------------------------------- values

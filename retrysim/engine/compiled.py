@@ -39,6 +39,7 @@ from retrysim.model import rng, states
 from retrysim.model.behavior import ListenerModel, _Dist
 from retrysim.model.policy import Policy, policy_for
 from retrysim.model.topology import AVERAGELY_BY_CIRCLE, BY_MESSAGE, BY_QUEUE
+from retrysim.model.xxh64 import uniform
 from retrysim.numba_cache import cache_by_source
 from retrysim.scenario import limits
 from retrysim.scenario.loading import load_scenario
@@ -96,36 +97,7 @@ _TURNS_PER_LOOK = 1 << 15  # loop turns between reports to the heartbeat
 
 # --------------------------------------------------------------------------- hashed draws
 
-_P1, _P2, _P3 = np.uint64(rng._P1), np.uint64(rng._P2), np.uint64(rng._P3)
-_P4, _P5 = np.uint64(rng._P4), np.uint64(rng._P5)
-_LONG_SEED_ADD = np.uint64((rng._P5 + 8) & rng._MASK64)
-_INT_SEED_ADD = np.uint64((rng._P5 + 4) & rng._MASK64)
-
-
-@njit(cache=True)
-def _rotl(value, bits):
-    return (value << np.uint64(bits)) | (value >> np.uint64(64 - bits))
-
-
-@njit(cache=True)
-def _fmix(value):
-    value ^= value >> np.uint64(33)
-    value *= _P2
-    value ^= value >> np.uint64(29)
-    value *= _P3
-    return value ^ (value >> np.uint64(32))
-
-
-@njit(cache=True)
-def _uniform(prefix, msg_id, delivery):
-    """rng.uniform_np for one key: the same double, bit for bit."""
-    acc = prefix + _LONG_SEED_ADD
-    acc ^= _rotl(np.uint64(msg_id) * _P2, 31) * _P1
-    acc = _fmix(_rotl(acc, 27) * _P1 + _P4)
-    acc += _INT_SEED_ADD
-    acc ^= np.uint64(np.uint32(delivery)) * _P1
-    acc = _fmix(_rotl(acc, 23) * _P2 + _P3)
-    return (float(acc >> np.uint64(11)) + 0.5) / 9007199254740992.0
+# Spark's XXH64 over (seed, group, stream, msg_id, delivery): retrysim.model.xxh64.uniform
 
 
 # --------------------------------------------------------------------------- the rules
@@ -228,9 +200,9 @@ def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency)
     (:func:`_conditions` at the delivery's start) with ``concurrency`` calls in flight at
     the downstream, its own included (behavior.under_load, the same arithmetic)."""
     probability, kind, mean, mu, sigma = conditions
-    u_fail = _uniform(prefixes[0], msg_id, delivery)
-    u_a = _uniform(prefixes[2], msg_id, delivery)
-    u_b = _uniform(prefixes[3], msg_id, delivery)
+    u_fail = uniform(prefixes[0], msg_id, delivery)
+    u_a = uniform(prefixes[2], msg_id, delivery)
+    u_b = uniform(prefixes[3], msg_id, delivery)
     processing = _sample(int(kind), mean, mu, sigma, u_a, u_b)
     refused = False
     capacity = np.int64(d[D_CAPACITY])
@@ -248,13 +220,13 @@ def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency)
     fails = poisoned or delivery <= k[K_FAIL_FIRST] or refused or u_fail < probability
     outcome = SUCCESS
     if fails:
-        u_kind = _uniform(prefixes[1], msg_id, delivery)
+        u_kind = uniform(prefixes[1], msg_id, delivery)
         outcome = (
             LATER if u_kind < d[D_KIND_1] else EXCEPTION if u_kind < d[D_KIND_2] else NULL_RETURN
         )
     send_back = _SEND_BACK_DONE
     if d[D_SEND_BACK_2] > 0:
-        u_send_back = _uniform(prefixes[4], msg_id, delivery)
+        u_send_back = uniform(prefixes[4], msg_id, delivery)
         if u_send_back < d[D_SEND_BACK_1]:
             send_back = _SEND_BACK_FAILED
         elif u_send_back < d[D_SEND_BACK_2]:

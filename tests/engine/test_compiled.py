@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from reference.strategies import scenarios
 
 from retrysim.engine.choice import in_units
-from retrysim.engine.compiled import CHUNK_ROWS, _publish_order, _uniform
+from retrysim.engine.compiled import CHUNK_ROWS, _publish_order
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import (
     MOST_OUTPUT_PARTS,
@@ -31,7 +31,6 @@ from retrysim.engine.sequential import (
     units_of,
 )
 from retrysim.model.policy import next_reconsume_times
-from retrysim.model.rng import key_prefix, uniform_np
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import STAGE_ARROW
@@ -137,14 +136,6 @@ def test_a_turn_bigger_than_a_chunk_grows_the_loops_arrays_first():
     assert first["start_ms"].nunique() == 1  # one turn started them all
     again = pd.concat(simulate_key(spec, msg_ids, queue_ids, born), ignore_index=True)
     pd.testing.assert_frame_equal(rows, again)
-
-
-@pytest.mark.parametrize("msg_id", [0, 1, 12_345, 2**40 + 7, 2**62])
-def test_the_compiled_draw_is_sparks_hash_bit_for_bit(msg_id):
-    prefix = np.uint64(key_prefix(11, "group-é", "fail"))
-    for delivery in (1, 2, 17, 2**31 - 1):
-        expected = uniform_np(11, "group-é", "fail", np.array([msg_id]), delivery)[0]
-        assert _uniform(prefix, msg_id, delivery) == expected
 
 
 def test_the_compiled_loop_reports_progress_and_its_end(tmp_path):

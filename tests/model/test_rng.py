@@ -1,4 +1,5 @@
-"""The NumPy port of Spark's xxhash64 draws must equal Spark's own, bit for bit."""
+"""Every port of Spark's xxhash64 draws (NumPy's, and numba's that the compiled loop runs)
+must equal Spark's own, bit for bit."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from retrysim.model.rng import uniform, uniform_np
+from retrysim.model import xxh64
+from retrysim.model.rng import key_prefix, uniform, uniform_np
 
 KEYS = [
     (0, "g", "fail"),
@@ -17,8 +19,23 @@ KEYS = [
 ]
 
 
+def _numpy_draws(seed: int, group: str, stream: str, ids, deliveries) -> np.ndarray:
+    return uniform_np(seed, group, stream, ids, deliveries)
+
+
+def _compiled_draws(seed: int, group: str, stream: str, ids, deliveries) -> np.ndarray:
+    prefix = np.uint64(key_prefix(seed, group, stream))
+    return np.array(
+        [
+            xxh64.uniform(prefix, m, d)
+            for m, d in zip(ids.tolist(), deliveries.tolist(), strict=True)
+        ]
+    )
+
+
+@pytest.mark.parametrize("draws", [_numpy_draws, _compiled_draws], ids=["numpy", "numba"])
 @pytest.mark.parametrize(("seed", "group", "stream"), KEYS)
-def test_numpy_draws_equal_spark_draws(spark, seed, group, stream):
+def test_every_ports_draws_equal_sparks(spark, seed, group, stream, draws):
     frame = spark.range(0, 2000).select(
         (F.col("id") * F.lit(7_919) + F.lit(2**40)).alias("msg_id"),
         (F.col("id") % F.lit(23) - F.lit(1)).cast("int").alias("delivery"),
@@ -29,8 +46,7 @@ def test_numpy_draws_equal_spark_draws(spark, seed, group, stream):
     ids = np.array([r[0] for r in rows], dtype=np.int64)
     deliveries = np.array([r[1] for r in rows], dtype=np.int64)
     expected = np.array([r[2] for r in rows])
-    actual = uniform_np(seed, group, stream, ids, deliveries)
-    assert np.array_equal(actual, expected)
+    assert np.array_equal(draws(seed, group, stream, ids, deliveries), expected)
 
 
 def test_draws_are_uniform_and_open_interval():
