@@ -17,7 +17,7 @@ PACKAGE = PROJECT / "retrysim"
 # Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
 # which only executors that run the compiled loop and a check from staged files need), at
 # most DEFERRED_AT_MOST import lines, each with its reason in a comment on the line.
-DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.compiled", "retrysim.checks.files",
+DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.compiled", "retrysim.checks.file_passes",
             "retrysim.checks.spark_hash"}  # fmt: skip
 DEFERRED_AT_MOST = 8
 FLAVOR_NAMES = (

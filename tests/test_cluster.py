@@ -43,7 +43,7 @@ from test_determinism import (
     start,
 )
 
-from retrysim.checks.digest import table_digests
+from retrysim.checks.run_digest import table_digests
 from retrysim.store.sinks import read_table
 from retrysim.tables.schemas import SCHEMAS
 

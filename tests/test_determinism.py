@@ -10,7 +10,7 @@ launcher, ``./spark-submit.sh jobs/simulate.py``, as subprocesses:
 * C: A again, same run id into the same folder (the run is replaced, never duplicated).
 
 A and B run side by side to keep the wall time down (separate folders). The digests of
-all eight tables (``retrysim.checks.digest``) must be equal. The digest itself is unit-tested
+all eight tables (``retrysim.checks.run_digest``) must be equal. The digest itself is unit-tested
 below on small frames. test_cluster.py reuses the scenario and helpers of this module.
 """
 
@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from support import PROJECT, QUICK_JVM
 
-from retrysim.checks.digest import digest_columns, format_digests, frame_digest, table_digests
+from retrysim.checks.run_digest import digest_columns, format_digests, frame_digest, table_digests
 from retrysim.store.sinks import read_table
 from retrysim.tables.schemas import SCHEMAS
 

@@ -3,7 +3,7 @@
 Each check turns tables into rows carrying, per invariant, a ``bad_<name>`` flag (and, asked
 with ``explain``, a ``why_<name>`` text), reduced to one row per run and group, so nothing
 message-level reaches the driver. Two ways check them: digests that prove whole chains of
-deliveries at once (:mod:`retrysim.checks.digests`), and, only when a digest disagrees, the
+deliveries at once (:mod:`retrysim.checks.chain_digests`), and, only when a digest disagrees, the
 row-by-row pass that counts and shows each violation (:mod:`retrysim.checks.rows`).
 
 States and Ready reasons are compared as small integer codes: the rows Spark shuffles and
@@ -93,7 +93,7 @@ REASONS = (READY_PUBLISHED, READY_REPLAYED, READY_RETRY_DUE, READY_LOCAL, READY_
 REASON_CODE = {reason: index + 1 for index, reason in enumerate(REASONS)}
 SRC_MESSAGE, SRC_ATTEMPT, SRC_DEAD_LETTER = range(3)
 RETRY_REASONS = (READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE)
-# The kinds of link into a delivery's Ready (retrysim.checks.digests): from its message
+# The kinds of link into a delivery's Ready (retrysim.checks.chain_digests): from its message
 # (published), from the previous delivery's WaitingRetry (a retry) or from its dead letter
 # (replayed); any other reason is odd.
 LINK_FIRST, LINK_RETRY, LINK_REPLAY, LINK_ODD = 1, 2, 3, 0

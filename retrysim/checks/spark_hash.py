@@ -1,12 +1,12 @@
 """Spark's ``xxhash64`` in numba (:mod:`retrysim.model.xxh64`), bit for bit, over columns
 of a batch.
 
-The check's passes over staged files (:mod:`retrysim.checks.files`) hash the same values as
+The check's passes over staged files (:mod:`retrysim.checks.file_passes`) hash the same values as
 its Spark expressions, and the digests of both sides must agree: a row's hash is
 ``F.xxhash64`` of its values in order, a null value skipped (XXH64.hashLong, hashInt and
 hashUnsafeBytes, as Spark runs them; a boolean is hashed as the int 0 or 1), with
 :func:`retrysim.checks.invariants.transition_hash`'s null mask as a last int.
-tests/checks/test_files.py holds every pass built on it to Spark's results.
+tests/checks/test_file_passes.py holds every pass built on it to Spark's results.
 """
 
 from __future__ import annotations

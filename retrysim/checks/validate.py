@@ -29,7 +29,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from retrysim.checks import counts, digests, invariants
+from retrysim.checks import chain_digests as digests
+from retrysim.checks import counts, invariants
 from retrysim.checks import rows as row_checks
 from retrysim.checks.invariants import INVARIANTS, Invariant
 from retrysim.store import views
@@ -235,7 +236,7 @@ def validate_tables(
     transitions are the attempts' own derivation (a lean run's), equal to it by
     construction, so their digest is not computed (it would explode the attempts to prove
     nothing). ``files``: the tables as staged Parquet folders (run -> table -> folder), whose
-    passes then run in Python tasks (:mod:`retrysim.checks.files`)."""
+    passes then run in Python tasks (:mod:`retrysim.checks.file_passes`)."""
     groups, runs = _fast_counts(tables, transitions_derived, files)
     row_by_row = not all(_chains_whole(values) for values in groups.values())
     if row_by_row:
@@ -285,7 +286,7 @@ def _fast_counts(
     """Per run and group, every count of the passes that shuffle no rows: the digests, the
     sums summary and load must match, the chain digests; per run, its runs rows. ``files``
     (run -> table -> staged folder): the passes over those tables run in Python tasks
-    instead (:mod:`retrysim.checks.files`), with the same results."""
+    instead (:mod:`retrysim.checks.file_passes`), with the same results."""
     file_passes = _file_passes()
     parts: dict[str, Callable[[], DataFrame]] = {
         "load": lambda: counts.load_counts(tables["load"]),
@@ -340,11 +341,11 @@ def _fast_counts(
 
 
 def _file_passes() -> ModuleType:
-    """The passes over staged files (:mod:`retrysim.checks.files`), imported when a check
+    """The passes over staged files (:mod:`retrysim.checks.file_passes`), imported when a check
     reads files: they load numba, which a command that only reads tables never needs."""
-    from retrysim.checks import files  # numba: only a check from staged files needs it
+    from retrysim.checks import file_passes  # numba: only a check from staged files needs it
 
-    return files
+    return file_passes
 
 
 def _load_ends(tables: Mapping[str, DataFrame]) -> DataFrame:
@@ -399,7 +400,7 @@ def _collect_parts(
     is slow, and one union of them all, or the parts built one after another before any
     ran, left the cores idle until every plan was made), and a core one part leaves idle
     takes another's tasks. ``in_tasks``: one more job, whose rows are (pass, run, group,
-    values) (:func:`retrysim.checks.files.file_counts`)."""
+    values) (:func:`retrysim.checks.file_passes.file_counts`)."""
     work = [lambda build=build: build().collect() for build in parts.values()]
     if in_tasks is not None:
         work.append(in_tasks)

@@ -7,7 +7,7 @@ import os
 
 from deltalake import DeltaTable
 
-from retrysim.checks.digest import format_digests, table_digests
+from retrysim.checks.run_digest import format_digests, table_digests
 from retrysim.scenario.errors import ScenarioError
 from retrysim.session import build_session, stop_session
 from retrysim.store.sinks import table_path

@@ -47,10 +47,10 @@ from retrysim.progress import Progress
 from retrysim.scenario.spec import Scenario
 from retrysim.scenario.units import human_ms
 from retrysim.session import full_jit
+from retrysim.tables.commitlog_writes import pops_of
 from retrysim.tables.group_sums import GroupSums, GroupSumsParam
 from retrysim.tables.schemas import STAGE
 from retrysim.tables.task_tables import TASK_TABLES_DIR
-from retrysim.tables.writes import pops_of
 
 ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 # A group on a finite pool with at most this many messages is simulated event by event from

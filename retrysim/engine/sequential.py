@@ -48,13 +48,13 @@ from retrysim.model.workload import messages_np
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Behavior, Workload
 from retrysim.session import python_tasks
+from retrysim.tables.commitlog_writes import pops_of
 from retrysim.tables.group_sums import COUNTS, PEAK_HALVES, RATES, SHARES
 from retrysim.tables.key_counts import Columns
 from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import SCHEMAS, STAGE, STAGE_ARROW, data_schema
 from retrysim.tables.schemas import write_rows as write_small_rows
 from retrysim.tables.task_tables import TaskTableWriter, messages_of, parquet_writer
-from retrysim.tables.writes import pops_of
 
 if TYPE_CHECKING:  # a worker of the compiled loop never loads pandas (a slow import)
     import pandas as pd

@@ -5,7 +5,7 @@ load's compact rows (:func:`retrysim.tables.load._compact`: attempts grouped by 
 of their events) and each rate's busiest second per bucket (the rate half of
 :func:`retrysim.tables.peaks.bucket_changes`). The same keys, the same null semantics (a
 comparison with null is null, and ``when`` takes null for false) and the same commit-log
-writes (:func:`retrysim.tables.writes.write_times`), in NumPy over the rows as they leave;
+writes (:func:`retrysim.tables.commitlog_writes.write_times`), in NumPy over the rows as they leave;
 tests/tables/test_key_peaks.py holds them equal to the Spark passes.
 """
 
@@ -31,8 +31,8 @@ from retrysim.model.states import (
     WAITING_RETRY,
 )
 from retrysim.scenario import limits
+from retrysim.tables.commitlog_writes import ACK_TIME_INTERVAL_MS
 from retrysim.tables.group_sums import RATE_COLUMNS, RETRY_NUMBER_CAP
-from retrysim.tables.writes import ACK_TIME_INTERVAL_MS
 
 NULL = np.iinfo(np.int64).min  # a null long
 _MISSING = np.iinfo(np.int64).max  # no value yet, for a minimum
@@ -147,7 +147,7 @@ class Attempts:
         self.waited_until = np.where(self.next_ready != NULL, self.next_ready, self.settled)
 
     def write_times(self, pop: tuple[int, bool] | None, horizon: int) -> list[np.ndarray]:
-        """:func:`retrysim.tables.writes.write_times` of these rows: each possible write's
+        """:func:`retrysim.tables.commitlog_writes.write_times` of these rows: each possible write's
         moment, NULL where the attempt does not make it before the horizon."""
         columns = self.columns
         unread = _and(
@@ -167,7 +167,7 @@ class Attempts:
         return [np.where((t != NULL) & (t < horizon), t, NULL) for t in times]
 
     def _pop_write_times(self, invisible: int, nacks: bool) -> list[np.ndarray]:
-        """:func:`retrysim.tables.writes.pop_write_times` of a group that pops."""
+        """:func:`retrysim.tables.commitlog_writes.pop_write_times` of a group that pops."""
         columns, start, end = self.columns, self.start, self.end
         committed = columns.isin("end_state", COMMIT) == 1
         outcome = columns.isin("outcome", TIMEOUT)

@@ -60,7 +60,7 @@ class GroupSummer:
         pop: tuple[int, bool] | None = None,
         shares: frozenset[str] = SHARES,
     ) -> None:
-        """``pop``: the group's pop settings (retrysim.tables.writes.pop_settings), if it
+        """``pop``: the group's pop settings (retrysim.tables.commitlog_writes.pop_settings), if it
         pops; ``shares``: what to sum up (PEAKS or one of PEAK_HALVES, COUNTS, RATES)."""
         self.group, self.horizon, self.bucket_ms, self.pop = group, horizon_ms, bucket_ms, pop
         self.shares = shares

@@ -33,6 +33,7 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.commitlog_writes import write_times
 from retrysim.tables.group_sums import ALL_LEVELS, RETRY_NUMBER_CAP, THREAD_UNITS, GroupSums
 from retrysim.tables.groups import groups_df
 from retrysim.tables.peaks import bucket_changes, bucket_maximum, with_known
@@ -41,7 +42,6 @@ from retrysim.tables.schemas import (
     data_schema,
     select_schema,
 )
-from retrysim.tables.writes import write_times
 
 if TYPE_CHECKING:  # pandas too: the compiled loop's workers import this and never load it
     import pandas as pd
@@ -91,7 +91,7 @@ def _compact(attempts: DataFrame, scenario: Scenario) -> DataFrame:
         # Inflight ends at end_ms (for 5.x simple, when the message is visible again)
         "ended": F.col("end_ms").isNotNull(),
         "waits_retry": waits_retry,
-        # the buckets of its commit-log writes (retrysim.tables.writes), one per write
+        # the buckets of its commit-log writes (retrysim.tables.commitlog_writes), one per write
         "b_writes": F.array(*[F.floor(t / F.lit(bucket_ms)) for t in write_times(scenario)]),
         "level": F.when(scheduled, F.col("delay_level")),
         "b_ready": _bucket_of("ready_ms", bucket_ms),

@@ -30,9 +30,9 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.scenario.spec import Scenario
+from retrysim.tables.commitlog_writes import write_times
 from retrysim.tables.group_sums import ALL_LEVELS, GAUGES, RATE_COLUMNS, THREAD_UNITS, GroupSums
 from retrysim.tables.schemas import local_rows
-from retrysim.tables.writes import write_times
 
 # Thread time in THREAD_UNITS: a thousand threads x a bucket outgrows a long.
 EXACT = "decimal(38,0)"
@@ -57,7 +57,7 @@ def _moment(when: Column, at: Column, level: Column | None = None, **changes: Co
 
 def _moments(scenario: Scenario, writes: bool) -> Column:
     """The moments of an attempt, and with ``writes`` one per commit-log write
-    (retrysim.tables.writes). A delivery started when it became Ready changes the Ready
+    (retrysim.tables.commitlog_writes). A delivery started when it became Ready changes the Ready
     backlog by nothing, so its Ready moment is left out; a moment that coincides with
     another (the thread freed at the end) joins it."""
     c = F.col

@@ -5,7 +5,7 @@ On a new JVM those jobs spend far longer on planning, code generation and JIT th
 their work, which is, per row, a few column copies. Each is a twin of the Spark derivation,
 and each is checked by the invariant check as the Spark tables were: the transitions'
 digest against the attempts' own derivation, the messages' and dead letters' links against
-the attempts' chains (retrysim.checks.digests), so a twin that differs fails the run rather
+the attempts' chains (retrysim.checks.chain_digests), so a twin that differs fails the run rather
 than publishing a wrong table.
 ``tests/tables/test_task_tables.py`` holds them equal to the Spark derivations.
 

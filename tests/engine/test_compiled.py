@@ -32,9 +32,9 @@ from retrysim.engine.sequential import (
 )
 from retrysim.model.policy import next_reconsume_times
 from retrysim.scenario.loading import build_scenario
+from retrysim.tables.commitlog_writes import pops_of
 from retrysim.tables.key_peaks import GroupSummer
 from retrysim.tables.schemas import STAGE_ARROW
-from retrysim.tables.writes import pops_of
 
 KEY = ["msg_id", "delivery"]
 

@@ -27,7 +27,7 @@ from support import group, scenario
 from test_sinks import SCENARIO
 
 from retrysim import complete_files
-from retrysim.checks.digest import table_digests
+from retrysim.checks.run_digest import table_digests
 from retrysim.cli.main import main
 from retrysim.runner import RunRequest, simulate, simulate_runs
 from retrysim.scenario.spec import Scenario

@@ -61,9 +61,9 @@ from retrysim.model.states import (
 )
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.loading import scenario_from_json
+from retrysim.tables.commitlog_writes import before, pop_settings, pop_write_times
 from retrysim.tables.schemas import PARTITION_COLUMN, TRANSITIONS, select_schema
 from retrysim.tables.transitions import step_columns, transitions_from_attempts
-from retrysim.tables.writes import before, pop_settings, pop_write_times
 
 # --------------------------------------------------------------------------- transitions
 
@@ -144,7 +144,7 @@ _POP_GROUPS = (
 
 def pop_groups(runs: DataFrame) -> DataFrame | None:
     """Per run and group whose deliveries are 5.x pops: its pop settings
-    (:func:`retrysim.tables.writes.pop_settings`) and the run's horizon, from each run's
+    (:func:`retrysim.tables.commitlog_writes.pop_settings`) and the run's horizon, from each run's
     stored scenario (one small row per run reaches the driver); None if no group pops."""
     configs = runs.select(PARTITION_COLUMN, "config_json").distinct().collect()
     rows = pop_rows((run[PARTITION_COLUMN], run["config_json"]) for run in configs)
@@ -166,9 +166,9 @@ def pop_rows(configs: Iterable[tuple[str, str | None]]) -> list[tuple]:
 
 def _pop_writes() -> list[Column]:
     """An attempt's 5.x pop writes before its run's horizon, from its steps: the rule is
-    :func:`retrysim.tables.writes.pop_write_times`, shared (tests/reference/writes.py checks
-    it against the source); what this checks is that the tables counted it over the right
-    moments."""
+    :func:`retrysim.tables.commitlog_writes.pop_write_times`, shared (tests/reference/writes.py
+    checks it against the source); what this checks is that the tables counted it over the
+    right moments."""
     c, code = F.col, STATE_CODE
     end, leave = c("t_end_state"), c("t_leave_state")
     gone = (code[DLQ], code[DISCARD])

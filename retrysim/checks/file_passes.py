@@ -15,10 +15,10 @@ live only in Spark (the 5.x pops' commit-log writes) stays in Spark, a lean run'
 which it does not stage, are made again in the tasks from its scenario, and the comparison
 on the driver does not know which side computed what. The row-by-row pass, which
 runs only when a digest disagrees, and ``retrysim validate`` over published tables stay in
-Spark. tests/checks/test_files.py holds the two to equal outputs, on real runs of every
+Spark. tests/checks/test_file_passes.py holds the two to equal outputs, on real runs of every
 flavor and on broken runs.
 
-The Spark expressions the passes mirror: :mod:`retrysim.checks.digests` (the digests and the
+The Spark expressions the passes mirror: :mod:`retrysim.checks.chain_digests` (the digests and the
 chains), :func:`retrysim.checks.rows.attempt_steps` (an attempt's steps and the rules its row
 breaks alone) and :mod:`retrysim.checks.counts`. Null handling follows Spark's: a hash skips
 a null value (and a null mask keeps it apart), a comparison with a null is neither true nor
@@ -207,7 +207,7 @@ class Sums:
 
 
 def digest_sums(hashes: list[tuple[np.ndarray, np.ndarray]], prefix: str, rows: np.ndarray):
-    """:func:`retrysim.checks.digests._digest_sums` over the ``rows`` of a group: the count of
+    """:func:`retrysim.checks.chain_digests._digest_sums` over the ``rows`` of a group: the count of
     present hashes and the sums of their halves (each pair: the hash bits, where present)."""
     present = hi = lo = 0
     for bits, where in hashes:
@@ -275,12 +275,12 @@ def _coalesce(*pairs: tuple) -> tuple[np.ndarray, np.ndarray]:
 
 def _link(kind: Value, msg_id: Value, delivery: Value, rt: Value, ready: Value, born: Value,
           route: Value) -> np.ndarray:  # fmt: skip
-    """:func:`retrysim.checks.digests._link`."""
+    """:func:`retrysim.checks.chain_digests._link`."""
     return spark_hash([kind, msg_id, delivery, rt, ready, born, route], kind.valid.size)
 
 
 def _reconsume_counts(rt: tuple, broker_rt: tuple) -> Value:
-    """:func:`retrysim.checks.digests._counts`: both counts as one long."""
+    """:func:`retrysim.checks.chain_digests._counts`: both counts as one long."""
     return number("long", rt[0] * (1 << 32) + broker_rt[0], rt[1] & broker_rt[1])
 
 
@@ -396,7 +396,7 @@ def _step_hashes(batch: Batch, present: dict) -> list[tuple[np.ndarray, np.ndarr
 
 def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, off_step, no_time,
            end_waiting, horizon, ends):  # fmt: skip
-    """The chains pass (:func:`retrysim.checks.digests._attempt_links` and the rules an
+    """The chains pass (:func:`retrysim.checks.chain_digests._attempt_links` and the rules an
     attempt row breaks alone, :func:`retrysim.checks.rows._local_rules`): a function of a
     group's rows giving its sums."""
     n = batch.rows

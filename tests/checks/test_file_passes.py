@@ -1,7 +1,7 @@
-"""retrysim.checks.files: the check's fast passes over staged files give Spark's results.
+"""retrysim.checks.file_passes: the check's fast passes over staged files give Spark's results.
 
 Each pass over Parquet files in Python tasks is held to the Spark pass it replaces
-(retrysim.checks.digests and counts), value for value: on a real run of every flavor, on the
+(retrysim.checks.chain_digests and counts), value for value: on a real run of every flavor, on the
 hand-made broken runs of test_validate, and on attempts, messages and dead letters with
 cells nulled and changed at random (what the null handling and the rules must get right).
 The validation of a staged run then reports what the Spark passes report.
@@ -19,8 +19,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from test_validate import RUNS, frames
 
-from retrysim.checks import counts, digests
-from retrysim.checks import files as file_passes
+from retrysim.checks import chain_digests as digests
+from retrysim.checks import counts, file_passes
 from retrysim.checks.validate import published_tables, validate_tables
 from retrysim.model.states import DLQ, INFLIGHT, READY_REPLAYED, WAITING_RETRY
 from retrysim.store.sinks import STATUS_COMPLETE
