@@ -9,11 +9,12 @@ small integer codes), so it gives the rows of the plain-Python loop
 (:class:`~retrysim.engine.sequential._Simulation`), which the tests hold it to with zero
 tolerance, and both are compared with the reference written from the RocketMQ source.
 
-It covers every group that replays nothing (``sequential.compiled_covers``): every
-flavor's rules, every topology, outages and poison. ``_run`` takes one message per consume
-request, with a fast path for first deliveries, and runs a group's units (docs/model.md
-§5); ``_run_lanes`` takes batches of one lane and ordered queues, one message at a time
-per queue. Replays and a round run's frontier stay with the Python loop. A loop is a
+It covers every group but one that replays with batches or ordered queues
+(``sequential.compiled_covers``): every flavor's rules, every topology, outages, poison and
+a replay. ``_run`` takes one message per consume request, with a fast path for first
+deliveries, runs a group's units (docs/model.md §5) and finishes a round run's frontier;
+``_run_lanes`` takes batches of one lane and ordered queues, one message at a time per
+queue. Replays into batches and ordered queues stay with the Python loop. A loop is a
 generator: a key's rows leave in chunks, and between chunks it reports how far it got for
 the heartbeat. numba caches the compiled code on disk, keyed by the source
 (:mod:`retrysim.numba_cache`), so only the first run on a machine pays the compilation (setup
@@ -82,15 +83,17 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
  K_TIMEOUT_INTERVAL, K_DLQ_NOW, K_INVISIBLE, K_DLQ_ENABLED, K_HAS_LEVELS, K_HAS_RESEND,
  K_ACK_INDEX, K_PULL, K_READY_WAIT, K_BALANCING, K_INSTANCES, K_THREADS, K_QUEUES, K_BROKERS,
  K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
- K_HORIZON, K_SIZE) = range(28)  # fmt: skip
+ K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_SIZE) = range(31)  # fmt: skip
 # The listener's doubles: base probability, kind and send-back thresholds, base distribution.
 # A downstream that answers to load: its capacity (0: none), whether the group's instances
 # share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
 (D_PROBABILITY, D_KIND_1, D_KIND_2, D_SEND_BACK_1, D_SEND_BACK_2, D_DIST, D_MEAN, D_MU,
- D_SIGMA, D_CAPACITY, D_PER_GROUP, D_CALL_TIMEOUT, D_SHED, D_SIZE) = range(14)  # fmt: skip
-# Output columns: STAGE's, without group and poison_fixed (a message's, set by the caller).
+ D_SIGMA, D_CAPACITY, D_PER_GROUP, D_CALL_TIMEOUT, D_SHED, D_REPLAY_RATE,
+ D_SIZE) = range(15)  # fmt: skip
+# Output columns: STAGE's, without group and poison_fixed (the row after them, _FIXED_ROW).
 _OUT = STAGE.fieldNames()[1:-1]
 _WIDTH = len(_OUT)
+_FIXED_ROW = _WIDTH  # out's last row: poison_fixed, 0 or 1
 _STRING_COLUMNS = {name for name in _OUT if STAGE[name].dataType.simpleString() == "string"}
 CHUNK_ROWS = 100_000
 _TURNS_PER_LOOK = 1 << 15  # loop turns between reports to the heartbeat
@@ -451,7 +454,7 @@ def _grow(array):
 # A delivery's fields, one column of the slots array per retry in flight (field-major, so
 # that the waiting heaps compare contiguous values).
 (S_INDEX, S_DELIVERY, S_RT, S_BROKER_RT, S_TOPIC, S_QUEUE, S_READY, S_REASON, S_ELIGIBLE,
- S_MSG_ID, S_FIELDS) = range(11)  # fmt: skip
+ S_MSG_ID, S_FIXED, S_FIELDS) = range(12)  # fmt: skip
 _FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
 # An instance in a unit's loop: run by it, run by the retry owners' unit (a retry due
 # there is exported), or by any other (a retry due there breaks the partition).
@@ -475,7 +478,7 @@ def _buffers():
         np.empty(1024, np.int64),
         np.empty(1024, np.int64),
         np.empty(1024, np.int64),
-        np.empty((_WIDTH, CHUNK_ROWS + 1024), np.int64),
+        np.empty((_WIDTH + 1, CHUNK_ROWS + 1024), np.int64),
     )
 
 
@@ -512,6 +515,7 @@ def _row_at(out, n, instance, born, slots, slot, start, processing, end, outcome
     out[19, n], out[20, n], out[21, n], out[22, n] = step[4], step[5], step[6], step[7]
     out[23, n], out[24, n], out[25, n], out[26, n] = step[8], step[9], step[10], step[11]
     out[27, n], out[28, n], out[29, n] = step[12], step[13], step[14]
+    out[_FIXED_ROW, n] = slots[S_FIXED, slot]
 
 
 @njit(cache=True, inline="always")
@@ -559,6 +563,7 @@ def _first_delivery(slots, slot, position, msg_ids, queue_ids, born, eligible):
     slots[S_TOPIC, slot], slots[S_QUEUE, slot] = T_SOURCE, queue_ids[position]
     slots[S_READY, slot], slots[S_REASON, slot] = born[position], PUBLISHED
     slots[S_ELIGIBLE, slot], slots[S_MSG_ID, slot] = eligible, msg_ids[position]
+    slots[S_FIXED, slot] = 0
 
 
 @njit(cache=True)
@@ -621,10 +626,43 @@ def _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps,
 
 
 @njit(cache=True)
+def _replay(k, d, now, dead, dead_count, slots, spare, spare_count, used, event_keys,
+            event_values, events):  # fmt: skip
+    """docs/model.md §8: re-publish the dead letters already in the DLQ at ``now``, in the
+    order they reached it (then by msg_id), ``rate`` a second, each as the next delivery of
+    its message on the source topic, queue ``rank % queues``; the poison fixed where the
+    replay says so. The caller made room for a slot and an event each. Returns (events,
+    spare_count, used)."""
+    chosen = np.empty(dead_count, np.int64)
+    m = 0
+    for i in range(dead_count):
+        if dead[0, i] < now:
+            chosen[m] = i
+            m += 1
+    chosen = chosen[:m]
+    chosen = chosen[np.argsort(dead[1][chosen], kind="mergesort")]
+    chosen = chosen[np.argsort(dead[0][chosen], kind="mergesort")]
+    for rank in range(m):
+        ready = now + np.int64(rank * 1000.0 / d[D_REPLAY_RATE])
+        if ready >= k[K_HORIZON]:
+            break
+        i = chosen[rank]
+        spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+        slots[S_INDEX, slot], slots[S_DELIVERY, slot] = dead[2, i], dead[3, i] + 1
+        slots[S_RT, slot], slots[S_BROKER_RT, slot] = 0, 0
+        slots[S_TOPIC, slot], slots[S_QUEUE, slot] = T_SOURCE, rank % k[K_REPLAY_QUEUES]
+        slots[S_READY, slot], slots[S_REASON, slot] = ready, REPLAYED
+        slots[S_ELIGIBLE, slot], slots[S_MSG_ID, slot] = _eligible(k, ready), dead[1, i]
+        slots[S_FIXED, slot] = k[K_REPLAY_FIXED]
+        events = _push_eligible(event_keys, event_values, events, slots, slot)
+    return events, spare_count, used
+
+
+@njit(cache=True)
 def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_levels,
            resend_intervals, msg_ids, queue_ids, born, poisoned, count, member, eligible,
            first_instance, order, taken, arrived, free, busy, touched, touched_list, heaps,
-           sizes, slots, spare, event_keys, event_values, out, state):  # fmt: skip
+           sizes, slots, spare, event_keys, event_values, out, state, dead):  # fmt: skip
     """:func:`_run`'s turns, until a chunk is full, every so many turns, the end, or a turn
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
@@ -635,7 +673,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     the retries' rules, the waiting heaps and the event heap still take arrays. The caller
     grows the arrays on _ROOM and calls again; ``state`` holds the scalars between calls
     (:data:`_STATE`); ``busy`` the calls in flight per instance and in all (the last),
-    counted for a downstream that answers to load."""
+    counted for a downstream that answers to load; ``dead`` the moves to the DLQ before the
+    replay (docs/model.md §8), as (reaches the DLQ, msg_id, position, delivery) columns."""
     n = NULL
     k = to_fixed_tuple(k_array, K_SIZE)
     d = to_fixed_tuple(d_array, D_SIZE)
@@ -651,6 +690,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     next_arrival, deliveries, first = state[_NEXT_ARRIVAL], state[_DELIVERIES], state[_FIRST]
     turns, events, spare_count = state[_TURNS], state[_EVENTS], state[_SPARE_COUNT]
     used, rows = state[_USED], state[_ROWS]
+    dead_count = state[_DEAD]
+    replay_at = k[K_REPLAY_AT] if state[_REPLAYED] == 0 else n
     touched_count = 0
     now = horizon
     status = _CHUNK
@@ -658,13 +699,17 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     while True:
         arrival = eligible[next_arrival] if next_arrival < count else n
         event = event_keys[0] >> 1 if events > 0 else n
-        if arrival == n and event == n:
+        if arrival == n and event == n and replay_at == n:
             status = _DONE
             break
-        now = event if arrival == n else arrival if event == n else min(arrival, event)
+        now = horizon
+        for moment in (arrival, event, replay_at):
+            if moment != n and moment < now:
+                now = moment
         if now >= horizon:
             status = _DONE
             break
+        replaying = now == replay_at
         # the most deliveries this turn can start: the pool, or on an unlimited one what
         # becomes eligible now (nothing waits past a turn there); each takes a slot, writes
         # a row and pushes two events at most. The turn runs only with room for that, so
@@ -676,6 +721,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 p += 1
             # the events of deliveries (a loaded group's calls in flight are events too)
             most = events - (busy[everyone] if loaded else 0) + p - next_arrival
+        if replaying:  # each dead letter a slot and an event, and started this turn
+            most += 2 * dead_count
         if (rows + most > out.shape[1] or events + 2 * most > len(event_keys)
                 or spare_count + slots.shape[1] - used < most):  # fmt: skip
             status = _ROOM
@@ -704,20 +751,29 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 touched[instance] = True
                 touched_list[touched_count] = instance
                 touched_count += 1
-        while events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE:
-            slot = _event_pop(event_keys, event_values, events)
-            events -= 1
-            instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
-                                 slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
-            heaps[instance] = _wait_push(
-                heaps[instance], sizes[instance], slot, slots[S_ELIGIBLE], slots[S_MSG_ID],
-                slots[S_DELIVERY],
+        for again in range(2):  # again: the replayed deliveries eligible at once
+            while events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE:
+                slot = _event_pop(event_keys, event_values, events)
+                events -= 1
+                instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
+                                     slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
+                heaps[instance] = _wait_push(
+                    heaps[instance], sizes[instance], slot, slots[S_ELIGIBLE], slots[S_MSG_ID],
+                    slots[S_DELIVERY],
+                )  # fmt: skip
+                sizes[instance] += 1
+                if not touched[instance]:
+                    touched[instance] = True
+                    touched_list[touched_count] = instance
+                    touched_count += 1
+            if again or not replaying:
+                break
+            events, spare_count, used = _replay(
+                k, d, now, dead, dead_count, slots, spare, spare_count, used, event_keys,
+                event_values, events,
             )  # fmt: skip
-            sizes[instance] += 1
-            if not touched[instance]:
-                touched[instance] = True
-                touched_list[touched_count] = instance
-                touched_count += 1
+            dead_count, replay_at, replaying = 0, n, False
+            state[_REPLAYED] = 1
         # dispatch: each touched instance starts what waits while it has a free thread, in
         # (eligible_ms, msg_id, delivery) order over its queue of first deliveries and its
         # heap of retries; in instance order where they share a downstream (each call
@@ -752,7 +808,14 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
                 concurrency = (busy[everyone] if per_group else busy[instance]) + 1
                 outcome, processing, send_back = _listen(
-                    k, d, prefixes, conditions, msg_id, delivery, poisoned[index], concurrency
+                    k,
+                    d,
+                    prefixes,
+                    conditions,
+                    msg_id,
+                    delivery,
+                    poisoned[index] and slots[S_FIXED, slot] == 0,
+                    concurrency,
                 )
                 outcome, end = _consume_result(k, now, processing, outcome)
                 deliveries += 1
@@ -791,6 +854,10 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     out, rows, instance, born, slots, slot, now, processing, end, outcome, step, 1
                 )
                 rows += 1
+                if step[0] == DLQ and replay_at != n:  # a dead letter the replay may re-send
+                    dead[0, dead_count], dead[1, dead_count] = step[3], msg_id
+                    dead[2, dead_count], dead[3, dead_count] = index, delivery
+                    dead_count += 1
                 due = step[2]
                 if (step[0] == WAITING_RETRY or step[0] == INFLIGHT) and due != n and due < horizon:
                     _next_delivery(k, slots, slot, step)  # the slot carries it
@@ -811,13 +878,13 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             break
     state[_NEXT_ARRIVAL], state[_DELIVERIES], state[_FIRST] = next_arrival, deliveries, first
     state[_TURNS], state[_EVENTS], state[_SPARE_COUNT] = turns, events, spare_count
-    state[_USED], state[_ROWS] = used, rows
+    state[_USED], state[_ROWS], state[_DEAD] = used, rows, dead_count
     return now, status
 
 
 # _turns' scalars between calls, and what it returns for
 (_NEXT_ARRIVAL, _DELIVERIES, _FIRST, _TURNS, _EVENTS, _SPARE_COUNT, _USED, _ROWS, _MOST,
- _STATE) = range(10)  # fmt: skip
+ _DEAD, _REPLAYED, _STATE) = range(12)  # fmt: skip
 _CHUNK, _DONE, _ROOM = range(3)
 
 
@@ -863,12 +930,14 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
         events = _push_eligible(event_keys, event_values, events, slots, slot)
     state = np.zeros(_STATE, np.int64)
     state[_EVENTS], state[_SPARE_COUNT], state[_USED] = events, spare_count, used
+    # a message reaches the DLQ at most once before the replay, which is the only one
+    dead = np.empty((4, len(msg_ids) if k[K_REPLAY_AT] != n else 0), np.int64)
     while True:
         now, status = _turns(
             k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals,
             msg_ids, queue_ids, born, poisoned, count, member, eligible, first_instance, order,
             taken, arrived, free, busy, touched, touched_list, heaps, sizes, slots, spare,
-            event_keys, event_values, out, state,
+            event_keys, event_values, out, state, dead,
         )  # fmt: skip
         if status == _DONE:
             break
@@ -1147,7 +1216,8 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     slot = batch[j]
                     outcome_j, processing_j, send_j = _listen(
                         k, d, prefixes, conditions, slots[S_MSG_ID, slot],
-                        slots[S_DELIVERY, slot], poisoned[slots[S_INDEX, slot]], concurrency,
+                        slots[S_DELIVERY, slot],
+                        poisoned[slots[S_INDEX, slot]] and slots[S_FIXED, slot] == 0, concurrency,
                     )  # fmt: skip
                     outcomes[j], sends[j] = outcome_j, send_j
                     processing += processing_j
@@ -1349,12 +1419,9 @@ assert all(STAGE_ARROW.field(_OUT[i]).type in (pa.int32(), pa.string()) for i in
 _POSITION = {name: position for position, name in enumerate(_OUT)}
 
 
-def _batch(
-    out: np.ndarray, rows: int, group: str, names: pa.Array, fixed: np.ndarray
-) -> pa.RecordBatch:
+def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.RecordBatch:
     """A chunk of rows as a record batch in STAGE_ARROW's shape: the string columns taken
-    from ``names`` by code in Arrow (no Python string objects), NULL to missing;
-    ``poison_fixed`` where the row's message is one of the sorted ids ``fixed``."""
+    from ``names`` by code in Arrow (no Python string objects), NULL to missing."""
     columns: list[pa.Array | None] = [None] * _WIDTH
     for positions, dtype in ((_LONGS, np.int64), (_NARROW, np.int32)):
         kind = pa.from_numpy_dtype(dtype)
@@ -1373,9 +1440,7 @@ def _batch(
             name = _OUT[position]
             columns[position] = pc.take(names, array) if name in _STRING_COLUMNS else array
     group_column = pc.take(pa.array([group]), pa.array(np.zeros(rows, np.int32)))
-    poison_fixed = pa.array(
-        np.isin(out[_POSITION["msg_id"], :rows], fixed) if len(fixed) else np.zeros(rows, bool)
-    )
+    poison_fixed = pa.array(out[_FIXED_ROW, :rows] != 0)
     return pa.RecordBatch.from_arrays([group_column, *columns, poison_fixed], schema=STAGE_ARROW)
 
 
@@ -1386,10 +1451,8 @@ class Chunk:
     batch, made only for the rows a task writes.
     Valid until the loop goes on (it reuses its buffer): the loop then empties it."""
 
-    def __init__(self, out: np.ndarray, rows: int, group: str, names: pa.Array, codes: dict,
-                 fixed: np.ndarray):  # fmt: skip
+    def __init__(self, out: np.ndarray, rows: int, group: str, names: pa.Array, codes: dict):
         self.out, self.rows, self.group, self.names, self.codes = out, rows, group, names, codes
-        self.fixed = fixed
 
     @property
     def num_rows(self) -> int:
@@ -1414,7 +1477,7 @@ class Chunk:
         return index
 
     def arrow(self) -> pa.RecordBatch:
-        return _batch(self.out, self.rows, self.group, self.names, self.fixed)
+        return _batch(self.out, self.rows, self.group, self.names)
 
 
 def simulate_compiled(
@@ -1442,18 +1505,17 @@ def simulate_compiled(
         dtype=np.uint64,
     )
     poisoned = listener.poisoned(spec.seed, spec.group, msg_ids, behavior.poison_fraction)
-    fixed = np.empty(0, np.int64)
-    if imports is not None and "poison_fixed" in imports:
-        fixed = np.unique(
-            imports["msg_id"].to_numpy(np.int64)[imports["poison_fixed"].to_numpy(bool)]
-        )
-        poisoned &= ~np.isin(msg_ids, fixed)
     topology = policy.topology
     names = pa.array(
         [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
          topology.retry_topic], type=pa.string(),
     )  # fmt: skip
     k = _scalars(policy, behavior, spec.horizon_ms)
+    replay = policy.replay
+    if replay is not None and replay.at < spec.horizon_ms and count:
+        k[K_REPLAY_AT], k[K_REPLAY_FIXED] = replay.at, replay.poison_fixed
+        k[K_REPLAY_QUEUES] = spec.queues
+        d[D_REPLAY_RATE] = replay.rate
     member = np.full(topology.instances, MEMBER, np.int64)
     own = count
     if unit is not None:
@@ -1469,8 +1531,10 @@ def simulate_compiled(
         born, poisoned, count,
     )  # fmt: skip
     if policy.batch_size > 1 or policy.blocking:
-        if unit is not None or imports is not None:
-            raise ValueError(f"group {spec.group}: batches and ordered queues run whole")
+        if unit is not None or imports is not None or k[K_REPLAY_AT] != NULL:
+            raise ValueError(
+                f"group {spec.group}: batches and ordered queues run whole, without a replay"
+            )
         loop = _run_lanes(*rules, policy.batch_size, policy.blocking)
     else:
         loop = _run(*rules, member, _import_slots(policy, imports, msg_ids, names))
@@ -1481,11 +1545,11 @@ def simulate_compiled(
         if heartbeat is not None:
             heartbeat.beat(int(now), int(deliveries), int(first), own)
         if rows and chunks:
-            chunk = Chunk(out, rows, spec.group, names, codes, fixed)
+            chunk = Chunk(out, rows, spec.group, names, codes)
             yield chunk
             chunk.out = None  # the loop reuses the buffer
         elif rows:
-            yield _batch(out, rows, spec.group, names, fixed)
+            yield _batch(out, rows, spec.group, names)
     if heartbeat is not None:
         heartbeat.beat(spec.horizon_ms, int(deliveries), own, own, done=True)
 
@@ -1528,6 +1592,8 @@ def _import_slots(policy: Policy, imports, msg_ids: np.ndarray, names: pa.Array)
     slots[S_TOPIC] = imports["source_topic"].map(code).to_numpy(np.int64)
     slots[S_REASON] = imports["ready_reason"].map(code).to_numpy(np.int64)
     slots[S_ELIGIBLE] = policy.eligible_ms(slots[S_READY])  # NumPy arrays take it as it is
+    fixed = imports.get("poison_fixed", None)
+    slots[S_FIXED] = 0 if fixed is None else fixed.to_numpy(bool)
     return slots
 
 

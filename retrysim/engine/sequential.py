@@ -667,9 +667,9 @@ _PANDAS_TYPES = {
 
 
 def compiled_covers(policy: Policy) -> bool:
-    """Whether the compiled loops (:mod:`retrysim.engine.compiled`) simulate this group:
-    any that replays nothing."""
-    return policy.replay is None
+    """Whether the compiled loops (:mod:`retrysim.engine.compiled`) simulate this group: any
+    but one that replays with batches or ordered queues."""
+    return policy.replay is None or not (policy.blocking or policy.batch_size > 1)
 
 
 def simulate_key(
@@ -735,6 +735,7 @@ def units_of(spec: KeySpec) -> Units | None:
     shared = downstream is not None and downstream.shared
     if (
         not compiled_covers(policy)
+        or policy.replay is not None  # a replay re-sends to every queue: it ties the units
         or lanes
         or shared
         or policy.retry_topic != policy.topology.retry_topic
