@@ -9,12 +9,12 @@ small integer codes), so it gives the rows of the plain-Python loop
 (:class:`~retrysim.engine.sequential._Simulation`), which the tests hold it to with zero
 tolerance, and both are compared with the reference written from the RocketMQ source.
 
-It covers every group but one that replays with batches or ordered queues
+It covers every group but one that replays into ordered queues
 (``sequential.compiled_covers``): every flavor's rules, every topology, outages, poison and
 a replay. ``_run`` takes one message per consume request, with a fast path for first
 deliveries, runs a group's units (docs/model.md §5) and finishes a round run's frontier;
 ``_run_lanes`` takes batches of one lane and ordered queues, one message at a time per
-queue. Replays into batches and ordered queues stay with the Python loop. A loop is a
+queue. A replay into ordered queues stays with the Python loop. A loop is a
 generator: a key's rows leave in chunks, and between chunks it reports how far it got for
 the heartbeat. numba caches the compiled code on disk, keyed by the source
 (:mod:`retrysim.numba_cache`), so only the first run on a machine pays the compilation (setup
@@ -1042,7 +1042,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                msg_ids, queue_ids, born, poisoned, count, batch_size, blocking):  # fmt: skip
     """:func:`_run` for consume requests that take up to ``batch_size`` deliveries of one
     lane, and for ordered queues (``blocking``: a queue releases its next message, in
-    publish order, when the one before left it); no replay. Yields as :func:`_run`."""
+    publish order, when the one before left it; no replay there). Yields as :func:`_run`."""
     n = NULL
     horizon = k[K_HORIZON]
     instances = k[K_INSTANCES]
@@ -1087,6 +1087,10 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     outcomes = np.empty(max(batch_size, 1), np.int64)
     sends = np.empty(max(batch_size, 1), np.int64)
     next_arrival = 0 if not blocking else count
+    replay_at = k[K_REPLAY_AT]
+    # a message reaches the DLQ at most once before the replay, which is the only one
+    dead = np.empty((4, len(msg_ids) if replay_at != n else 0), np.int64)
+    dead_count = 0
     for lane in range(len(queue_ids_used)):  # every ordered queue is free at 0
         if events == len(event_keys):
             event_keys, event_values = _grow(event_keys), _grow(event_values)
@@ -1095,11 +1099,15 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     while True:
         arrival = eligible_of[next_arrival] if next_arrival < count else n
         event = event_keys[0] >> 1 if events > 0 else n
-        if arrival == n and event == n:
+        if arrival == n and event == n and replay_at == n:
             break
-        now = event if arrival == n else arrival if event == n else min(arrival, event)
+        now = horizon
+        for moment in (arrival, event, replay_at):
+            if moment != n and moment < now:
+                now = moment
         if now >= horizon:
             break
+        replaying = now == replay_at
         conditions = base if windows.shape[0] == 0 else _conditions(windows, d, now)
         while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
             payload = _event_pop(event_keys, event_values, events)
@@ -1131,9 +1139,23 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                 event_keys, event_values = _grow(event_keys), _grow(event_values)
             events = _push_eligible(event_keys, event_values, events, slots, slot)
         # what becomes eligible now waits in its lane: first deliveries (unordered), then
-        # the events
+        # the events; at the replay's moment, then the replayed deliveries eligible at once
         while True:
             slot = -1
+            if replaying and not (
+                (next_arrival < count and eligible_of[next_arrival] == now)
+                or (events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE)
+            ):
+                while events + dead_count > len(event_keys):
+                    event_keys, event_values = _grow(event_keys), _grow(event_values)
+                while spare_count + slots.shape[1] - used < dead_count:
+                    slots, spare = _grow_slots(slots), _grow(spare)
+                events, spare_count, used = _replay(
+                    k, d, now, dead, dead_count, slots, spare, spare_count, used, event_keys,
+                    event_values, events,
+                )  # fmt: skip
+                dead_count, replay_at, replaying = 0, n, False
+                continue
             if next_arrival < count and eligible_of[next_arrival] == now:
                 if spare_count == 0 and used == slots.shape[1]:
                     slots, spare = _grow_slots(slots), _grow(spare)
@@ -1264,6 +1286,11 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     _row(out, rows, k, born, slots, slot, now, processing, end, outcome,
                          step, taken)  # fmt: skip
                     rows += 1
+                    if step[0] == DLQ and replay_at != n:  # a dead letter the replay may re-send
+                        dead[0, dead_count], dead[1, dead_count] = step[3], slots[S_MSG_ID, slot]
+                        dead[2, dead_count] = slots[S_INDEX, slot]
+                        dead[3, dead_count] = slots[S_DELIVERY, slot]
+                        dead_count += 1
                     if blocking:
                         order_key = (topic << 40) | queue_id
                         release_at = n
@@ -1531,10 +1558,10 @@ def simulate_compiled(
         born, poisoned, count,
     )  # fmt: skip
     if policy.batch_size > 1 or policy.blocking:
-        if unit is not None or imports is not None or k[K_REPLAY_AT] != NULL:
-            raise ValueError(
-                f"group {spec.group}: batches and ordered queues run whole, without a replay"
-            )
+        if unit is not None or imports is not None:
+            raise ValueError(f"group {spec.group}: batches and ordered queues run whole")
+        if policy.blocking and k[K_REPLAY_AT] != NULL:
+            raise ValueError(f"group {spec.group}: ordered queues replay in the Python loop")
         loop = _run_lanes(*rules, policy.batch_size, policy.blocking)
     else:
         loop = _run(*rules, member, _import_slots(policy, imports, msg_ids, names))

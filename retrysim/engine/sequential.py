@@ -668,8 +668,8 @@ _PANDAS_TYPES = {
 
 def compiled_covers(policy: Policy) -> bool:
     """Whether the compiled loops (:mod:`retrysim.engine.compiled`) simulate this group: any
-    but one that replays with batches or ordered queues."""
-    return policy.replay is None or not (policy.blocking or policy.batch_size > 1)
+    but one that replays into ordered queues."""
+    return policy.replay is None or not policy.blocking
 
 
 def simulate_key(

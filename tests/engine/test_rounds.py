@@ -23,6 +23,10 @@ from retrysim.engine.rounds import (
 )
 from retrysim.tables.schemas import MESSAGES, data_schema, without_comments
 
+# the columns of a frontier these tests look at
+SHOWN = ("msg_id", "delivery", "reconsume_times", "source_topic", "queue_id", "ready_ms",
+         "ready_reason")  # fmt: skip
+
 
 def test_horizon_cut_leaves_ready_inflight_and_waiting_states(spark):
     horizon = 1_000
@@ -55,15 +59,7 @@ def test_first_frontier_takes_messages_born_before_the_horizon(spark):
         [("g", "T", 1, 0, 0, 100), ("g", "T", 2, 1, 999, 100), ("g", "T", 3, 0, 1_000, 100)],
         without_comments(data_schema(MESSAGES)),
     )
-    frontier = first_frontier(messages, horizon_ms=1_000).select(
-        "msg_id",
-        "delivery",
-        "reconsume_times",
-        "source_topic",
-        "queue_id",
-        "ready_ms",
-        "ready_reason",
-    )
+    frontier = first_frontier(messages, horizon_ms=1_000).select(*SHOWN)
     expected = spark.createDataFrame(
         [(1, 1, 0, "T", 0, 0, "published"), (2, 1, 0, "T", 1, 999, "published")],
         "msg_id long, delivery int, reconsume_times int, source_topic string, queue_id int, "
@@ -82,15 +78,7 @@ def test_next_frontier_follows_retries_due_before_the_horizon(spark):
             dead_after_backoff(4, start=0, processing=10, backoff=10_000),
         ],
     )
-    frontier = next_frontier(attempts, horizon_ms=20_000).select(
-        "msg_id",
-        "delivery",
-        "reconsume_times",
-        "source_topic",
-        "queue_id",
-        "ready_ms",
-        "ready_reason",
-    )
+    frontier = next_frontier(attempts, horizon_ms=20_000).select(*SHOWN)
     expected = spark.createDataFrame(
         [(2, 2, 1, RETRY, 0, 10_010, "retry_due")],
         "msg_id long, delivery int, reconsume_times int, source_topic string, queue_id int, "
