@@ -9,12 +9,12 @@ small integer codes), so it gives the rows of the plain-Python loop
 (:class:`~retrysim.engine.sequential._Simulation`), which the tests hold it to with zero
 tolerance, and both are compared with the reference written from the RocketMQ source.
 
-It covers every group but one that replays into ordered queues
-(``sequential.compiled_covers``): every flavor's rules, every topology, outages, poison and
-a replay. ``_run`` takes one message per consume request, with a fast path for first
-deliveries, runs a group's units (docs/model.md §5) and finishes a round run's frontier;
-``_run_lanes`` takes batches of one lane and ordered queues, one message at a time per
-queue. A replay into ordered queues stays with the Python loop. A loop is a
+It covers every group: every flavor's rules, every topology, outages, poison and a replay.
+``_run`` takes one message per consume request, with a fast path for first deliveries, runs
+a group's units (docs/model.md §5) and finishes a round run's frontier; ``_run_lanes`` takes
+batches of one lane and ordered queues, one message at a time per queue, where a replayed
+delivery waits for its queue and takes back a later first delivery the queue released but
+that is not eligible yet (the Python loop's rule). A loop is a
 generator: a key's rows leave in chunks, and between chunks it reports how far it got for
 the heartbeat. numba caches the compiled code on disk, keyed by the source
 (:mod:`retrysim.numba_cache`), so only the first run on a machine pays the compilation (setup
@@ -454,7 +454,7 @@ def _grow(array):
 # A delivery's fields, one column of the slots array per retry in flight (field-major, so
 # that the waiting heaps compare contiguous values).
 (S_INDEX, S_DELIVERY, S_RT, S_BROKER_RT, S_TOPIC, S_QUEUE, S_READY, S_REASON, S_ELIGIBLE,
- S_MSG_ID, S_FIXED, S_FIELDS) = range(12)  # fmt: skip
+ S_MSG_ID, S_FIXED, S_WITHDRAWN, S_FIELDS) = range(13)  # fmt: skip
 _FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
 # An instance in a unit's loop: run by it, run by the retry owners' unit (a retry due
 # there is exported), or by any other (a retry due there breaks the partition).
@@ -563,7 +563,7 @@ def _first_delivery(slots, slot, position, msg_ids, queue_ids, born, eligible):
     slots[S_TOPIC, slot], slots[S_QUEUE, slot] = T_SOURCE, queue_ids[position]
     slots[S_READY, slot], slots[S_REASON, slot] = born[position], PUBLISHED
     slots[S_ELIGIBLE, slot], slots[S_MSG_ID, slot] = eligible, msg_ids[position]
-    slots[S_FIXED, slot] = 0
+    slots[S_FIXED, slot], slots[S_WITHDRAWN, slot] = 0, 0
 
 
 @njit(cache=True)
@@ -610,7 +610,8 @@ def _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps,
     n = NULL
     for e in range(events):
         slot = event_values[e]
-        if event_keys[e] & 1 == _ELIGIBLE_PHASE and slots[S_READY, slot] < k[K_HORIZON]:
+        if (event_keys[e] & 1 == _ELIGIBLE_PHASE and slots[S_READY, slot] < k[K_HORIZON]
+                and slots[S_WITHDRAWN, slot] == 0):  # fmt: skip
             if rows == out.shape[1]:
                 out = _wider(out)
             _row(out, rows, k, born, slots, slot, n, n, n, n, _PENDING, n)
@@ -626,13 +627,9 @@ def _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps,
 
 
 @njit(cache=True)
-def _replay(k, d, now, dead, dead_count, slots, spare, spare_count, used, event_keys,
-            event_values, events):  # fmt: skip
-    """docs/model.md §8: re-publish the dead letters already in the DLQ at ``now``, in the
-    order they reached it (then by msg_id), ``rate`` a second, each as the next delivery of
-    its message on the source topic, queue ``rank % queues``; the poison fixed where the
-    replay says so. The caller made room for a slot and an event each. Returns (events,
-    spare_count, used)."""
+def _replay_order(now, dead, dead_count):
+    """docs/model.md §8: the dead letters a replay at ``now`` re-publishes, those already in
+    the DLQ, in the order they reached it (then by msg_id), as columns of ``dead``."""
     chosen = np.empty(dead_count, np.int64)
     m = 0
     for i in range(dead_count):
@@ -641,20 +638,71 @@ def _replay(k, d, now, dead, dead_count, slots, spare, spare_count, used, event_
             m += 1
     chosen = chosen[:m]
     chosen = chosen[np.argsort(dead[1][chosen], kind="mergesort")]
-    chosen = chosen[np.argsort(dead[0][chosen], kind="mergesort")]
-    for rank in range(m):
+    return chosen[np.argsort(dead[0][chosen], kind="mergesort")]
+
+
+@njit(cache=True, inline="always")
+def _replayed(k, ready, rank, dead, i, slots, slot):
+    """Fill ``slot`` with the replay's ``rank``-th delivery (of the dead letter ``i``): the
+    next delivery of its message on the source topic, queue ``rank % queues``, Ready at
+    ``ready``; the poison fixed where the replay says so."""
+    slots[S_INDEX, slot], slots[S_DELIVERY, slot] = dead[2, i], dead[3, i] + 1
+    slots[S_RT, slot], slots[S_BROKER_RT, slot] = 0, 0
+    slots[S_TOPIC, slot], slots[S_QUEUE, slot] = T_SOURCE, rank % k[K_REPLAY_QUEUES]
+    slots[S_READY, slot], slots[S_REASON, slot] = ready, REPLAYED
+    slots[S_ELIGIBLE, slot], slots[S_MSG_ID, slot] = _eligible(k, ready), dead[1, i]
+    slots[S_FIXED, slot], slots[S_WITHDRAWN, slot] = k[K_REPLAY_FIXED], 0
+
+
+@njit(cache=True)
+def _replay(k, d, now, dead, dead_count, slots, spare, spare_count, used, event_keys,
+            event_values, events):  # fmt: skip
+    """The replay at ``now`` (:func:`_replay_order`) where deliveries need no lane: each
+    replayed delivery an eligible event, ``rate`` a second. The caller made room for a slot
+    and an event each. Returns (events, spare_count, used)."""
+    chosen = _replay_order(now, dead, dead_count)
+    for rank in range(len(chosen)):
         ready = now + np.int64(rank * 1000.0 / d[D_REPLAY_RATE])
         if ready >= k[K_HORIZON]:
             break
-        i = chosen[rank]
         spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
-        slots[S_INDEX, slot], slots[S_DELIVERY, slot] = dead[2, i], dead[3, i] + 1
-        slots[S_RT, slot], slots[S_BROKER_RT, slot] = 0, 0
-        slots[S_TOPIC, slot], slots[S_QUEUE, slot] = T_SOURCE, rank % k[K_REPLAY_QUEUES]
-        slots[S_READY, slot], slots[S_REASON, slot] = ready, REPLAYED
-        slots[S_ELIGIBLE, slot], slots[S_MSG_ID, slot] = _eligible(k, ready), dead[1, i]
-        slots[S_FIXED, slot] = k[K_REPLAY_FIXED]
+        _replayed(k, ready, rank, dead, chosen[rank], slots, slot)
         events = _push_eligible(event_keys, event_values, events, slots, slot)
+    return events, spare_count, used
+
+
+@njit(cache=True)
+def _release(k, now, lane, cursor, queue_end, by_queue, eligible_of, msg_ids, queue_ids, born,
+             replays, replay_sizes, lane_busy, released, slots, spare, spare_count, used,
+             event_keys, event_values, events):  # fmt: skip
+    """An ordered queue (``lane``) is free at ``now``: the smaller of its next message in
+    publish order (born_ms, msg_id) and its first replayed delivery (ready_ms, msg_id)
+    becomes eligible, or the queue is idle. The caller made room for a slot and an event.
+    Returns (events, spare_count, used)."""
+    original = cursor[lane] < queue_end[lane]
+    replayed = replay_sizes[lane] > 0
+    if replayed and original:
+        top, position = replays[lane][0], by_queue[cursor[lane]]
+        replayed = slots[S_READY, top] < born[position] or (
+            slots[S_READY, top] == born[position] and slots[S_MSG_ID, top] < msg_ids[position]
+        )  # fmt: skip
+    if replayed:
+        slot = _wait_pop(replays[lane], replay_sizes[lane], slots[S_READY], slots[S_MSG_ID],
+                         slots[S_DELIVERY])  # fmt: skip
+        replay_sizes[lane] -= 1
+        slots[S_ELIGIBLE, slot] = max(_eligible(k, slots[S_READY, slot]), now)
+    elif original:
+        position = by_queue[cursor[lane]]
+        cursor[lane] += 1
+        spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+        _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
+                        max(eligible_of[position], now))  # fmt: skip
+    else:
+        lane_busy[lane] = False
+        return events, spare_count, used
+    lane_busy[lane] = True
+    released[lane] = slot
+    events = _push_eligible(event_keys, event_values, events, slots, slot)
     return events, spare_count, used
 
 
@@ -1042,7 +1090,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                msg_ids, queue_ids, born, poisoned, count, batch_size, blocking):  # fmt: skip
     """:func:`_run` for consume requests that take up to ``batch_size`` deliveries of one
     lane, and for ordered queues (``blocking``: a queue releases its next message, in
-    publish order, when the one before left it; no replay there). Yields as :func:`_run`."""
+    publish order or a replayed one, when the one before left it). Yields as :func:`_run`."""
     n = NULL
     horizon = k[K_HORIZON]
     instances = k[K_INSTANCES]
@@ -1074,6 +1122,9 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
         eligible_of[p] = _eligible(k, born[p])
     # ordered queues: each source queue's messages in publish order, released one by one
     queue_ids_used = np.unique(queue_ids[:count]) if blocking else np.empty(0, np.int64)
+    if blocking and k[K_REPLAY_AT] != n:  # a replay re-publishes to any of the queues
+        every = np.arange(k[K_REPLAY_QUEUES], dtype=np.int64)
+        queue_ids_used = np.unique(np.concatenate((queue_ids_used, every)))
     order_ids = Dict.empty(key_type=types.int64, value_type=types.int64)
     by_queue = (
         np.argsort(queue_ids[:count], kind="mergesort") if blocking else np.empty(0, np.int64)
@@ -1083,6 +1134,14 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     cursor = queue_start.copy()
     for lane in range(len(queue_ids_used)):
         order_ids[(T_SOURCE << 40) | queue_ids_used[lane]] = lane
+    # per ordered queue: its replayed deliveries waiting for it (by ready_ms, msg_id), whether
+    # it holds a released message, and the slot it released last
+    replays = List()
+    for _ in range(len(queue_ids_used)):
+        replays.append(np.empty(4, np.int64))
+    replay_sizes = np.zeros(len(queue_ids_used), np.int64)
+    lane_busy = np.zeros(len(queue_ids_used), np.bool_)
+    released = np.full(len(queue_ids_used), -1, np.int64)
     batch = np.empty(max(batch_size, 1), np.int64)
     outcomes = np.empty(max(batch_size, 1), np.int64)
     sends = np.empty(max(batch_size, 1), np.int64)
@@ -1125,19 +1184,15 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     touched_count += 1
                 continue
             # an ordered queue is free: its next message becomes eligible
-            lane = payload
-            if cursor[lane] >= queue_end[lane]:
-                continue
-            position = by_queue[cursor[lane]]
-            cursor[lane] += 1
             if spare_count == 0 and used == slots.shape[1]:
                 slots, spare = _grow_slots(slots), _grow(spare)
-            spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
-            _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
-                            max(eligible_of[position], now))  # fmt: skip
             if events == len(event_keys):
                 event_keys, event_values = _grow(event_keys), _grow(event_values)
-            events = _push_eligible(event_keys, event_values, events, slots, slot)
+            events, spare_count, used = _release(
+                k, now, payload, cursor, queue_end, by_queue, eligible_of, msg_ids, queue_ids,
+                born, replays, replay_sizes, lane_busy, released, slots, spare, spare_count,
+                used, event_keys, event_values, events,
+            )  # fmt: skip
         # what becomes eligible now waits in its lane: first deliveries (unordered), then
         # the events; at the replay's moment, then the replayed deliveries eligible at once
         while True:
@@ -1148,12 +1203,48 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
             ):
                 while events + dead_count > len(event_keys):
                     event_keys, event_values = _grow(event_keys), _grow(event_values)
-                while spare_count + slots.shape[1] - used < dead_count:
+                while spare_count + slots.shape[1] - used < 2 * dead_count:
                     slots, spare = _grow_slots(slots), _grow(spare)
-                events, spare_count, used = _replay(
-                    k, d, now, dead, dead_count, slots, spare, spare_count, used, event_keys,
-                    event_values, events,
-                )  # fmt: skip
+                if not blocking:
+                    events, spare_count, used = _replay(
+                        k, d, now, dead, dead_count, slots, spare, spare_count, used,
+                        event_keys, event_values, events,
+                    )  # fmt: skip
+                else:  # each replayed delivery waits for its ordered queue
+                    chosen = _replay_order(now, dead, dead_count)
+                    for rank in range(len(chosen)):
+                        ready = now + np.int64(rank * 1000.0 / d[D_REPLAY_RATE])
+                        if ready >= horizon:
+                            break
+                        spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+                        _replayed(k, ready, rank, dead, chosen[rank], slots, slot)
+                        lane = order_ids[(T_SOURCE << 40) | slots[S_QUEUE, slot]]
+                        replays[lane] = _wait_push(
+                            replays[lane], replay_sizes[lane], slot, slots[S_READY],
+                            slots[S_MSG_ID], slots[S_DELIVERY],
+                        )  # fmt: skip
+                        replay_sizes[lane] += 1
+                        # a first delivery the queue released but not eligible yet, published
+                        # after this one, is taken back: the queue serves Ready order
+                        r = released[lane]
+                        later = r >= 0 and (
+                            slots[S_READY, r] > ready
+                            or (slots[S_READY, r] == ready
+                                and slots[S_MSG_ID, r] > slots[S_MSG_ID, slot])
+                        )  # fmt: skip
+                        if (later and lane_busy[lane] and slots[S_REASON, r] == PUBLISHED
+                                and slots[S_ELIGIBLE, r] > now):  # fmt: skip
+                            slots[S_WITHDRAWN, r] = 1
+                            cursor[lane] -= 1
+                            lane_busy[lane] = False
+                            released[lane] = -1
+                        if not lane_busy[lane]:
+                            events, spare_count, used = _release(
+                                k, now, lane, cursor, queue_end, by_queue, eligible_of,
+                                msg_ids, queue_ids, born, replays, replay_sizes, lane_busy,
+                                released, slots, spare, spare_count, used, event_keys,
+                                event_values, events,
+                            )  # fmt: skip
                 dead_count, replay_at, replaying = 0, n, False
                 continue
             if next_arrival < count and eligible_of[next_arrival] == now:
@@ -1165,6 +1256,10 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
             elif events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE:
                 slot = _event_pop(event_keys, event_values, events)
                 events -= 1
+                if slots[S_WITHDRAWN, slot]:  # taken back by a replay: released again later
+                    spare[spare_count] = slot
+                    spare_count += 1
+                    continue
             else:
                 break
             instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
@@ -1325,6 +1420,8 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     out, rows = _pending(
         out, rows, k, born, slots, event_keys, event_values, events, waits, wait_sizes
     )
+    out, rows = _pending(out, rows, k, born, slots, event_keys, event_values, 0, replays,
+                         replay_sizes)  # fmt: skip
     scratch = np.empty((S_FIELDS, 1), np.int64)
     for lane in range(len(queue_ids_used)):
         for j in range(cursor[lane], queue_end[lane]):
@@ -1560,8 +1657,6 @@ def simulate_compiled(
     if policy.batch_size > 1 or policy.blocking:
         if unit is not None or imports is not None:
             raise ValueError(f"group {spec.group}: batches and ordered queues run whole")
-        if policy.blocking and k[K_REPLAY_AT] != NULL:
-            raise ValueError(f"group {spec.group}: ordered queues replay in the Python loop")
         loop = _run_lanes(*rules, policy.batch_size, policy.blocking)
     else:
         loop = _run(*rules, member, _import_slots(policy, imports, msg_ids, names))
@@ -1621,6 +1716,7 @@ def _import_slots(policy: Policy, imports, msg_ids: np.ndarray, names: pa.Array)
     slots[S_ELIGIBLE] = policy.eligible_ms(slots[S_READY])  # NumPy arrays take it as it is
     fixed = imports.get("poison_fixed", None)
     slots[S_FIXED] = 0 if fixed is None else fixed.to_numpy(bool)
+    slots[S_WITHDRAWN] = 0
     return slots
 
 
