@@ -6,9 +6,13 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from retrysim.engine.choice import lanes_are_independent
+from retrysim.engine.rounds import group_plans, key_specs
+from retrysim.engine.sequential import sequential_attempts
 from retrysim.scenario.loading import build_scenario
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import DeltaRsSink, DeltaSparkSink
+from retrysim.tables.group_sums import GroupSumsParam
 
 # The repository's root: conf/, jobs/, notebooks/ and the launchers are read from here.
 PROJECT = Path(__file__).resolve().parents[1]
@@ -127,3 +131,21 @@ class FailingDeadLettersSpark(_FailingDeadLetters, DeltaSparkSink):
 
 PUBLISHED_BEFORE_THE_FAILURE = {"runs", "messages", "attempts", "transitions", "load",
                                 "instance_load", "summary"}  # fmt: skip
+
+
+def simulated_with_sums(spark, folder: Path, data: dict[str, Any]) -> tuple:
+    """Every group of the scenario ``data`` event by event, as the stage runs them (on two
+    partitions), with the tasks' sums: (scenario, the attempts read back from ``folder``,
+    {group: GroupSums})."""
+    config = build_scenario(data)
+    plans = group_plans(config)
+    sums = spark.sparkContext.accumulator({}, GroupSumsParam())
+    per_lane = {(0, plan.name) for plan in plans if lanes_are_independent(plan)}  # KeySpec.key
+    attempts = sequential_attempts(spark, key_specs(config, plans), per_lane, 2, sums=sums)
+    path = str(folder / "attempts")
+    attempts.write.parquet(path)
+    return (
+        config,
+        spark.read.parquet(path),
+        {group: part for (_, group), part in sums.value.items()},
+    )

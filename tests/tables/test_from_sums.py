@@ -7,14 +7,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 from chispa import assert_df_equality
-from support import BUSY_GROUP
+from support import BUSY_GROUP, simulated_with_sums
 
-from retrysim.engine.choice import lanes_are_independent
-from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import sequential_attempts
-from retrysim.scenario.loading import build_scenario
 from retrysim.tables.from_sums import small_tables
-from retrysim.tables.group_sums import GroupSumsParam
 from retrysim.tables.instances import instance_load_from
 from retrysim.tables.load import load_from_attempts, retries_by_level
 from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, data_schema, local_rows
@@ -54,24 +49,9 @@ SCENARIO = {
 }  # fmt: skip
 
 
-def _simulated(spark, tmp_path_factory, scenario: dict):
-    config = build_scenario(scenario)
-    plans = group_plans(config)
-    sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    per_lane = {(0, plan.name) for plan in plans if lanes_are_independent(plan)}  # KeySpec.key
-    attempts = sequential_attempts(spark, key_specs(config, plans), per_lane, 2, sums=sums)
-    path = str(tmp_path_factory.mktemp("summed") / "attempts")
-    attempts.write.parquet(path)
-    return (
-        config,
-        spark.read.parquet(path),
-        {group: part for (_, group), part in sums.value.items()},
-    )
-
-
 @pytest.fixture(scope="module")
 def simulated(spark, tmp_path_factory):
-    return _simulated(spark, tmp_path_factory, SCENARIO)
+    return simulated_with_sums(spark, tmp_path_factory.mktemp("summed"), SCENARIO)
 
 
 def _frame(spark, rows: list[dict], schema):
@@ -120,6 +100,7 @@ def test_it_declines_what_it_cannot_make_exactly(spark, simulated, tmp_path_fact
     # one thread for 13 messages a second: batches of three form, and share its time
     group = {**SCENARIO["groups"][1], "consumers": {"instances": 1, "threads": 1},
              "consume_message_batch_max_size": 3}  # fmt: skip
-    config, attempts, sums = _simulated(spark, tmp_path_factory, {**SCENARIO, "groups": [group]})
+    folder = tmp_path_factory.mktemp("summed")
+    config, attempts, sums = simulated_with_sums(spark, folder, {**SCENARIO, "groups": [group]})
     assert set(sums) == {"idle"} and attempts.where("batch_size = 3").count() > 0
     assert small_tables(config, {"idle": "sequential"}, sums) is None

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 from chispa import assert_df_equality
-from support import BUSY_GROUP
+from support import BUSY_GROUP, simulated_with_sums
 
-from retrysim.engine.choice import lanes_are_independent
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.engine.sequential import (
     output_parts,
-    sequential_attempts,
     write_sequential_attempts,
 )
 from retrysim.scenario.loading import build_scenario
@@ -61,24 +59,7 @@ SCENARIO = {
 @pytest.fixture(scope="module")
 def simulated(spark, tmp_path_factory):
     """Every group event by event, as the stage runs them, with the tasks' sums."""
-    config = build_scenario(SCENARIO)
-    plans = group_plans(config)
-    sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    per_lane = {(0, plan.name) for plan in plans if lanes_are_independent(plan)}  # KeySpec.key
-    attempts = sequential_attempts(
-        spark,
-        key_specs(config, plans),
-        per_lane,
-        partitions=2,
-        sums=sums,
-    )
-    path = str(tmp_path_factory.mktemp("whole-groups") / "attempts")
-    attempts.write.parquet(path)
-    return (
-        config,
-        spark.read.parquet(path),
-        {group: part for (_, group), part in sums.value.items()},
-    )
+    return simulated_with_sums(spark, tmp_path_factory.mktemp("whole-groups"), SCENARIO)
 
 
 def test_whole_groups_bring_their_sums_and_per_queue_keys_do_not(simulated):

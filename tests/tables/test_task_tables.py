@@ -93,24 +93,22 @@ def staged(request, spark, tmp_path_factory):
     return config, _stage(spark, config, str(tmp_path_factory.mktemp("task-tables")))
 
 
-def _equal(written, derived) -> None:
+# each table the tasks write, and how Spark derives it (the twin the tasks' is held to)
+_DERIVATIONS = {
+    "transitions": lambda spark, config, tables: transitions_from_attempts(tables["attempts"]),
+    "messages": lambda spark, config, tables: all_messages(spark, config),
+    "dead_letters": lambda spark, config, tables: dead_letters_from_attempts(
+        tables["attempts"], config
+    ),
+}
+
+
+@pytest.mark.parametrize("table", sorted(_DERIVATIONS))
+def test_each_table_the_tasks_write_is_sparks_derivation(spark, staged, table):
+    config, tables = staged
+    derived = _DERIVATIONS[table](spark, config, tables)
     assert derived.count() > 0
-    assert_df_equality(written, derived, ignore_row_order=True, ignore_nullable=True)
-
-
-def test_transitions_are_the_attempts_derivation(staged):
-    _, tables = staged
-    _equal(tables["transitions"], transitions_from_attempts(tables["attempts"]))
-
-
-def test_messages_are_the_scenarios(spark, staged):
-    config, tables = staged
-    _equal(tables["messages"], all_messages(spark, config))
-
-
-def test_dead_letters_are_the_attempts_moves_to_the_dlq(staged):
-    config, tables = staged
-    _equal(tables["dead_letters"], dead_letters_from_attempts(tables["attempts"], config))
+    assert_df_equality(tables[table], derived, ignore_row_order=True, ignore_nullable=True)
 
 
 def test_a_table_without_rows_has_a_file_with_its_columns(spark, tmp_path):
