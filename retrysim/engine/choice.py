@@ -36,7 +36,6 @@ from retrysim.engine.sequential import (
     GroupKey,
     KeySpec,
     RunFolders,
-    compiled_covers,
     key_count,
     read_heartbeats,
     retry_owner_attempts,
@@ -268,12 +267,12 @@ def _certainly_full(plans: list[GroupPlan], say: Progress) -> set[str]:
 
 def _small(plans: list[GroupPlan], most: int, say: Progress) -> set[str]:
     """The groups on finite pools small enough to simulate event by event at once
-    (:data:`SMALL_GROUP_MESSAGES`), that the compiled loop covers."""
+    (:data:`SMALL_GROUP_MESSAGES`)."""
     small = set()
     for plan in plans:
         messages = plan.group.workload.messages
         finite = plan.policy.topology.threads is not None
-        if finite and messages <= most and compiled_covers(plan.policy):
+        if finite and messages <= most:
             small.add(plan.name)
             say(
                 f"group {plan.name}: {messages:,} messages on a pool of "

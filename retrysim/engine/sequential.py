@@ -666,12 +666,6 @@ _PANDAS_TYPES = {
 }
 
 
-def compiled_covers(policy: Policy) -> bool:
-    """Whether the compiled loops (:mod:`retrysim.engine.compiled`) simulate this group:
-    every one."""
-    return True
-
-
 def simulate_key(
     spec: KeySpec,
     msg_ids,
@@ -685,16 +679,16 @@ def simulate_key(
     chunks: bool = False,
 ) -> Iterator[pd.DataFrame] | Iterator[pa.RecordBatch]:
     """Staged attempt rows of one key's messages, as pandas frames in STAGE's shape (with
-    ``arrow``: record batches in STAGE_ARROW's): from the compiled loop where it covers the
-    group (:mod:`retrysim.engine.compiled`), else from :class:`_Simulation`, its
-    plain-Python twin. ``unit`` and ``imports``: those of one unit of the group, fed the
-    retries other units sent it (the compiled loop's, :func:`units_of`). With ``arrow``
-    and ``chunks``, the compiled loop's rows come as its chunks (:func:`as_batch` makes
-    each a record batch)."""
+    ``arrow``: record batches in STAGE_ARROW's): from the compiled loop
+    (:mod:`retrysim.engine.compiled`), or with ``compiled=False`` from :class:`_Simulation`,
+    its plain-Python twin, which the tests hold it to. ``unit`` and ``imports``: those of
+    one unit of the group, fed the retries other units sent it (the compiled loop's,
+    :func:`units_of`). With ``arrow`` and ``chunks``, the compiled loop's rows come as its
+    chunks (:func:`as_batch` makes each a record batch)."""
     msg_ids, queue_ids, born = (
         np.asarray(values, dtype=np.int64) for values in (msg_ids, queue_ids, born)
     )
-    if compiled and compiled_covers(spec.policy):
+    if compiled:
         from retrysim.engine.compiled import simulate_compiled  # numba: on executors only
 
         loop = simulate_compiled(
@@ -728,14 +722,13 @@ def as_batch(rows: pa.RecordBatch | Columns) -> pa.RecordBatch:
 
 def units_of(spec: KeySpec) -> Units | None:
     """The units a group is simulated in (:meth:`Topology.units`), or None when it runs
-    whole: only where the compiled loop covers it, its retries go to the topology's retry
-    queues, and no downstream shared by its instances ties them together."""
+    whole: only where it replays nothing, its retries go to the topology's retry queues,
+    and no downstream shared by its instances ties them together."""
     policy, downstream = spec.policy, spec.behavior.downstream
     lanes = policy.blocking or policy.batch_size > 1  # the lanes' loop runs a group whole
     shared = downstream is not None and downstream.shared
     if (
-        not compiled_covers(policy)
-        or policy.replay is not None  # a replay re-sends to every queue: it ties the units
+        policy.replay is not None  # a replay re-sends to every queue: it ties the units
         or lanes
         or shared
         or policy.retry_topic != policy.topology.retry_topic
@@ -1089,7 +1082,7 @@ def _shares(task: _Task) -> frozenset[str]:
     """What a task sums up of its whole group (retrysim.tables.key_peaks): all of it alone,
     else the first two of its parts a share each (each part simulates all of the rows): the
     peaks of the first set of buckets with the rates, and those of the other with the counts
-    (:data:`~retrysim.tables.key_peaks.PEAK_HALVES`)."""
+    (:data:`~retrysim.tables.group_sums.PEAK_HALVES`)."""
     if task.parts == 1:
         return SHARES
     first, other = (frozenset({half}) for half in PEAK_HALVES)
