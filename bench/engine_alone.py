@@ -1,7 +1,7 @@
 """The compiled event engine alone, outside Spark: one key of bench/saturated.yaml.
 
 The issue's first target is the engine's own rate on one core against the SimPy model's
-(bench/baseline_simpy_pool.py): this runs ``retrysim.engine.compiled.simulate_compiled`` on
+(bench/baseline_simpy_pool.py): this runs ``retrysim.engine.event_rows.simulate_compiled`` on
 the scenario's group with ``--messages`` Poisson arrivals over ``--over`` and prints its
 deliveries, its time (the loop and its rows as the Arrow record batches Spark gets, each
 dropped once read, as the stage's writer drops it) and the p99 time to commit.
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-from retrysim.engine.compiled import simulate_compiled, warm_up
+from retrysim.engine.event_rows import simulate_compiled, warm_up
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.scenario.loading import load_scenario
 

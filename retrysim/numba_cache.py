@@ -8,7 +8,7 @@ compiled function reads: a constant (a state's code, a limit) is frozen into the
 and a function of another module is compiled into it. A module calls :func:`cache_by_source`
 once, before its first ``@njit(cache=True)``; its compiled code then lives in numba's folder
 (``NUMBA_CACHE_DIR``, else the user's cache folder) under a digest of its own source and of
-every module of this package it imports.
+every module of this package it imports, directly or not.
 """
 
 from __future__ import annotations
@@ -34,11 +34,18 @@ def cache_by_source(module: str, loader, file: str) -> None:
 
 def source_digest(module: str, read: Callable[[str], bytes]) -> str:
     """A digest of ``module``'s source (``read`` gives a module's by its name) and of the
-    sources of the modules of this package it imports, in their name order."""
+    sources of the modules of this package it imports, directly or through another of them,
+    in their name order: a rule compiled into a loop may sit two imports away."""
     own = read(module)
     package = module.split(".")[0]
     digest = hashlib.sha256(own)
-    for name in sorted(_imported(ast.parse(own), package)):
+    found, todo = {module}, [module]
+    while todo:
+        name = todo.pop()
+        new = _imported(ast.parse(own if name == module else read(name)), package) - found
+        found |= new
+        todo.extend(new)
+    for name in sorted(found - {module}):
         digest.update(b"\0" + name.encode() + b"\0" + read(name))
     return digest.hexdigest()[:16]
 

@@ -33,9 +33,9 @@ from retrysim.store import views
 from retrysim.store.lease import Lease, acquire_lease
 from retrysim.store.recovery import publish_runs, recover
 from retrysim.store.sinks import STATUS_COMPLETE, STATUS_PUBLISHING, Sink, choose_sink
+from retrysim.tables.message_tables import TASK_TABLES
 from retrysim.tables.schemas import RUNS, TABLE_SETS, data_schema, write_rows
 from retrysim.tables.staging import RunLabel, derived_for_lean, runs_row, stage_tables
-from retrysim.tables.task_tables import TASK_TABLES
 
 # a run's staged report: (run id, each staged table's folder, retries by level) -> the
 # function that writes it once the run is published, returning its path

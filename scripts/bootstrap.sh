@@ -13,7 +13,7 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; 
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >&2
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test,bench]" >&2
   echo "retrysim: compiling the event engine and the check's hashes (numba, cached in ~/.cache/numba; ~40 s once)..." >&2
-  "$VENV/bin/python" -c "from retrysim.engine.compiled import warm_up; warm_up()
+  "$VENV/bin/python" -c "from retrysim.engine.event_rows import warm_up; warm_up()
 from retrysim.checks.spark_hash import warm_up; warm_up()" >&2
   echo "$want" > "$STAMP"
   echo "retrysim: environment ready." >&2

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from retrysim.engine.choice import lanes_are_independent
+import pandas as pd
+import pyarrow as pa
+
+from retrysim.engine.event_stage import lanes_are_independent, sequential_attempts
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import sequential_attempts
 from retrysim.scenario.loading import build_scenario
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import DeltaRsSink, DeltaSparkSink
 from retrysim.tables.group_sums import GroupSumsParam
+from retrysim.tables.schemas import STAGE_ARROW
 
 # The repository's root: conf/, jobs/, notebooks/ and the launchers are read from here.
 PROJECT = Path(__file__).resolve().parents[1]
@@ -149,3 +153,11 @@ def simulated_with_sums(spark, folder: Path, data: dict[str, Any]) -> tuple:
         spark.read.parquet(path),
         {group: part for (_, group), part in sums.value.items()},
     )
+
+
+def staged_frame(batches: Iterable[pa.RecordBatch]) -> pd.DataFrame:
+    """The event loop's staged rows (``simulate_key``'s record batches) as one frame, its
+    nullable integers as pandas' nullable integers."""
+    table = pa.Table.from_batches(list(batches), schema=STAGE_ARROW)
+    return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype(),
+                                         pa.int32(): pd.Int32Dtype()}.get)  # fmt: skip

@@ -17,7 +17,7 @@ PACKAGE = PROJECT / "retrysim"
 # Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
 # which only executors that run the compiled loop and a check from staged files need), at
 # most DEFERRED_AT_MOST import lines, each with its reason in a comment on the line.
-DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.compiled", "retrysim.checks.file_passes",
+DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.event_rows", "retrysim.checks.file_passes",
             "retrysim.checks.spark_hash"}  # fmt: skip
 DEFERRED_AT_MOST = 8
 FLAVOR_NAMES = (
@@ -159,11 +159,38 @@ def test_the_compiled_loops_workers_never_load_pandas():
     """A Python worker of the event-by-event stage unpickles the stage's function, which
     imports these modules: pandas (about 0.3 s a worker at the stage's start) stays out."""
     code = (
-        "import sys, retrysim.engine.sequential, retrysim.engine.compiled, "
-        "retrysim.tables.key_peaks, retrysim.tables.task_tables, retrysim.model.workload; "
+        "import sys, retrysim.engine.event_stage, retrysim.engine.event_rows, "
+        "retrysim.tables.key_peaks, retrysim.tables.message_tables, retrysim.model.workload; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))"
     )
     found = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert found.strip() == "[]"
+
+
+LARGEST_FILE_LINES = 1_100
+LONGEST_FUNCTION_LINES = 150
+# The compiled loops' turns: numba counts a reference on every array a helper takes or
+# returns, so their hot paths stay in one function (retrysim.engine.event_loop says more).
+LONG_LOOPS = {("retrysim.engine.event_loop", name) for name in ("_turns", "_run_lanes")}
+
+
+def test_no_library_file_is_larger_than_a_reader_can_hold():
+    sizes = {module: len(path.read_text().splitlines()) for module, path in MODULES.items()}
+    assert max(sizes.values()) <= LARGEST_FILE_LINES, max(sizes, key=sizes.get)
+
+
+def test_no_function_is_longer_than_a_reader_can_hold_but_the_compiled_loops():
+    long = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if function and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION_LINES:
+                long.add((module, node.name))
+    assert long == LONG_LOOPS
+
+
+def test_one_event_by_event_loop_the_compiled_one():
+    """No event loop in Python remains: nothing in the library keeps a heap of events."""
+    assert [module for module, path in MODULES.items() if "heapq" in path.read_text()] == []

@@ -9,7 +9,7 @@ an instance in the unlimited run, then its ``C`` threads find a free one for eve
 at its eligible time (each delivery sees the same busy count in both), and the two runs are
 the same, row for row. So the runner simulates with rounds first and checks the peak
 concurrency of every instance here; a group where one exceeds its threads is re-simulated
-event by event (:mod:`retrysim.engine.sequential`), which models the waiting exactly. There
+event by event (:mod:`retrysim.engine.event_stage`), which models the waiting exactly. There
 is no approximation error either way; the check only decides which engine is exact for the
 group.
 

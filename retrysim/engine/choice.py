@@ -1,4 +1,5 @@
-"""Which engine simulates each group, and running them: rounds where exact, else event by event.
+"""Which engine simulates each group: rounds where exact, else event by event; and the
+order they run in (:mod:`retrysim.engine.rounds`, :mod:`retrysim.engine.event_stage`).
 
 The round engine (one Spark stage per delivery round) is exact while no consumer pool fills
 up and dispatch order does not matter. Ordered queues and batches need the sequential engine
@@ -12,46 +13,34 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from retrysim.engine.capacity import CERTAINLY_FULL, offered_load, peak_concurrency
+from retrysim.engine.event_stage import (
+    ENGINE_SEQUENTIAL,
+    MOST_OUTPUT_PARTS,
+    EventRun,
+    in_units,
+    per_lane_groups,
+    run_events,
+)
 from retrysim.engine.rounds import (
+    ENGINE_ROUNDS,
     GroupPlan,
     RoundRun,
     group_plans,
     key_specs,
-    next_frontier,
     run_rounds,
-    union_all,
-)
-from retrysim.engine.sequential import (
-    MOST_OUTPUT_PARTS,
-    GroupKey,
-    KeySpec,
-    RunFolders,
-    key_count,
-    read_heartbeats,
-    retry_owner_attempts,
-    units_of,
-    write_runs_attempts,
 )
 from retrysim.progress import Progress
 from retrysim.scenario.spec import Scenario
-from retrysim.scenario.units import human_ms
 from retrysim.session import full_jit
-from retrysim.tables.commitlog_writes import pops_of
-from retrysim.tables.group_sums import GroupSums, GroupSumsParam
+from retrysim.tables.group_sums import GroupSums
 from retrysim.tables.schemas import STAGE
-from retrysim.tables.task_tables import TASK_TABLES_DIR
 
-ENGINE_ROUNDS, ENGINE_SEQUENTIAL = "rounds", "sequential"
 # A group on a finite pool with at most this many messages is simulated event by event from
 # the start: no round run is thrown away when its pool turns out full, and where the pool
 # never fills both engines are exact and give the same rows. On a small machine the
@@ -87,7 +76,7 @@ def simulate_attempts(
     runs as its units (None: from :data:`UNIT_MESSAGES`, with more first-step units than
     :data:`MOST_OUTPUT_PARTS` on more cores than that, else never). When every group is
     simulated whole in a task, those tasks also write the tables ``task_tables`` of
-    :data:`retrysim.tables.task_tables.TASK_TABLES` (dead letters only where nothing is
+    :data:`retrysim.tables.message_tables.TASK_TABLES` (dead letters only where nothing is
     replayed) under ``staging/task_tables``, for staging to take as they are. The one-run
     case of :func:`simulate_runs_attempts`."""
     return simulate_runs_attempts(
@@ -151,18 +140,18 @@ def simulate_runs_attempts(
             continue
         run = EventRun(choice.scenario, choice.by_events, choice.staging)
         specs = key_specs(run.scenario, run.plans)
-        units = in_units(specs, _per_lane(specs, run.plans), most, fewest_units)
+        units = in_units(specs, per_lane_groups(specs, run.plans), most, fewest_units)
         (alone if units else together)[number] = run
     sums: dict[int, dict[str, GroupSums]] = {}
     if together:
         if several:
             say(f"{len(together)} of {len(runs)} runs simulated event by event together ...")
-        found = _run_sequential(spark, list(together.values()), say, sys.maxsize, 1, task_tables)
+        found = run_events(spark, list(together.values()), say, sys.maxsize, 1, task_tables)
         sums.update(zip(together, found, strict=True))
     for number, run in alone.items():
         if several:
             say(f"run {number + 1} of {len(runs)} event by event on its own (in units) ...")
-        sums[number] = _run_sequential(
+        sums[number] = run_events(
             spark, [run], say, most, fewest_units, task_tables
         )[0]  # fmt: skip
     results = []
@@ -291,218 +280,3 @@ def _drop_groups(spark: SparkSession, folder: str, groups: set[str]) -> None:
     rows.where(~F.col("group").isin(*sorted(groups))).write.parquet(f"{kept}/round=00001")
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(kept, folder)
-
-
-@dataclass(frozen=True)
-class EventRun:
-    """A run's groups to simulate event by event, and its staging folder."""
-
-    scenario: Scenario
-    plans: list[GroupPlan]
-    staging: str
-
-
-def _run_sequential(
-    spark: SparkSession,
-    runs: list[EventRun],
-    say: Progress,
-    unit_messages: int,
-    fewest_units: int = 1,
-    task_tables: tuple[str, ...] = (),
-) -> list[dict[str, GroupSums]]:
-    """Simulate the runs' ``plans`` event by event in one stage, staging each run's
-    attempts; a group in units (:func:`units_of`) with at least ``unit_messages`` messages
-    and ``fewest_units`` units besides its retry owners' runs as its units (one run only).
-    Returns each run's sums of the groups simulated whole in a task."""
-    specs = [spec for k, run in enumerate(runs) for spec in key_specs(run.scenario, run.plans, k)]
-    per_lane = _per_lane(specs, [plan for run in runs for plan in run.plans])
-    split = in_units(specs, per_lane, unit_messages, fewest_units)
-    assert not split or len(runs) == 1, "units run for one run at a time"
-    if split or any(
-        s.key in per_lane and s.workload.messages > SMALL_GROUP_MESSAGES for s in specs
-    ):
-        full_jit(spark)  # staging scans the rows of units and lanes in Spark
-    keys = key_count(specs, per_lane, split)
-    for spec in specs:
-        if spec.key in split:
-            units = units_of(spec)
-            say(
-                f"group {spec.group} in units: {_instances(sum(units.first, ()))} on "
-                f"{'their' if len(units.first) > 1 else 'its'} own, then "
-                f"{_instances(units.retry_owners)} (the retry queues'), fed the retries "
-                "sent to them"
-            )
-    named = ", ".join(p.name for p in runs[0].plans)
-    whose = f"{len(runs)} runs' groups" if len(runs) > 1 else named
-    say(
-        f"event-by-event simulation of {whose} "
-        f"({keys:,} independent {'keys' if keys > 1 else 'key'}) ..."
-    )
-    began = time.monotonic()
-    partitions = max(spark.sparkContext.defaultParallelism, min(keys, 200))
-    # up to 200 partitions balance the keys; each task writes its keys' rows as files of the
-    # attempts table
-    outputs = [_folders(number, run, specs, per_lane, split, task_tables)
-               for number, run in enumerate(runs)]  # fmt: skip
-    heartbeats = os.path.join(runs[0].staging, "heartbeats")
-    sums = spark.sparkContext.accumulator({}, GroupSumsParam())
-    with _watching(heartbeats, keys, say):
-        write_runs_attempts(spark, specs, per_lane, partitions, outputs, heartbeats, sums, split)
-    beats = read_heartbeats(heartbeats)
-    if split:
-        keys += len(split)
-        owners_beats = os.path.join(heartbeats, "retry-owners")
-        path = outputs[0].attempts
-        _run_retry_owners(
-            spark, [spec for spec in specs if spec.key in split], path, owners_beats, say
-        )
-        beats += read_heartbeats(owners_beats)
-    shutil.rmtree(heartbeats, ignore_errors=True)
-    if len(beats) == keys and all(beat["sim_ms"] == beat["horizon_ms"] for beat in beats):
-        count = sum(beat["deliveries"] for beat in beats)  # every key's last word
-    else:  # a key without messages, or an executor that cannot write the folder
-        folders = [os.path.dirname(out.attempts) for out in outputs]
-        count = spark.read.parquet(*folders).where(F.col("start_ms").isNotNull()).count()
-    say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
-    # a 5.x pop group's busiest second of writes differed from Spark's in a random scenario
-    # (issue 23's note): its rows are summed up by Spark until the twin is fixed
-    pops = {spec.key for spec in specs if pops_of(spec.policy) is not None}
-    return [
-        {group: part for (run, group), part in sums.value.items()
-         if run == number and part.complete and (run, group) not in pops}
-        for number in range(len(runs))
-    ]  # fmt: skip
-
-
-def _per_lane(specs: list[KeySpec], plans: list[GroupPlan]) -> set[GroupKey]:
-    """The groups (of ``plans``, with their ``specs``) simulated a queue at a time."""
-    pairs = zip(specs, plans, strict=True)
-    return {spec.key for spec, plan in pairs if lanes_are_independent(plan)}
-
-
-def _folders(
-    number: int,
-    run: EventRun,
-    specs: list[KeySpec],
-    per_lane: set[GroupKey],
-    split: set[GroupKey],
-    task_tables: tuple[str, ...],
-) -> RunFolders:
-    """Where the stage writes the ``number``-th run's files: its attempts, and the task
-    tables when every group of it is simulated whole in a task (dead letters only where
-    nothing is replayed)."""
-    attempts = os.path.join(run.staging, "attempts", f"engine={ENGINE_SEQUENTIAL}", "round=00000")
-    mine = [spec for spec in specs if spec.run == number]
-    everyone = {plan.name for plan in run.plans} == {group.name for group in run.scenario.groups}
-    if not everyone or any(spec.key in per_lane | split for spec in mine):
-        return RunFolders(attempts)  # staging makes them in Spark, for every group
-    if any(plan.policy.replay is not None for plan in run.plans):
-        task_tables = tuple(table for table in task_tables if table != "dead_letters")
-    if not task_tables:
-        return RunFolders(attempts)
-    return RunFolders(attempts, os.path.join(run.staging, TASK_TABLES_DIR), task_tables)
-
-
-def in_units(
-    specs: list[KeySpec], per_lane: set[GroupKey], unit_messages: int, fewest_units: int = 1
-) -> set[GroupKey]:
-    """The groups that run as their units: those in units (:func:`units_of`, not per
-    lane) with at least ``unit_messages`` messages and ``fewest_units`` units besides the
-    retry owners'."""
-    return {
-        spec.key
-        for spec in specs
-        if spec.key not in per_lane
-        and (units := units_of(spec)) is not None
-        and len(units.first) >= fewest_units
-        and spec.workload.messages >= unit_messages
-    }
-
-
-def _run_retry_owners(
-    spark: SparkSession, specs: list[KeySpec], first: str, heartbeats: str, say: Progress
-) -> None:
-    """The second step of the groups run in units (docs/model.md §5, "Units"): their retry
-    owners, fed the retries the other units' rows (in ``first``) sent them, written beside
-    those rows."""
-    owners = "; ".join(f"{spec.group}: {_instances(units_of(spec).retry_owners)}" for spec in specs)
-    say(f"event by event: the retry queues' owners ({owners}) ...")
-    rows = spark.read.parquet(first)
-    sent = union_all(
-        [
-            next_frontier(rows.where(F.col("group") == spec.group), spec.horizon_ms).where(
-                spec.policy.topology.instance_col().isin(*units_of(spec).retry_owners)
-            )
-            for spec in specs
-        ]
-    )
-    attempts = retry_owner_attempts(spark, specs, sent, heartbeats)
-    with _watching(heartbeats, len(specs), say):
-        attempts.write.parquet(os.path.join(os.path.dirname(first), "round=00001"))
-
-
-def _instances(numbers: tuple[int, ...]) -> str:
-    return f"instance{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
-
-
-HEARTBEAT_EVERY_S = 6.0  # within runner.QUIET_S: the heartbeat is the stage's line
-
-
-@contextmanager
-def _watching(folder: str, keys: int, say: Progress) -> Iterator[None]:
-    """While the event-by-event stage runs, say every :data:`HEARTBEAT_EVERY_S` seconds how
-    far its keys got (:func:`heartbeat_line`)."""
-    began, stop = time.monotonic(), threading.Event()
-
-    def watch() -> None:
-        while not stop.wait(HEARTBEAT_EVERY_S):
-            line = heartbeat_line(read_heartbeats(folder), keys, time.monotonic() - began)
-            if line:
-                say(line)
-
-    watcher = threading.Thread(target=watch, name="retrysim-heartbeat", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        watcher.join()
-
-
-def heartbeat_line(beats: list[dict], keys: int, elapsed_s: float) -> str | None:
-    """The progress of the event-by-event stage from its keys' heartbeats: the simulated
-    time reached (the least among keys still running), deliveries so far, and the time left
-    at the pace so far of first deliveries, most of the work (a key not heard from yet
-    counts as not started); None before any key has sent one."""
-    if not beats:
-        return None
-    done = sum(b["first"] / b["messages"] if b["messages"] else 1.0 for b in beats) / keys
-    running = [b for b in beats if b["sim_ms"] < b["horizon_ms"]] or beats
-    reached = min(running, key=lambda b: b["sim_ms"] / b["horizon_ms"])
-    deliveries = sum(b["deliveries"] for b in beats)
-    left = f", about {human_ms(1000 * elapsed_s * (1 - done) / done)} left" if 0 < done < 1 else ""
-    return (
-        f"event by event: simulated {human_ms(reached['sim_ms'])} of "
-        f"{human_ms(reached['horizon_ms'])}, {deliveries:,} deliveries, {done:.0%} of the "
-        f"messages delivered once, {elapsed_s:.0f}s elapsed{left}"
-    )
-
-
-def lanes_are_independent(plan: GroupPlan) -> bool:
-    """Ordered queues are independent when the pool can never be full and no replay moves
-    messages between them. A queue runs one consume request at a time, so a pool with a
-    thread per queue never fills up -- unless a timeout lets the queue move on while the
-    timed-out listener still holds its thread. Each instance needs a thread for every queue
-    whose deliveries it may run (by message: every queue)."""
-    policy = plan.policy
-    threads = policy.topology.threads
-    return (
-        policy.blocking
-        and policy.batch_size == 1
-        and policy.replay is None
-        and plan.group.behavior.downstream is None  # its calls tie the queues together
-        and (
-            threads is None
-            or (policy.timeout_ms is None and threads >= policy.topology.most_lanes_per_instance)
-        )
-    )

@@ -11,7 +11,7 @@ rounds are held in executor memory instead and written together (:data:`THIN_ROW
 
 This is exact when deliveries of a group do not interact: unordered consumption with a
 consumer pool that is never full (every Ready delivery starts when it is eligible). Ordered
-queues, batches and full pools are handled by :mod:`retrysim.engine.sequential`; the runner checks
+queues, batches and full pools are handled by :mod:`retrysim.engine.event_stage`; the runner checks
 a finished round run against the pool size (:mod:`retrysim.engine.capacity`) and re-runs a group
 sequentially when its pool would have been full.
 """
@@ -25,11 +25,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, StructField, StructType
 
-from retrysim.engine.sequential import RUN, KeySpec, frontier_attempts
+from retrysim.engine.event_key import KeySpec, pandas_nullable, simulate_key
 from retrysim.model.behavior import listener_draw_columns
 from retrysim.model.policy import Policy, next_reconsume_columns, policy_for
 from retrysim.model.states import (
@@ -44,6 +47,11 @@ from retrysim.model.workload import all_messages
 from retrysim.progress import Progress
 from retrysim.scenario.spec import Group, Scenario
 from retrysim.tables.schemas import STAGE, schema_columns
+
+if TYPE_CHECKING:  # the round tail's pandas UDF loads it on its workers alone
+    import pandas as pd
+
+ENGINE_ROUNDS = "rounds"  # the engine column of its groups' summaries, its staging folder
 
 # A frontier this thin is finished event by event in one stage (sequential.frontier_attempts)
 # rather than one Spark stage per remaining round: a round has a fixed cost however small its
@@ -646,3 +654,51 @@ class _HeldRounds:
             # the held blocks go when the driver drops its last reference (Spark's context
             # cleaner): the frontier may still read the latest round
             self.rounds, self.rows = [], 0
+
+
+# Which of the runs simulated together a row of the round engine belongs to (KeySpec.run):
+# a column of its frontiers and attempts, and a folder of its batch's round files (_run=k)
+RUN = "_run"
+
+
+_PANDAS_TYPES = {
+    field.name: {"string": "object", "bigint": "Int64", "int": "Int32", "boolean": "bool"}[
+        field.dataType.simpleString()
+    ]
+    for field in STAGE.fields
+}
+
+
+def frontier_attempts(frontier: DataFrame, specs: list[KeySpec], partitions: int) -> DataFrame:
+    """The rest of the deliveries of a round run's frontier, in one stage.
+
+    For unordered consumption whose instances' pools never fill, messages do not interact, so a
+    thin frontier of long retry chains is finished event by event in one stage instead of
+    one Spark stage per remaining round (an always-failing HTTP message alone takes 289).
+    Messages are spread over tasks by id; each task simulates its messages' chains, a
+    (run, group) at a time (the frontier's :data:`RUN` column and ``specs``' keys say whose).
+    The rows are hashed by group and message only, so a run's messages meet in the same
+    tasks whichever runs share the stage."""
+    by_key = {spec.key: spec for spec in specs}
+
+    def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        import pandas as pd  # a pandas UDF's worker has it already
+
+        data = [batch for batch in batches if len(batch)]
+        if not data:
+            return
+        rows = pd.concat(data, ignore_index=True)
+        for (number, name), part in rows.groupby([RUN, "group"], sort=True):
+            messages = part.drop_duplicates("msg_id")
+            loop = simulate_key(
+                by_key[(int(number), name)],
+                *(messages[column] for column in ("msg_id", "queue_id", "born_ms")),
+                imports=part,
+                publish=False,
+            )
+            for batch in loop:
+                frame = batch.to_pandas(types_mapper=pandas_nullable).astype(_PANDAS_TYPES)
+                yield frame.assign(**{RUN: np.int32(number)})
+
+    schema = StructType([*STAGE.fields, StructField(RUN, IntegerType(), False)])
+    return frontier.repartition(partitions, "group", "msg_id").mapInPandas(run, schema)

@@ -16,7 +16,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from retrysim.engine.choice import lanes_are_independent, needs_events
+from retrysim.engine.choice import needs_events
+from retrysim.engine.event_stage import lanes_are_independent
 from retrysim.engine.rounds import GroupPlan, group_plans
 from retrysim.model.policy import Policy
 from retrysim.model.workload import peak_rate_per_ms

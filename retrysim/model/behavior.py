@@ -2,9 +2,9 @@
 
 A delivery's listener result depends only on the message, the delivery number and the time
 it starts (outages are time windows). The round engine computes it as Spark column
-expressions inside the round's stage; the sequential engine computes it in plain Python at
-dispatch from the same hashed uniforms (:class:`DrawCache`), so both give the same result
-for the same delivery started at the same time.
+expressions inside the round's stage; the compiled event loop computes it in numba at
+dispatch from the same hashed uniforms and :class:`ListenerModel`'s parameters, so both give
+the same result for the same delivery started at the same time.
 """
 
 from __future__ import annotations
@@ -266,63 +266,3 @@ def poisoned(seed: int, group: str, msg_ids: np.ndarray, poison_fraction: float)
     if poison_fraction <= 0:
         return np.zeros(len(msg_ids), dtype=bool)
     return uniform_np(seed, group, POISON, msg_ids) < poison_fraction
-
-
-class DrawCache:
-    """Hashed uniforms of one group's messages, computed in vectorised blocks.
-
-    Messages are addressed by their position in ``msg_ids`` (publish order). First
-    deliveries are drawn for blocks of ``block`` consecutive positions at once and a bounded
-    number of blocks is kept (dispatch follows publish order closely, and a block dropped too
-    early is simply drawn again). Later deliveries are drawn per message, ``later`` at a time,
-    and dropped when the message leaves (:meth:`forget`). Memory stays bounded however many
-    messages the group has.
-    """
-
-    def __init__(
-        self, seed: int, group: str, msg_ids: np.ndarray, poison_fraction: float,
-        block: int = 16_384, keep_blocks: int = 64, later: int = 8,
-    ) -> None:  # fmt: skip
-        self.seed, self.group = seed, group
-        self.msg_ids = np.asarray(msg_ids, dtype=np.int64)
-        self.block, self.keep_blocks, self.later = block, keep_blocks, later
-        self.poisoned = poisoned(seed, group, self.msg_ids, poison_fraction)
-        self._first: dict[int, list[tuple[float, ...]]] = {}
-        self._later: dict[int, dict[int, tuple[float, ...]]] = {}
-
-    def _draw(self, ids: np.ndarray, deliveries: np.ndarray | int) -> list[tuple[float, ...]]:
-        columns = [
-            uniform_np(self.seed, self.group, stream, ids, deliveries).tolist()
-            for stream in DELIVERY_STREAMS
-        ]
-        return list(zip(*columns, strict=True))
-
-    def get(self, index: int, delivery: int) -> tuple[float, ...]:
-        """The uniforms of delivery ``delivery`` of the message at ``index``."""
-        if delivery == 1:
-            number = index // self.block
-            found = self._first.get(number)
-            if found is None:
-                if len(self._first) >= self.keep_blocks:
-                    self._first.pop(next(iter(self._first)))
-                start = number * self.block
-                found = self._first[number] = self._draw(
-                    self.msg_ids[start : start + self.block], 1
-                )
-            return found[index - number * self.block]
-        known = self._later.setdefault(index, {})
-        found = known.get(delivery)
-        if found is None:
-            numbers = np.arange(delivery, delivery + self.later)
-            ids = np.full(self.later, self.msg_ids[index])
-            for offset, values in enumerate(self._draw(ids, numbers)):
-                known[delivery + offset] = values
-            found = known[delivery]
-        return found
-
-    def is_poisoned(self, index: int) -> bool:
-        return bool(self.poisoned[index])
-
-    def forget(self, index: int) -> None:
-        """Drop a message's cached later draws once it has left, to bound memory."""
-        self._later.pop(index, None)

@@ -86,7 +86,7 @@ def _present(*values: np.ndarray) -> np.ndarray:
 class Columns(Protocol):
     """What the sums read of a batch of staged attempt rows: a record batch's columns
     (:class:`BatchColumns`), or the compiled loop's rows before they become one
-    (:class:`retrysim.engine.compiled.Chunk`, which answers from its codes without
+    (:class:`retrysim.engine.event_rows.Chunk`, which answers from its codes without
     converting a column)."""
 
     def longs(self, name: str) -> np.ndarray:

@@ -25,10 +25,10 @@ from retrysim.scenario.loading import scenario_json
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import STATUS_COMPLETE
 from retrysim.tables.dead_letters import dead_letters_from_attempts
-from retrysim.tables.from_sums import small_tables
 from retrysim.tables.group_sums import GroupSums
 from retrysim.tables.instances import changes_of_shared_groups, instance_load_from
 from retrysim.tables.load import compact_attempts, load_from_attempts, retries_by_level
+from retrysim.tables.message_tables import TASK_TABLES_DIR
 from retrysim.tables.peaks import bucket_changes
 from retrysim.tables.schemas import (
     ATTEMPTS,
@@ -38,7 +38,7 @@ from retrysim.tables.schemas import (
     without_comments,
 )
 from retrysim.tables.summary import summary_from, times_to_settle
-from retrysim.tables.task_tables import TASK_TABLES_DIR
+from retrysim.tables.summed_tables import small_tables
 from retrysim.tables.transitions import transitions_from_attempts
 from retrysim.version import __version__
 

@@ -23,11 +23,12 @@ from pyspark.sql.types import StructType
 from reference.simulator import simulate_scenario
 from reference.strategies import scenarios
 from reference.writes import busiest_second, writes_per_bucket
+from support import staged_frame
 
 from retrysim import simulate
 from retrysim.engine.choice import SMALL_GROUP_MESSAGES
+from retrysim.engine.event_key import simulate_key
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import simulate_key
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.schemas import (
     ATTEMPTS,
@@ -417,7 +418,7 @@ def test_the_sequential_engine_dispatches_at_the_replay_moment():
     config = build_scenario(REPLAY_WHILE_A_RETRY_WAITS)
     spec = key_specs(config, group_plans(config))[0]
     ids = np.arange(15, dtype=np.int64)
-    rows = pd.concat(simulate_key(spec, ids, ids % 1, ids * 10_000 // 15))
+    rows = staged_frame(simulate_key(spec, ids, ids % 1, ids * 10_000 // 15))
     expected = simulate_scenario(REPLAY_WHILE_A_RETRY_WAITS)["attempts"]
     keys = zip(rows["msg_id"], rows["delivery"], strict=True)
     starts = dict(zip(keys, rows["start_ms"], strict=True))

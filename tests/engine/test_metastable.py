@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from support import PROJECT
+from support import PROJECT, staged_frame
 
 from retrysim import load_scenario
+from retrysim.engine.event_key import simulate_key
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import simulate_key
 from retrysim.engine.sizing import estimate
 from retrysim.model.workload import messages_np
 
@@ -28,10 +28,7 @@ def failing_share_per_minute(*overrides: str) -> pd.Series:
     scenario = load_scenario(STORM, list(overrides))
     (group,) = scenario.groups
     spec = key_specs(scenario, group_plans(scenario))[0]
-    rows = pd.concat(
-        simulate_key(spec, *messages_np(group.workload, group.name, scenario.seed)),
-        ignore_index=True,
-    )
+    rows = staged_frame(simulate_key(spec, *messages_np(group.workload, group.name, scenario.seed)))
     started = rows[rows["start_ms"].notna()]
     minute = (started["start_ms"] // MINUTE).astype(np.int64)
     return (started["outcome"] != "CONSUME_SUCCESS").groupby(minute).mean()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from retrysim.engine.choice import heartbeat_line
-from retrysim.engine.sequential import Heartbeat, read_heartbeats
+from retrysim.engine.event_key import Heartbeat, read_heartbeats
+from retrysim.engine.event_stage import heartbeat_line
 from retrysim.runner import never_quiet
 
 

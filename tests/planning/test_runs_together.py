@@ -64,7 +64,7 @@ def _replaying(seed: int, horizon: str):
 
 def _whole(seed: int):
     """A point whose groups all run whole in a task: its tasks write its transitions,
-    messages and dead letters too (retrysim.tables.task_tables), the others' staging does."""
+    messages and dead letters too (retrysim.tables.message_tables), the others' staging does."""
     data = _point(2, seed)
     return data.model_copy(update={"groups": data.groups[:1]})
 

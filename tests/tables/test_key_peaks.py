@@ -8,11 +8,11 @@ import pytest
 from chispa import assert_df_equality
 from support import BUSY_GROUP, simulated_with_sums
 
-from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import (
+from retrysim.engine.event_stage import (
     output_parts,
     write_sequential_attempts,
 )
+from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.dead_letters import dead_letters_from_attempts
 from retrysim.tables.group_sums import (
@@ -33,7 +33,7 @@ SCENARIO = {
     "broker": {"message_delay_level": "1s 5s 10s 30s 1m"},
     "groups": [
         BUSY_GROUP,  # compiled: three instances by queue, a full pool
-        {   # the Python loop: batches of up to four share a thread
+        {   # the lanes' loop: batches of up to four share a thread
             "name": "batched", "flavor": "rocketmq4.concurrently",
             "consume_message_batch_max_size": 4,
             "consumers": {"instances": 2, "threads": 1},

@@ -7,7 +7,7 @@ and each is checked by the invariant check as the Spark tables were: the transit
 digest against the attempts' own derivation, the messages' and dead letters' links against
 the attempts' chains (retrysim.checks.chain_digests), so a twin that differs fails the run rather
 than publishing a wrong table.
-``tests/tables/test_task_tables.py`` holds them equal to the Spark derivations.
+``tests/tables/test_message_tables.py`` holds them equal to the Spark derivations.
 
 - :func:`transitions_of`: :func:`retrysim.tables.transitions.transitions_from_attempts`;
 - :func:`messages_of`: :func:`retrysim.model.workload.messages_df` (through

@@ -1,5 +1,5 @@
 """The messages, transitions and dead letters that the tasks of the event-by-event stage
-write for the groups they simulate whole (retrysim.tables.task_tables) must be the Spark
+write for the groups they simulate whole (retrysim.tables.message_tables) must be the Spark
 derivations' rows over the same attempts, exactly: transitions_from_attempts,
 all_messages and dead_letters_from_attempts."""
 
@@ -12,12 +12,13 @@ import pytest
 from chispa import assert_df_equality
 from support import BUSY_GROUP
 
+from retrysim.engine.event_stage import output_parts, write_sequential_attempts
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import output_parts, write_sequential_attempts
 from retrysim.model.workload import all_messages
 from retrysim.runner import simulate
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.dead_letters import dead_letters_from_attempts
+from retrysim.tables.message_tables import TASK_TABLES, TASK_TABLES_DIR
 from retrysim.tables.schemas import (
     ATTEMPTS,
     DEAD_LETTERS,
@@ -26,12 +27,11 @@ from retrysim.tables.schemas import (
     data_schema,
     without_comments,
 )
-from retrysim.tables.task_tables import TASK_TABLES, TASK_TABLES_DIR
 from retrysim.tables.transitions import transitions_from_attempts
 
 GROUPS = [
     BUSY_GROUP,  # compiled: three instances by queue, a full pool, send-backs, the DLQ
-    {   # the Python loop: batches of up to four share a thread
+    {   # the lanes' loop: batches of up to four share a thread
         "name": "batched", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 1,
         "consume_message_batch_max_size": 4,
         "consumers": {"instances": 2, "threads": 1},

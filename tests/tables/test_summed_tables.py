@@ -1,5 +1,5 @@
 """A run whose groups were each summed up whole in a task stages its small tables on the
-driver (retrysim.tables.from_sums): they must be the Spark passes' tables over the same
+driver (retrysim.tables.summed_tables): they must be the Spark passes' tables over the same
 attempts, exactly, row for row and bit for bit."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 from chispa import assert_df_equality
 from support import BUSY_GROUP, simulated_with_sums
 
-from retrysim.tables.from_sums import small_tables
 from retrysim.tables.instances import instance_load_from
 from retrysim.tables.load import load_from_attempts, retries_by_level
 from retrysim.tables.schemas import INSTANCE_LOAD, LOAD, SUMMARY, data_schema, local_rows
 from retrysim.tables.summary import summary_from
+from retrysim.tables.summed_tables import small_tables
 
 SCENARIO = {
     "name": "summed", "seed": 11, "horizon": "100s", "load_bucket": "10s",

@@ -9,7 +9,7 @@ the same rows column for column
 (:func:`retrysim.tables.load.load_from_attempts`,
 :func:`retrysim.tables.instances.instance_load_from`,
 :func:`retrysim.tables.summary.summary_from` and
-:func:`retrysim.tables.load.retries_by_level`; tests/tables/test_from_sums.py holds them
+:func:`retrysim.tables.load.retries_by_level`; tests/tables/test_summed_tables.py holds them
 equal), written as Parquet by pyarrow.
 
 It declines a run it cannot make exactly (:func:`small_tables` returns None): a group not

@@ -1,9 +1,11 @@
-"""The compiled event loop against its plain-Python twin, row for row, without Spark.
+"""The compiled event loop against the independent reference, row for row, without Spark.
 
-Both loops are held to the reference written from the RocketMQ source through the engine
-(test_engine_vs_reference.py); here the compiled one must give exactly the Python loop's
-rows on random scenarios of every unordered flavor, on a pool that stays full, and must draw
-Spark's hashed uniforms bit for bit.
+The reference (tests/reference/simulator.py) was written from docs/model.md and the RocketMQ
+source, never from the loop. Here the loop's staged rows of each group, and the transitions
+the task derives from them, must be the reference's on random scenarios of every flavor
+(replays, batches, ordered queues and a downstream among them), on a pool that stays full,
+on an unlimited pool and on ordered queues and batches waiting for threads. The rest holds
+the loop's own contracts: chunks, progress, units and publish order.
 """
 
 from __future__ import annotations
@@ -13,41 +15,67 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from reference.simulator import simulate_scenario
 from reference.strategies import scenarios
+from support import staged_frame
 
-from retrysim.engine.choice import in_units
-from retrysim.engine.compiled import CHUNK_ROWS, _publish_order
+from retrysim.engine.event_key import Heartbeat, as_batch, read_heartbeats, simulate_key, units_of
+from retrysim.engine.event_rows import _publish_order
+from retrysim.engine.event_rules import CHUNK_ROWS
+from retrysim.engine.event_stage import MOST_OUTPUT_PARTS, in_units
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.engine.sequential import (
-    MOST_OUTPUT_PARTS,
-    Heartbeat,
-    as_batch,
-    read_heartbeats,
-    simulate_key,
-    units_of,
-)
 from retrysim.model.policy import next_reconsume_times
+from retrysim.model.workload import messages_np
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.commitlog_writes import pops_of
 from retrysim.tables.key_peaks import GroupSummer
-from retrysim.tables.schemas import STAGE_ARROW
+from retrysim.tables.message_tables import ARROW, transitions_of
+from retrysim.tables.schemas import DERIVATION_COLUMNS, ROUTING_COLUMNS, STAGE, STAGE_ARROW
 
 KEY = ["msg_id", "delivery"]
+# The attempts columns the reference gives: the staged ones but the derivations (held through
+# the transitions) and the routing the loop carries to a message's next delivery.
+REFERENCE_ATTEMPTS = [
+    name
+    for name in STAGE.fieldNames()
+    if name not in DERIVATION_COLUMNS and (name == "born_ms" or name not in ROUTING_COLUMNS)
+]
+TABLES = {
+    "attempts": (REFERENCE_ATTEMPTS, ["group", *KEY]),
+    "transitions": (ARROW["transitions"].names, ["group", "msg_id", "seq"]),
+}
 
 
-def both_loops(spec, msg_ids, queue_ids, born) -> tuple:
-    def rows(frames) -> pd.DataFrame | None:
-        frames = list(frames)
-        if not frames:  # nothing published before the horizon
-            return None
-        frame = pd.concat(frames, ignore_index=True).sort_values(KEY, ignore_index=True)
-        strings = frame.select_dtypes(object).columns  # None or NaN: both are null to Spark
-        return frame.astype({name: object for name in strings}).where(frame.notna(), None)
+def _records(rows: list[dict], columns: list[str], key: list[str]) -> pd.DataFrame:
+    table = pd.DataFrame(rows, columns=columns, dtype=object)
+    return table.sort_values(key, ignore_index=True) if len(table) else table
 
-    python = rows(simulate_key(spec, msg_ids, queue_ids, born, compiled=False))
-    compiled = rows(simulate_key(spec, msg_ids, queue_ids, born))
-    return python, compiled
+
+def loop_rows_are_the_references(data: dict) -> pd.DataFrame:
+    """Every group of scenario ``data`` through the compiled loop, on the messages the run
+    makes: its attempts and their transitions equal the reference's. The loop's rows."""
+    config = build_scenario(data)
+    staged = pa.Table.from_batches(
+        [
+            batch
+            for spec in key_specs(config, group_plans(config))
+            for batch in simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed))
+        ],
+        schema=STAGE_ARROW,
+    )
+    mine = {
+        "attempts": staged.select(REFERENCE_ATTEMPTS).to_pylist(),
+        "transitions": [
+            row for batch in staged.to_batches() for row in transitions_of(batch).to_pylist()
+        ],
+    }
+    expected = simulate_scenario(data)
+    for table, (columns, key) in TABLES.items():
+        pd.testing.assert_frame_equal(
+            _records(mine[table], columns, key), _records(expected[table], columns, key),
+            obj=table,
+        )  # fmt: skip
+    return staged_frame(staged.to_batches())
 
 
 def messages(spec, count: int, span_ms: int, seed: int):
@@ -59,17 +87,9 @@ def messages(spec, count: int, span_ms: int, seed: int):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(max_messages=40), st.integers(0, 3))
-def test_the_compiled_loop_gives_the_python_loops_rows(data, seed):
-    config = build_scenario(data)
-    spec = key_specs(config, group_plans(config))[0]
-    span = config.groups[0].workload.over
-    python, compiled = both_loops(spec, *messages(spec, config.groups[0].workload.messages,
-                                                  span, seed))  # fmt: skip
-    if python is None or compiled is None:
-        assert python is compiled
-    else:
-        pd.testing.assert_frame_equal(compiled, python)
+@given(scenarios(groups=2, max_messages=40))
+def test_the_compiled_loop_gives_the_references_rows(data):
+    loop_rows_are_the_references(data)
 
 
 SATURATED = {
@@ -90,58 +110,36 @@ SATURATED = {
 }  # fmt: skip
 
 
-def test_a_pool_that_stays_full_gives_the_same_rows():
+def with_group(**changes) -> dict:
+    """SATURATED with its group changed."""
+    return {**SATURATED, "groups": [{**SATURATED["groups"][0], **changes}]}
+
+
+def test_a_pool_that_stays_full_gives_the_references_rows():
     """Thousands waiting for six threads: first deliveries queue behind retries, timeouts,
     failed send-backs and the producer fallback, on three instances by queue."""
-    config = build_scenario(SATURATED)
-    spec = key_specs(config, group_plans(config))[0]
-    python, compiled = both_loops(spec, *messages(spec, 6000, 120_000, seed=5))
-    pd.testing.assert_frame_equal(compiled, python)
-    waited = compiled["start_ms"] - compiled["ready_ms"]
+    rows = loop_rows_are_the_references(SATURATED)
+    waited = rows["start_ms"] - rows["ready_ms"]
     assert waited.max() > 30_000  # the pool was full: half a minute and more in Ready
-    assert set(compiled["end_reason"].dropna()) >= {
+    assert set(rows["end_reason"].dropna()) >= {
         "TIMEOUT", "send_back_failed", "send_back_fallback", "max_reconsume_times",
     }  # fmt: skip
-    assert (compiled["result_state"] == "Ready").any()  # still waiting at the horizon
+    assert (rows["result_state"] == "Ready").any()  # still waiting at the horizon
 
 
-def test_an_unlimited_pool_is_covered_too():
-    data = {**SATURATED, "groups": [{**SATURATED["groups"][0], "consumers": "unlimited"}]}
-    config = build_scenario(data)
-    spec = key_specs(config, group_plans(config))[0]
-    python, compiled = both_loops(spec, *messages(spec, 2000, 120_000, seed=1))
-    pd.testing.assert_frame_equal(compiled, python)
-    waited = compiled["start_ms"] - compiled["ready_ms"]
+def test_an_unlimited_pool_gives_the_references_rows():
+    rows = loop_rows_are_the_references(with_group(consumers="unlimited"))
+    waited = rows["start_ms"] - rows["ready_ms"]
     assert waited.max() < 100  # never more than to the next pull tick
 
 
-def test_a_turn_bigger_than_a_chunk_grows_the_loops_arrays_first():
-    """On an unlimited pool every message born in the same pull tick starts in one turn: more
-    rows than a chunk's buffer holds, more slots and events than the loop starts with. The
-    loop grows them before the turn (it never replaces an array inside its turns)."""
-    data = {**SATURATED, "groups": [{**SATURATED["groups"][0], "consumers": "unlimited"}]}
-    config = build_scenario(data)
-    spec = key_specs(config, group_plans(config))[0]
-    count = CHUNK_ROWS + 5_000
-    msg_ids, queue_ids, _ = messages(spec, count, 1, seed=2)
-    born = np.zeros(count, np.int64)
-    rows = pd.concat(simulate_key(spec, msg_ids, queue_ids, born), ignore_index=True)
-    first = rows[rows["delivery"] == 1]
-    assert len(first) == count and first["msg_id"].is_unique
-    assert first["start_ms"].nunique() == 1  # one turn started them all
-    again = pd.concat(simulate_key(spec, msg_ids, queue_ids, born), ignore_index=True)
-    pd.testing.assert_frame_equal(rows, again)
-
-
-def test_the_compiled_loop_reports_progress_and_its_end(tmp_path):
-    config = build_scenario(SATURATED)
-    spec = key_specs(config, group_plans(config))[0]
-    heartbeat = Heartbeat(str(tmp_path), 5, spec.horizon_ms)
-    rows = pd.concat(simulate_key(spec, *messages(spec, 600, 60_000, 2), heartbeat))
-    (beat,) = read_heartbeats(str(tmp_path))
-    assert beat == {"sim_ms": spec.horizon_ms, "horizon_ms": spec.horizon_ms,
-                    "deliveries": int(rows["start_ms"].notna().sum()), "first": 600,
-                    "messages": 600}  # fmt: skip
+def test_a_replay_on_a_full_pool_gives_the_references_rows():
+    """docs/model.md §8: the dead letters re-sent at the replay's rate, into queues whose
+    pool is still full, some of them fixed."""
+    replay = {"at": "70s", "rate": "20/s", "poison_fixed": True}
+    rows = loop_rows_are_the_references(with_group(replay=replay, max_reconsume_times=0))
+    replayed = rows[rows["ready_reason"] == "replayed"]
+    assert len(replayed) > 50 and (replayed["start_ms"] > replayed["ready_ms"]).any()
 
 
 _STORMY = {
@@ -167,38 +165,46 @@ _STORMY = {
     ],
     ids=["orderly", "ordered-5.x", "batches"],
 )
-def test_ordered_queues_and_batches_on_a_full_pool_give_the_python_loops_rows(group):
+def test_ordered_queues_and_batches_on_a_full_pool_give_the_references_rows(group):
     """The lanes' loop (ordered queues one message at a time, batches of one lane) on a
     pool that stays full: head-of-line blocking and batches waiting for threads."""
-    data = {**SATURATED["groups"][0], "max_reconsume_times": 3, **group}
+    data = {**SATURATED["groups"][0], "max_reconsume_times": 3, **group,
+            "workload": {"messages": 3000, "over": "2m", "queues": 4}}  # fmt: skip
     if "flavor" in group:  # the 4.x concurrent options do not apply to ordered flavors
         data = {key: value for key, value in data.items()
                 if key not in ("retry_queue_nums", "pull_interval", "consume_timeout")}  # fmt: skip
         data["behavior"] = _STORMY
-    config = build_scenario({**SATURATED, "groups": [data]})
-    spec = key_specs(config, group_plans(config))[0]
-    python, compiled = both_loops(spec, *messages(spec, 3000, 120_000, seed=5))
-    pd.testing.assert_frame_equal(compiled, python)
-    waited = compiled["start_ms"] - compiled["ready_ms"]
+    rows = loop_rows_are_the_references({**SATURATED, "groups": [data]})
+    waited = rows["start_ms"] - rows["ready_ms"]
     assert waited.max() > 15_000  # the pool (or the ordered queue) held them back
-    assert compiled["batch_size"].max() == spec.policy.batch_size
+    assert rows["batch_size"].max() == data.get("consume_message_batch_max_size", 1)
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_record_batches_hold_the_frames_rows(compiled):
-    """What the Spark stage gets (Arrow, built from the loop's codes without pandas) is the
-    frames' rows, from either loop."""
+def test_a_turn_bigger_than_a_chunk_grows_the_loops_arrays_first():
+    """On an unlimited pool every message born in the same pull tick starts in one turn: more
+    rows than a chunk's buffer holds, more slots and events than the loop starts with. The
+    loop grows them before the turn (it never replaces an array inside its turns)."""
+    config = build_scenario(with_group(consumers="unlimited"))
+    spec = key_specs(config, group_plans(config))[0]
+    count = CHUNK_ROWS + 5_000
+    msg_ids, queue_ids, _ = messages(spec, count, 1, seed=2)
+    born = np.zeros(count, np.int64)
+    rows = staged_frame(simulate_key(spec, msg_ids, queue_ids, born))
+    first = rows[rows["delivery"] == 1]
+    assert len(first) == count and first["msg_id"].is_unique
+    assert first["start_ms"].nunique() == 1  # one turn started them all
+    pd.testing.assert_frame_equal(rows, staged_frame(simulate_key(spec, msg_ids, queue_ids, born)))
+
+
+def test_the_compiled_loop_reports_progress_and_its_end(tmp_path):
     config = build_scenario(SATURATED)
     spec = key_specs(config, group_plans(config))[0]
-    data = messages(spec, 3000, 120_000, seed=4)
-    frames = pd.concat(simulate_key(spec, *data, compiled=compiled), ignore_index=True)
-    batches = list(simulate_key(spec, *data, compiled=compiled, arrow=True))
-    assert all(batch.schema.equals(STAGE_ARROW) for batch in batches)
-    table = pa.Table.from_batches(batches).to_pandas()
-    for name in frames.columns:
-        assert frames[name].astype(object).where(frames[name].notna(), None).tolist() == (
-            table[name].astype(object).where(table[name].notna(), None).tolist()
-        ), name
+    heartbeat = Heartbeat(str(tmp_path), 5, spec.horizon_ms)
+    rows = staged_frame(simulate_key(spec, *messages(spec, 600, 60_000, 2), heartbeat))
+    (beat,) = read_heartbeats(str(tmp_path))
+    assert beat == {"sim_ms": spec.horizon_ms, "horizon_ms": spec.horizon_ms,
+                    "deliveries": int(rows["start_ms"].notna().sum()), "first": 600,
+                    "messages": 600}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -208,8 +214,9 @@ def test_record_batches_hold_the_frames_rows(compiled):
 def test_the_sums_read_the_loops_chunks_as_their_record_batches(flavor):
     """The stage's tasks sum a group up from the loop's chunks (its longs and string codes)
     and write only their own chunks as record batches: every sum equals the one read from
-    the record batches, over chunks that hold nulls, DLQ moves, timeouts and pops; a chunk
-    read after the loop went on fails rather than reading the next rows."""
+    the record batches, which are the rows the loop gives without chunks, over chunks that
+    hold nulls, DLQ moves, timeouts and pops; a chunk read after the loop went on fails
+    rather than reading the next rows."""
     group = {
         "name": "busy", "flavor": flavor,
         "max_reconsume_times": -1 if flavor == "rocketmq4.broadcasting" else 1,
@@ -222,17 +229,17 @@ def test_the_sums_read_the_loops_chunks_as_their_record_batches(flavor):
         GroupSummer(spec.group, spec.horizon_ms, spec.load_bucket_ms, True, pops_of(spec.policy))
         for _ in range(2)
     ]
-    chunks = []
-    for chunk in simulate_key(
-        spec, *messages(spec, 40_000, 120_000, seed=6), arrow=True, chunks=True
-    ):
+    data = messages(spec, 40_000, 120_000, seed=6)
+    chunks, batches = [], []
+    for chunk in simulate_key(spec, *data, chunks=True):
         summers[0].add(chunk)
-        summers[1].add(as_batch(chunk))
+        batches.append(summers[1].add(as_batch(chunk)))
         chunks.append(chunk)
     assert len(chunks) > 1 and not isinstance(chunks[0], pa.RecordBatch)
     by_chunks, by_batches = (summer.finish() for summer in summers)
     assert by_chunks == by_batches and by_chunks.complete
     assert by_chunks.compact and by_chunks.gauges and by_chunks.instances
+    assert pa.Table.from_batches(batches).equals(pa.Table.from_batches(simulate_key(spec, *data)))
     with pytest.raises(TypeError):
         chunks[0].longs("msg_id")
 
@@ -245,8 +252,9 @@ def _in_units(spec, msg_ids, queue_ids, born) -> pd.DataFrame:
     units = topology.units()
 
     def rows(unit, imports=None) -> pd.DataFrame:
-        batches = simulate_key(spec, msg_ids, queue_ids, born, unit=unit, imports=imports)
-        return pd.concat(list(batches), ignore_index=True)
+        return staged_frame(
+            simulate_key(spec, msg_ids, queue_ids, born, unit=unit, imports=imports)
+        )
 
     first = pd.concat([rows((runs, units.retry_owners)) for runs in units.first])
     due = first[first["next_topic"].notna() & (first["next_ready_ms"] < spec.horizon_ms)]
@@ -298,7 +306,7 @@ def test_a_group_in_units_gives_the_whole_groups_rows(topology):
     spec = key_specs(config, group_plans(config))[0]
     assert units_of(spec) is not None
     data = messages(spec, 6000, 120_000, seed=5)
-    whole = pd.concat(simulate_key(spec, *data), ignore_index=True)
+    whole = staged_frame(simulate_key(spec, *data))
     units = _in_units(spec, *data)
     pd.testing.assert_frame_equal(units, whole.sort_values(KEY, ignore_index=True))
     assert units["consumer_instance"].nunique() == spec.policy.topology.assignable_instances

@@ -1,460 +1,103 @@
-"""The event engine compiled: docs/model.md §5-§7, in numba.
+"""The event loop compiled: docs/model.md §5-§8, one key event by event, in numba.
 
 A full consumer pool is the regime capacity planning exists for, and simulating it is a
-loop over single deliveries that Python runs at about 15k a second. This module runs the
-same loop as compiled code inside the Spark task: the same events, the same hashed draws
-(Spark's XXH64 over ``(seed, group, stream, msg_id, delivery)``), the same rules
-(:meth:`Policy.next_step`, :class:`ListenerModel` and the topology, with their strings as
-small integer codes), so it gives the rows of the plain-Python loop
-(:class:`~retrysim.engine.sequential._Simulation`), which the tests hold it to with zero
-tolerance, and both are compared with the reference written from the RocketMQ source.
+loop over single deliveries. This module runs that loop as compiled code inside the Spark
+task: the same hashed draws as the round engine's columns (Spark's XXH64 over ``(seed,
+group, stream, msg_id, delivery)``) and the rules of :mod:`retrysim.engine.event_rules`. The
+tests hold it to the reference written from the RocketMQ source, row for row.
 
 It covers every group: every flavor's rules, every topology, outages, poison and a replay.
 ``_run`` takes one message per consume request, with a fast path for first deliveries, runs
 a group's units (docs/model.md §5) and finishes a round run's frontier; ``_run_lanes`` takes
 batches of one lane and ordered queues, one message at a time per queue, where a replayed
 delivery waits for its queue and takes back a later first delivery the queue released but
-that is not eligible yet (the Python loop's rule). A loop is a
-generator: a key's rows leave in chunks, and between chunks it reports how far it got for
-the heartbeat. numba caches the compiled code on disk, keyed by the source
-(:mod:`retrysim.numba_cache`), so only the first run on a machine pays the compilation (setup
-does it).
+that is not eligible yet. A loop is a generator: a key's rows leave in chunks, and between
+chunks it reports how far it got for the heartbeat. numba caches the compiled code on disk,
+keyed by the source (:mod:`retrysim.numba_cache`), so only the first run on a machine pays
+the compilation (setup does it).
+
+Each loop's turn is one function: numba counts a reference on every array passed to a
+helper or returned from one, so the hot paths stay inline in ``_turns`` and ``_run_lanes``
+(folding even a few lines into a helper that takes the slot arrays cost 12 % of a saturated
+run); the rules, the heaps and the row writes that take scalars are helpers inlined by numba.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Iterator
-from types import SimpleNamespace
-
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from numba import njit, types
 from numba.np.unsafe.ndarray import to_fixed_tuple
 from numba.typed import Dict, List
 
-from retrysim.model import behavior as listener
-from retrysim.model import rng, states
-from retrysim.model.behavior import ListenerModel, _Dist
-from retrysim.model.policy import Policy, policy_for
-from retrysim.model.topology import AVERAGELY_BY_CIRCLE, BY_MESSAGE, BY_QUEUE
-from retrysim.model.xxh64 import uniform
+from retrysim.engine.event_heaps import (
+    _before,
+    _event_pop,
+    _event_push,
+    _grow,
+    _head_pop,
+    _head_push,
+    _wait_pop,
+    _wait_push,
+)
+from retrysim.engine.event_rules import (
+    _FIXED_ROW,
+    _WIDTH,
+    CHUNK_ROWS,
+    D_CAPACITY,
+    D_PER_GROUP,
+    D_REPLAY_RATE,
+    D_SIZE,
+    DLQ,
+    FALLBACK_REASON,
+    INFLIGHT,
+    K_ACK_INDEX,
+    K_HORIZON,
+    K_INSTANCES,
+    K_REPLAY_AT,
+    K_REPLAY_FIXED,
+    K_REPLAY_QUEUES,
+    K_SIZE,
+    K_THREADS,
+    NULL,
+    PUBLISHED,
+    READY,
+    REPLAYED,
+    S_BROKER_RT,
+    S_DELIVERY,
+    S_ELIGIBLE,
+    S_FIELDS,
+    S_FIXED,
+    S_INDEX,
+    S_MSG_ID,
+    S_QUEUE,
+    S_READY,
+    S_REASON,
+    S_RT,
+    S_TOPIC,
+    S_WITHDRAWN,
+    SEND_BACK_FAILED_REASON,
+    SUCCESS,
+    T_SCHEDULE,
+    T_SOURCE,
+    WAITING_RETRY,
+    _base_conditions,
+    _committed,
+    _conditions,
+    _consume_result,
+    _eligible,
+    _instance,
+    _listen,
+    _settled_step,
+)
 from retrysim.numba_cache import cache_by_source
-from retrysim.scenario import limits
-from retrysim.scenario.loading import load_scenario
-from retrysim.tables.schemas import STAGE, STAGE_ARROW
 
 cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 
-# --------------------------------------------------------------------------- string codes
-
-# Every string a staged row can hold, as a code; a key's topics follow (TOPICS).
-NAMES = (
-    states.COMMIT, states.WAITING_RETRY, states.DLQ, states.DISCARD, states.INFLIGHT,
-    states.READY, listener.CONSUME_SUCCESS, listener.RECONSUME_LATER, listener.EXCEPTION,
-    listener.NULL_RETURN, listener.TIMEOUT, states.REASON_MAX_RECONSUME,
-    states.REASON_NEGATIVE_LEVEL, states.REASON_BROADCAST, states.REASON_SEND_BACK_FAILED,
-    states.REASON_SEND_BACK_FALLBACK, states.REASON_BEYOND_ACK, states.READY_PUBLISHED,
-    states.READY_RETRY_DUE, states.READY_LOCAL, states.READY_VISIBLE, states.READY_REPLAYED,
-)  # fmt: skip
-(COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY, SUCCESS, LATER, EXCEPTION, NULL_RETURN,
- TIMEOUT, MAX_RECONSUME, NEGATIVE_LEVEL, BROADCAST, SEND_BACK_FAILED_REASON, FALLBACK_REASON,
- BEYOND_ACK, PUBLISHED, RETRY_DUE, LOCAL_RETRY, VISIBLE_AGAIN,
- REPLAYED) = range(len(NAMES))  # fmt: skip
-# a key's topics: its source topic, the policy's retry topic, the schedule topic, its DLQ
-# topic and the topology's retry topic (whose queues 4.x allocates to instances)
-T_SOURCE, T_RETRY, T_SCHEDULE, T_DLQ, T_TOPOLOGY_RETRY = range(len(NAMES), len(NAMES) + 5)
-NULL = np.iinfo(np.int64).min
-
-_PATHS = (states.SCHEDULE, states.REVIVE, states.VISIBLE, states.LOCAL, states.NO_RETRY)
-P_SCHEDULE, P_REVIVE, P_VISIBLE, P_LOCAL, P_NONE = range(len(_PATHS))
-_BALANCING = {BY_QUEUE: 0, BY_MESSAGE: 1}  # anything else: broadcast, instance 0
-_DISTS = {"constant": 0, "exponential": 1, "lognormal": 2}
-_SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
-    listener.SEND_BACK_DONE,
-    listener.SEND_BACK_FALLBACK,
-    listener.SEND_BACK_FAILED,
-)
-
-# The policy's scalars, as one int64 array (index names below).
-(K_PATH, K_MAX_RETRIES, K_FROM_START, K_AFTER_BACKOFF, K_TIMEOUT, K_PERIODIC, K_TIMEOUT_LEVEL,
- K_TIMEOUT_INTERVAL, K_DLQ_NOW, K_INVISIBLE, K_DLQ_ENABLED, K_HAS_LEVELS, K_HAS_RESEND,
- K_ACK_INDEX, K_PULL, K_READY_WAIT, K_BALANCING, K_INSTANCES, K_THREADS, K_QUEUES, K_BROKERS,
- K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
- K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_SIZE) = range(31)  # fmt: skip
-# The listener's doubles: base probability, kind and send-back thresholds, base distribution.
-# A downstream that answers to load: its capacity (0: none), whether the group's instances
-# share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
-(D_PROBABILITY, D_KIND_1, D_KIND_2, D_SEND_BACK_1, D_SEND_BACK_2, D_DIST, D_MEAN, D_MU,
- D_SIGMA, D_CAPACITY, D_PER_GROUP, D_CALL_TIMEOUT, D_SHED, D_REPLAY_RATE,
- D_SIZE) = range(15)  # fmt: skip
-# Output columns: STAGE's, without group and poison_fixed (the row after them, _FIXED_ROW).
-_OUT = STAGE.fieldNames()[1:-1]
-_WIDTH = len(_OUT)
-_FIXED_ROW = _WIDTH  # out's last row: poison_fixed, 0 or 1
-_STRING_COLUMNS = {name for name in _OUT if STAGE[name].dataType.simpleString() == "string"}
-CHUNK_ROWS = 100_000
 _TURNS_PER_LOOK = 1 << 15  # loop turns between reports to the heartbeat
-
-# --------------------------------------------------------------------------- hashed draws
-
-# Spark's XXH64 over (seed, group, stream, msg_id, delivery): retrysim.model.xxh64.uniform
-
-
-# --------------------------------------------------------------------------- the rules
-
-
-@njit(cache=True, inline="always")
-def _eligible(k, ready):
-    due = ready + k[K_READY_WAIT]
-    pull = k[K_PULL]
-    return due if pull <= 0 else -(-due // pull) * pull
-
-
-@njit(cache=True)
-def _owner(position, queues, instances, by_circle):
-    if by_circle or queues <= instances:
-        return position % instances
-    size = queues // instances
-    bigger = queues % instances
-    if position < bigger * (size + 1):
-        return position // (size + 1)
-    return bigger + (position - bigger * (size + 1)) // size
-
-
-@njit(cache=True, inline="always")
-def _on_topology_retry(k, topic):
-    """Whether ``topic`` is the topology's retry topic (4.x: %RETRY%<group>)."""
-    if k[K_HAS_TOPOLOGY_RETRY] == 0:
-        return False
-    return topic == T_TOPOLOGY_RETRY or (topic == T_RETRY and k[K_RETRY_IS_TOPOLOGY] == 1)
-
-
-@njit(cache=True, inline="always")
-def _instance(k, topic, queue_id, msg_id, delivery):
-    """Topology.instance."""
-    if k[K_BALANCING] == 0:
-        on_retry = _on_topology_retry(k, topic)
-        queues = k[K_BROKERS] * k[K_RETRY_QUEUE_NUMS] if on_retry else k[K_QUEUES]
-        return _owner(queue_id, queues, k[K_INSTANCES], k[K_BY_CIRCLE] == 1)
-    if k[K_BALANCING] == 1:
-        return (msg_id + delivery - 1) % k[K_INSTANCES]
-    return 0
-
-
-@njit(cache=True, inline="always")
-def _retry_queue(k, topic, queue_id, msg_id, delivery):
-    """Topology.retry_queue."""
-    if k[K_HAS_TOPOLOGY_RETRY] == 0:
-        return 0
-    per_broker = k[K_RETRY_QUEUE_NUMS]
-    if _on_topology_retry(k, topic):
-        broker = queue_id // per_broker
-    else:
-        broker = queue_id // (k[K_QUEUES] // k[K_BROKERS])
-    return broker * per_broker + (msg_id + delivery) % per_broker
-
-
-@njit(cache=True)
-def _sample(kind, mean, mu, sigma, u_a, u_b):
-    if kind == 0:
-        value = mean
-    elif kind == 1:
-        value = -mean * math.log(u_a)
-    else:
-        normal = math.sqrt(-2.0 * math.log(u_a)) * math.cos(2.0 * math.pi * u_b)
-        value = math.exp(mu + sigma * normal)
-    return np.int64(math.floor(value + 0.5))
-
-
-@njit(cache=True, inline="always")
-def _base_conditions(d):
-    """The listener's failure probability and processing distribution outside outages:
-    (probability, kind, mean, mu, sigma)."""
-    return d[D_PROBABILITY], d[D_DIST], d[D_MEAN], d[D_MU], d[D_SIGMA]
-
-
-@njit(cache=True)
-def _conditions(windows, d, start):
-    """:func:`_base_conditions` at ``start`` with the outage ``windows``: the highest
-    probability of the windows open then, the last open window's distribution. The loops
-    call it once a turn, and only where there are windows (an array a helper takes costs
-    a reference count at every call)."""
-    found = False
-    probability = 0.0
-    kind, mean, mu, sigma = d[D_DIST], d[D_MEAN], d[D_MU], d[D_SIGMA]
-    for w in range(windows.shape[0]):
-        if windows[w, 0] <= start < windows[w, 1]:
-            if not found or windows[w, 2] > probability:
-                probability = windows[w, 2]
-                found = True
-            if windows[w, 3] >= 0:
-                kind, mean, mu, sigma = windows[w, 3], windows[w, 4], windows[w, 5], windows[w, 6]
-    if not found:
-        probability = d[D_PROBABILITY]
-    return probability, kind, mean, mu, sigma
-
-
-@njit(cache=True, inline="always")
-def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency):
-    """ListenerModel.result: (outcome, processing_ms, send_back), under ``conditions``
-    (:func:`_conditions` at the delivery's start) with ``concurrency`` calls in flight at
-    the downstream, its own included (behavior.under_load, the same arithmetic)."""
-    probability, kind, mean, mu, sigma = conditions
-    u_fail = uniform(prefixes[0], msg_id, delivery)
-    u_a = uniform(prefixes[2], msg_id, delivery)
-    u_b = uniform(prefixes[3], msg_id, delivery)
-    processing = _sample(int(kind), mean, mu, sigma, u_a, u_b)
-    refused = False
-    capacity = np.int64(d[D_CAPACITY])
-    if capacity > 0:
-        if concurrency > capacity:
-            if d[D_SHED] > 0 and u_fail >= probability:
-                excess = d[D_SHED] * (concurrency - capacity) / concurrency
-                if u_fail < 1.0 - (1.0 - probability) * (1.0 - excess):
-                    processing, refused = 0, True  # shed at once
-            if not refused:
-                processing = (2 * processing * concurrency + capacity) // (2 * capacity)
-        timeout = np.int64(d[D_CALL_TIMEOUT])
-        if timeout >= 0 and processing > timeout:
-            processing, refused = timeout, True
-    fails = poisoned or delivery <= k[K_FAIL_FIRST] or refused or u_fail < probability
-    outcome = SUCCESS
-    if fails:
-        u_kind = uniform(prefixes[1], msg_id, delivery)
-        outcome = (
-            LATER if u_kind < d[D_KIND_1] else EXCEPTION if u_kind < d[D_KIND_2] else NULL_RETURN
-        )
-    send_back = _SEND_BACK_DONE
-    if d[D_SEND_BACK_2] > 0:
-        u_send_back = uniform(prefixes[4], msg_id, delivery)
-        if u_send_back < d[D_SEND_BACK_1]:
-            send_back = _SEND_BACK_FAILED
-        elif u_send_back < d[D_SEND_BACK_2]:
-            send_back = _SEND_BACK_FALLBACK
-    return outcome, processing, send_back
-
-
-@njit(cache=True, inline="always")
-def _consume_result(k, start, processing, outcome):
-    """Policy.consume_result: (outcome, end_ms)."""
-    timeout = k[K_TIMEOUT]
-    if timeout != NULL:
-        if k[K_PERIODIC] == 1:
-            leave = timeout * ((start + timeout) // timeout + 1) if timeout else start
-        else:
-            leave = start + timeout
-        if start + processing > leave:
-            return TIMEOUT, leave
-        if k[K_INVISIBLE] == 1 and outcome != SUCCESS:
-            return outcome, leave
-    return outcome, start + processing
-
-
-@njit(cache=True, inline="always")
-def _committed(end, topic, queue_id):
-    """Policy.next_step of a success (most deliveries: the loops take it without the rest
-    of the rules, whose arrays would cost reference counts at every delivery)."""
-    n = NULL
-    return (COMMIT, n, n, end, COMMIT, topic, queue_id, SUCCESS, n, n, n, n, n, n, n)
-
-
-@njit(cache=True, inline="always")
-def _next_step(k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt, outcome,
-               start, end, send_back, topic, queue_id, msg_id, delivery):  # fmt: skip
-    """Policy.next_step, as a tuple of Step's 15 fields (NULL for None)."""
-    if outcome == SUCCESS:
-        return _committed(end, topic, queue_id)
-    n = NULL
-    timed_out = outcome == TIMEOUT
-    path = k[K_PATH]
-    unread = path == P_NONE and k[K_TIMEOUT_LEVEL] != NULL
-    if path == P_NONE and timed_out and unread:
-        level = k[K_TIMEOUT_LEVEL]
-        due = end + k[K_TIMEOUT_INTERVAL]
-        landed = _retry_queue(k, topic, queue_id, msg_id, delivery)
-        return (DISCARD, level, n, due, WAITING_RETRY, T_SCHEDULE, level - 1, outcome, DISCARD,
-                T_TOPOLOGY_RETRY, landed, BROADCAST, n, n, n)  # fmt: skip
-    if path == P_NONE:
-        return (DISCARD, n, n, end, DISCARD, topic, queue_id, BROADCAST, n, n, n, n, n, n, n)
-    if send_back == _SEND_BACK_FAILED and not timed_out:
-        due = end + limits.SEND_BACK_RESUBMIT_MS
-        return (WAITING_RETRY, n, due, n, WAITING_RETRY, topic, queue_id,
-                SEND_BACK_FAILED_REASON, n, n, n, n, topic, queue_id, LOCAL_RETRY)  # fmt: skip
-    has_resend = k[K_HAS_RESEND] == 1
-    fallback = send_back == _SEND_BACK_FALLBACK and not timed_out and has_resend and (
-        path == P_SCHEDULE)  # fmt: skip
-    if fallback:
-        exhausted = rt + 1 >= k[K_MAX_RETRIES]
-        reason_now = FALLBACK_REASON
-    else:
-        exhausted = broker_rt >= k[K_MAX_RETRIES]
-        reason_now = outcome
-    resent = fallback or (exhausted and has_resend and path == P_LOCAL)
-    if resent:
-        index = min(rt + 1, len(resend_levels)) - 1
-        level, interval = resend_levels[index], resend_intervals[index]
-    elif timed_out and k[K_TIMEOUT_INTERVAL] != NULL:
-        interval, level = k[K_TIMEOUT_INTERVAL], k[K_TIMEOUT_LEVEL]
-    else:
-        interval = intervals[min(broker_rt + 1, len(intervals)) - 1]
-        level = levels[min(broker_rt + 1, len(levels)) - 1] if k[K_HAS_LEVELS] == 1 else n
-    due = (start if k[K_FROM_START] == 1 else end) + interval
-    negative = k[K_DLQ_NOW] == 1 and not timed_out and not fallback
-    if exhausted or negative:
-        reason = MAX_RECONSUME if exhausted else NEGATIVE_LEVEL
-        if k[K_DLQ_ENABLED] == 1:
-            state, where_topic, where_queue = DLQ, T_DLQ, limits.DLQ_QUEUE_ID
-        else:
-            state, where_topic, where_queue = DISCARD, topic, queue_id
-        if resent:
-            return (state, level, n, due, WAITING_RETRY, T_SCHEDULE, level - 1, reason_now, state,
-                    where_topic, where_queue, reason, n, n, n)  # fmt: skip
-        if k[K_AFTER_BACKOFF] == 1 and not negative:
-            return (state, n, n, due, WAITING_RETRY, topic, queue_id, outcome, state, where_topic,
-                    where_queue, reason, n, n, n)  # fmt: skip
-        return (state, n, n, end, state, where_topic, where_queue, reason, n, n, n, n, n, n, n)
-    if path == P_SCHEDULE:
-        wait_topic, wait_queue = T_SCHEDULE, level - 1 if level != n else n
-        back_topic = T_RETRY
-        back_queue = _retry_queue(k, topic, queue_id, msg_id, delivery)
-    elif path == P_REVIVE:
-        wait_topic, wait_queue = topic, queue_id
-        back_topic, back_queue = T_RETRY, limits.RETRY_QUEUE_ID
-    else:
-        wait_topic, wait_queue, back_topic, back_queue = topic, queue_id, topic, queue_id
-    if k[K_INVISIBLE] == 1:
-        return (INFLIGHT, n, due, n, n, n, n, n, n, n, n, n, back_topic, back_queue, RETRY_DUE)
-    back_reason = (
-        RETRY_DUE if path in (P_SCHEDULE, P_REVIVE)
-        else VISIBLE_AGAIN if path == P_VISIBLE else LOCAL_RETRY
-    )  # fmt: skip
-    return (WAITING_RETRY, level, due, n, WAITING_RETRY, wait_topic, wait_queue, reason_now,
-            n, n, n, n, back_topic, back_queue, back_reason)  # fmt: skip
-
-
-@njit(cache=True, inline="always")
-def _settled_step(k, intervals, levels, resend_levels, resend_intervals, slots, slot, outcome,
-                  beyond_ack, start, end, send_back):  # fmt: skip
-    """The step of the delivery in ``slot`` that ended with ``outcome`` before the horizon:
-    :func:`_next_step`, a success beyond ``ack_index`` retried as RECONSUME_LATER with its
-    own reason, and a leave after the horizon kept as WaitingRetry (docs/model.md §7)."""
-    n = NULL
-    step = _next_step(
-        k, intervals, levels, resend_levels, resend_intervals, slots[S_RT, slot],
-        slots[S_BROKER_RT, slot], LATER if beyond_ack else outcome, start, end, send_back,
-        slots[S_TOPIC, slot], slots[S_QUEUE, slot], slots[S_MSG_ID, slot],
-        slots[S_DELIVERY, slot],
-    )  # fmt: skip
-    if beyond_ack and step[7] == LATER:
-        step = step[:7] + (BEYOND_ACK,) + step[8:]  # noqa: RUF005 (numba: no * here)
-    if step[8] != n and step[3] >= k[K_HORIZON]:  # leaves after the horizon
-        kept = (WAITING_RETRY, step[1], step[2], n)
-        step = kept + step[4:8] + (n, n, n, n) + step[12:]
-    return step
-
-
-# --------------------------------------------------------------------------- heaps
-
-
-@njit(cache=True, inline="always")
-def _before(a, b, eligible, order_id, delivery):
-    """Whether waiting slot a starts before slot b: (eligible_ms, msg_id, delivery)."""
-    if eligible[a] != eligible[b]:
-        return eligible[a] < eligible[b]
-    if order_id[a] != order_id[b]:
-        return order_id[a] < order_id[b]
-    return delivery[a] < delivery[b]
-
-
-@njit(cache=True, inline="always")
-def _wait_push(heap, size, slot, eligible, order_id, delivery):
-    if size == len(heap):
-        bigger = np.empty(2 * len(heap), np.int64)
-        bigger[:size] = heap[:size]
-        heap = bigger
-    i = size
-    while i > 0:
-        parent = (i - 1) >> 1
-        if not _before(slot, heap[parent], eligible, order_id, delivery):
-            break
-        heap[i] = heap[parent]
-        i = parent
-    heap[i] = slot
-    return heap
-
-
-@njit(cache=True, inline="always")
-def _wait_pop(heap, size, eligible, order_id, delivery):
-    top = heap[0]
-    size -= 1
-    last = heap[size]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and _before(heap[child + 1], heap[child], eligible, order_id, delivery):
-            child += 1
-        if not _before(heap[child], last, eligible, order_id, delivery):
-            break
-        heap[i] = heap[child]
-        i = child
-    if size > 0:
-        heap[i] = last
-    return top
-
-
-@njit(cache=True, inline="always")
-def _event_push(keys, values, size, key, value):
-    """Push (key, value) on the event heap, which has room (returning no array: numba
-    counts a reference each time an array is returned and assigned, an atomic operation)."""
-    i = size
-    while i > 0:
-        parent = (i - 1) >> 1
-        if keys[parent] <= key:
-            break
-        keys[i], values[i] = keys[parent], values[parent]
-        i = parent
-    keys[i], values[i] = key, value
-
-
-@njit(cache=True, inline="always")
-def _event_pop(keys, values, size):
-    value = values[0]
-    size -= 1
-    last_key, last_value = keys[size], values[size]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and keys[child + 1] < keys[child]:
-            child += 1
-        if keys[child] >= last_key:
-            break
-        keys[i], values[i] = keys[child], values[child]
-        i = child
-    if size > 0:
-        keys[i], values[i] = last_key, last_value
-    return value
-
-
-@njit(cache=True)
-def _grow(array):
-    bigger = np.empty((2 * array.shape[0], *array.shape[1:]), array.dtype)
-    bigger[: array.shape[0]] = array
-    return bigger
-
 
 # --------------------------------------------------------------------------- the loop
 
-# A delivery's fields, one column of the slots array per retry in flight (field-major, so
-# that the waiting heaps compare contiguous values).
-(S_INDEX, S_DELIVERY, S_RT, S_BROKER_RT, S_TOPIC, S_QUEUE, S_READY, S_REASON, S_ELIGIBLE,
- S_MSG_ID, S_FIXED, S_WITHDRAWN, S_FIELDS) = range(13)  # fmt: skip
+
 _FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
 # An instance in a unit's loop: run by it, run by the retry owners' unit (a retry due
 # there is exported), or by any other (a retry due there breaks the partition).
@@ -1027,55 +670,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
 # up to N from the same lane, and an ordered queue serves one message at a time. This loop
 # keeps each lane's waits in a heap and each instance's lane heads in a heap of
 # (eligible_ms, msg_id, delivery, lane) rows, stale rows skipped (a head that left in an
-# earlier batch): :class:`retrysim.engine.sequential._Simulation`'s dispatch, compiled.
-
-
-@njit(cache=True)
-def _head_before(heads, a, b):
-    for column in range(3):
-        if heads[a, column] != heads[b, column]:
-            return heads[a, column] < heads[b, column]
-    return heads[a, 3] < heads[b, 3]
-
-
-@njit(cache=True)
-def _head_push(heads, size, eligible, msg_id, delivery, lane):
-    if size == heads.shape[0]:
-        bigger = np.empty((2 * size, 4), np.int64)
-        bigger[:size] = heads
-        heads = bigger
-    heads[size, 0], heads[size, 1], heads[size, 2], heads[size, 3] = (
-        eligible, msg_id, delivery, lane,
-    )  # fmt: skip
-    i = size
-    while i > 0:
-        parent = (i - 1) >> 1
-        if not _head_before(heads, i, parent):
-            break
-        for column in range(4):
-            heads[i, column], heads[parent, column] = heads[parent, column], heads[i, column]
-        i = parent
-    return heads
-
-
-@njit(cache=True)
-def _head_pop(heads, size):
-    """Remove the smallest row (to the caller: read row 0 first)."""
-    size -= 1
-    for column in range(4):
-        heads[0, column] = heads[size, column]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            break
-        if child + 1 < size and _head_before(heads, child + 1, child):
-            child += 1
-        if not _head_before(heads, child, i):
-            break
-        for column in range(4):
-            heads[i, column], heads[child, column] = heads[child, column], heads[i, column]
-        i = child
+# earlier batch): docs/model.md §5's dispatch.
 
 
 @njit(cache=True)
@@ -1444,295 +1039,3 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
             yield out, rows, horizon, deliveries, first
             rows = 0
     yield out, rows, horizon, deliveries, first
-
-
-# --------------------------------------------------------------------------- the Python side
-
-
-def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:
-    topology = policy.topology
-    k = np.full(K_SIZE, NULL, np.int64)
-
-    def given(value):
-        return NULL if value is None else int(value)
-
-    k[K_PATH] = _PATHS.index(policy.retry_path)
-    k[K_MAX_RETRIES] = policy.max_retries
-    k[K_FROM_START] = policy.from_start
-    k[K_AFTER_BACKOFF] = policy.leave_after_backoff
-    k[K_TIMEOUT] = given(policy.timeout_ms)
-    k[K_PERIODIC] = policy.periodic_timeout
-    k[K_TIMEOUT_LEVEL] = given(policy.timeout_level)
-    k[K_TIMEOUT_INTERVAL] = given(policy.timeout_interval_ms)
-    k[K_DLQ_NOW] = policy.dlq_now
-    k[K_INVISIBLE] = policy.invisible_until_retry
-    k[K_DLQ_ENABLED] = policy.dlq_enabled
-    k[K_HAS_LEVELS] = policy.levels is not None
-    k[K_HAS_RESEND] = policy.resend_levels is not None
-    k[K_ACK_INDEX] = given(policy.ack_index)
-    k[K_PULL] = policy.pull_interval_ms
-    k[K_READY_WAIT] = policy.ready_wait_ms
-    k[K_BALANCING] = _BALANCING.get(topology.balancing, 2)
-    k[K_INSTANCES] = topology.instances
-    k[K_THREADS] = given(topology.threads)
-    k[K_QUEUES] = topology.queues
-    k[K_BROKERS] = topology.brokers
-    k[K_RETRY_QUEUE_NUMS] = topology.retry_queue_nums
-    k[K_BY_CIRCLE] = topology.allocate == AVERAGELY_BY_CIRCLE
-    k[K_HAS_TOPOLOGY_RETRY] = topology.retry_topic is not None
-    k[K_RETRY_IS_TOPOLOGY] = policy.retry_topic == topology.retry_topic
-    k[K_FAIL_FIRST] = behavior.fail_first
-    k[K_HORIZON] = horizon_ms
-    return k
-
-
-def _dist_row(dist: _Dist) -> tuple[float, float, float, float]:
-    return float(_DISTS[dist.kind]), dist.mean, dist.mu, dist.sigma
-
-
-def _doubles(model: ListenerModel) -> tuple[np.ndarray, np.ndarray]:
-    d = np.zeros(D_SIZE)
-    d[D_PROBABILITY] = model.base_probability
-    d[D_KIND_1], d[D_KIND_2] = model.kind_thresholds
-    d[D_SEND_BACK_1], d[D_SEND_BACK_2] = model.send_back_thresholds
-    d[D_DIST : D_SIGMA + 1] = _dist_row(model.base_dist)
-    downstream = model.downstream
-    if downstream is not None:
-        d[D_CAPACITY] = downstream.capacity
-        d[D_PER_GROUP] = downstream.shared
-        d[D_CALL_TIMEOUT] = -1 if downstream.timeout is None else downstream.timeout
-        d[D_SHED] = downstream.shed
-    windows = np.full((len(model.windows), 7), -1.0)
-    for row, (start, end, probability, dist) in enumerate(model.windows):
-        windows[row, :3] = start, end, probability
-        if dist is not None:
-            windows[row, 3:] = _dist_row(dist)
-    return d, windows
-
-
-def _table(values) -> np.ndarray:
-    return np.asarray(values if values is not None else (0,), dtype=np.int64)
-
-
-@njit(cache=True)
-def _typed_columns(out, rows, positions, values, bitmaps, nulls):
-    """Columns ``positions`` of ``out``'s first ``rows`` into ``values`` (their Arrow width)
-    and ``bitmaps`` (Arrow's validity bits, zeroed before), their null counts into
-    ``nulls``: one pass where a copy, a mask and a cast took three."""
-    for c in range(len(positions)):
-        row = out[positions[c]]
-        count = 0
-        for i in range(rows):
-            value = row[i]
-            if value == NULL:
-                values[c, i] = 0
-                count += 1
-            else:
-                values[c, i] = value
-                bitmaps[c, i >> 3] |= np.uint8(1 << (i & 7))
-        nulls[c] = count
-
-
-# The output columns by the width of their Arrow arrays: the longs, and the ints with the
-# strings' codes (the indices their strings are taken by).
-_LONGS = np.array([i for i, n in enumerate(_OUT) if STAGE_ARROW.field(n).type == pa.int64()])
-_NARROW = np.array([i for i in range(_WIDTH) if i not in set(_LONGS.tolist())])
-assert all(STAGE_ARROW.field(_OUT[i]).type in (pa.int32(), pa.string()) for i in _NARROW), (
-    "a staged column of another width"
-)
-_POSITION = {name: position for position, name in enumerate(_OUT)}
-
-
-def _batch(out: np.ndarray, rows: int, group: str, names: pa.Array) -> pa.RecordBatch:
-    """A chunk of rows as a record batch in STAGE_ARROW's shape: the string columns taken
-    from ``names`` by code in Arrow (no Python string objects), NULL to missing."""
-    columns: list[pa.Array | None] = [None] * _WIDTH
-    for positions, dtype in ((_LONGS, np.int64), (_NARROW, np.int32)):
-        kind = pa.from_numpy_dtype(dtype)
-        values = np.empty((len(positions), rows), dtype)
-        bitmaps = np.zeros((len(positions), (rows + 7) // 8), np.uint8)
-        nulls = np.empty(len(positions), np.int64)
-        _typed_columns(out, rows, positions, values, bitmaps, nulls)
-        for c, position in enumerate(positions.tolist()):
-            null_count = int(nulls[c])
-            array = pa.Array.from_buffers(
-                kind,
-                rows,
-                [pa.py_buffer(bitmaps[c]) if null_count else None, pa.py_buffer(values[c])],
-                null_count=null_count,
-            )
-            name = _OUT[position]
-            columns[position] = pc.take(names, array) if name in _STRING_COLUMNS else array
-    group_column = pc.take(pa.array([group]), pa.array(np.zeros(rows, np.int32)))
-    poison_fixed = pa.array(out[_FIXED_ROW, :rows] != 0)
-    return pa.RecordBatch.from_arrays([group_column, *columns, poison_fixed], schema=STAGE_ARROW)
-
-
-class Chunk:
-    """A chunk of the loop's rows before it becomes a record batch: the
-    :class:`~retrysim.tables.key_counts.Columns` the sums read, answered from the loop's
-    own longs and string codes (not every column of every batch converted), and the record
-    batch, made only for the rows a task writes.
-    Valid until the loop goes on (it reuses its buffer): the loop then empties it."""
-
-    def __init__(self, out: np.ndarray, rows: int, group: str, names: pa.Array, codes: dict):
-        self.out, self.rows, self.group, self.names, self.codes = out, rows, group, names, codes
-
-    @property
-    def num_rows(self) -> int:
-        return self.rows
-
-    def longs(self, name: str) -> np.ndarray:
-        return self.out[_POSITION[name], : self.rows]
-
-    def isin(self, name: str, *values: str) -> np.ndarray:
-        codes = self.longs(name)
-        found = np.isin(codes, [c for value in values for c in self.codes.get(value, ())])
-        return np.where(codes == NULL, np.int8(-1), found.astype(np.int8))
-
-    def index_in(self, name: str, values: tuple[str, ...]) -> np.ndarray:
-        codes = self.longs(name)
-        table = np.full(len(self.names), -2, np.int64)  # -2: none of them
-        for position, value in enumerate(values):
-            table[list(self.codes.get(value, ()))] = position
-        index = np.where(codes == NULL, -1, table[np.where(codes == NULL, 0, codes)])
-        if (index == -2).any():
-            raise ValueError(f"a {name} outside {values}")
-        return index
-
-    def arrow(self) -> pa.RecordBatch:
-        return _batch(self.out, self.rows, self.group, self.names)
-
-
-def simulate_compiled(
-    spec, msg_ids, queue_ids, born, heartbeat=None, unit=None, imports=None, chunks=False,
-    publish=True,
-) -> Iterator[pa.RecordBatch] | Iterator[Chunk]:  # fmt: skip
-    """The rows :func:`~retrysim.engine.sequential.simulate_key` gives, from the compiled
-    loop (``spec`` is a :class:`~retrysim.engine.sequential.KeySpec` it covers), as the
-    record batches the Spark stage hands on. With ``unit`` (the instances it runs, the
-    instances it sends retries to), those of one unit of the group (docs/model.md §5,
-    "Units"), fed the retries ``imports`` (a frame of the deliveries other units' rows
-    lead to, as :func:`retrysim.engine.rounds.next_frontier` gives them). Without
-    ``publish``, the messages are not published: the loop starts from ``imports`` alone (a
-    round run's frontier, whose ``poison_fixed`` column, where there is one, says which
-    messages a replay fixed). With ``chunks``, :class:`Chunk` s instead of record
-    batches."""
-    policy, behavior = spec.policy, spec.behavior
-    order = _publish_order(born, msg_ids)
-    msg_ids, queue_ids, born = msg_ids[order], queue_ids[order], born[order]
-    count = int(np.searchsorted(born, spec.horizon_ms)) if publish else 0
-    model = ListenerModel(behavior)
-    d, windows = _doubles(model)
-    prefixes = np.array(
-        [rng.key_prefix(spec.seed, spec.group, s) for s in listener.DELIVERY_STREAMS],
-        dtype=np.uint64,
-    )
-    poisoned = listener.poisoned(spec.seed, spec.group, msg_ids, behavior.poison_fraction)
-    topology = policy.topology
-    names = pa.array(
-        [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
-         topology.retry_topic], type=pa.string(),
-    )  # fmt: skip
-    k = _scalars(policy, behavior, spec.horizon_ms)
-    replay = policy.replay
-    if replay is not None and replay.at < spec.horizon_ms and count:
-        k[K_REPLAY_AT], k[K_REPLAY_FIXED] = replay.at, replay.poison_fixed
-        k[K_REPLAY_QUEUES] = spec.queues
-        d[D_REPLAY_RATE] = replay.rate
-    member = np.full(topology.instances, MEMBER, np.int64)
-    own = count
-    if unit is not None:
-        runs, exported = unit
-        member[:] = ELSEWHERE
-        member[list(exported)] = EXPORTED
-        member[list(runs)] = MEMBER
-        first = np.array([topology.instance(policy.topic, q, 0, 1) for q in range(topology.queues)])
-        own = int(np.isin(first[queue_ids[:count]], runs).sum())
-    rules = (
-        k, d, windows, prefixes, _table(policy.intervals_ms), _table(policy.levels),
-        _table(policy.resend_levels), _table(policy.resend_intervals_ms), msg_ids, queue_ids,
-        born, poisoned, count,
-    )  # fmt: skip
-    if policy.batch_size > 1 or policy.blocking:
-        if unit is not None or imports is not None:
-            raise ValueError(f"group {spec.group}: batches and ordered queues run whole")
-        loop = _run_lanes(*rules, policy.batch_size, policy.blocking)
-    else:
-        loop = _run(*rules, member, _import_slots(policy, imports, msg_ids, names))
-    codes: dict[str, list[int]] = {}
-    for code, name in enumerate(names.to_pylist()):
-        codes.setdefault(name, []).append(code)
-    for out, rows, now, deliveries, first in loop:
-        if heartbeat is not None:
-            heartbeat.beat(int(now), int(deliveries), int(first), own)
-        if rows and chunks:
-            chunk = Chunk(out, rows, spec.group, names, codes)
-            yield chunk
-            chunk.out = None  # the loop reuses the buffer
-        elif rows:
-            yield _batch(out, rows, spec.group, names)
-    if heartbeat is not None:
-        heartbeat.beat(spec.horizon_ms, int(deliveries), own, own, done=True)
-
-
-def _publish_order(born: np.ndarray, msg_ids: np.ndarray) -> np.ndarray:
-    """The messages' positions in (born_ms, msg_id) order. Where the ids ascend already (as
-    messages_np makes them), a sort of each born time with its position packed into the
-    low bits, more than twice as fast as a lexsort at 30M messages."""
-    count = len(born)
-    index_bits = max(1, (count - 1).bit_length())
-    ascending = count < 2 or bool((np.diff(msg_ids) > 0).all())
-    if (
-        not ascending
-        or not count
-        or born.min() < 0
-        or int(born.max()).bit_length() + index_bits > 63
-    ):
-        return np.lexsort((msg_ids, born))
-    packed = np.sort((born << index_bits) | np.arange(count, dtype=np.int64))
-    return packed & ((1 << index_bits) - 1)
-
-
-def _import_slots(policy: Policy, imports, msg_ids: np.ndarray, names: pa.Array) -> np.ndarray:
-    """The retries ``imports`` (a frame of :data:`retrysim.engine.sequential.IMPORTED`) as
-    the loop's slots: the
-    strings as their codes (a name that is two topics takes the first code, as the loop
-    does), each message by its position in ``msg_ids``."""
-    slots = np.empty((S_FIELDS, 0 if imports is None else len(imports)), np.int64)
-    if not slots.shape[1]:
-        return slots
-    code = {name: c for c, name in reversed(list(enumerate(names.to_pylist())))}
-    by_id = np.argsort(msg_ids, kind="stable")
-    wanted = imports["msg_id"].to_numpy(np.int64)
-    slots[S_INDEX] = by_id[np.searchsorted(msg_ids, wanted, sorter=by_id)]
-    slots[S_MSG_ID] = wanted
-    for field, column in ((S_DELIVERY, "delivery"), (S_RT, "reconsume_times"),
-                          (S_BROKER_RT, "broker_reconsume_times"), (S_QUEUE, "queue_id"),
-                          (S_READY, "ready_ms")):  # fmt: skip
-        slots[field] = imports[column].to_numpy(np.int64)
-    slots[S_TOPIC] = imports["source_topic"].map(code).to_numpy(np.int64)
-    slots[S_REASON] = imports["ready_reason"].map(code).to_numpy(np.int64)
-    slots[S_ELIGIBLE] = policy.eligible_ms(slots[S_READY])  # NumPy arrays take it as it is
-    fixed = imports.get("poison_fixed", None)
-    slots[S_FIXED] = 0 if fixed is None else fixed.to_numpy(bool)
-    slots[S_WITHDRAWN] = 0
-    return slots
-
-
-def warm_up() -> None:
-    """Compile both loops (or load them from numba's cache on disk) on two messages of the
-    embedded default scenario's first unordered group, one message per consume request and
-    in batches: setup runs it once, so that no Spark task pays the compilation."""
-    scenario = load_scenario()
-    delay_table = scenario.broker.message_delay_level
-    group = next(g for g in scenario.groups if not policy_for(g, delay_table).blocking)
-    policy = policy_for(group, delay_table)
-    ids = np.arange(2, dtype=np.int64)
-    for batch_size in (1, 2):
-        spec = SimpleNamespace(
-            group=group.name, policy=dataclasses.replace(policy, batch_size=batch_size),
-            behavior=group.behavior, seed=scenario.seed, horizon_ms=scenario.horizon,
-        )  # fmt: skip
-        for _ in simulate_compiled(spec, ids, ids, ids):
-            pass
