@@ -443,7 +443,7 @@ def _delivery_flags() -> dict[str, Column]:
 def _expected_counts() -> tuple[Column, Column]:
     """The reconsume_times and broker_reconsume_times a delivery should have: 0 for a first
     or replayed delivery, else what its predecessor's retry said
-    (:func:`retrysim.model.policy.next_reconsume_times`)."""
+    (:func:`retrysim.model.policy.next_reconsume_columns`)."""
     c = F.col
     fresh = c("prev_delivery").isNull() | (c("t_ready_reason") == REASON_CODE[READY_REPLAYED])
     zero = F.lit(0)

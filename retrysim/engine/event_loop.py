@@ -181,7 +181,7 @@ def _take_slot(slots, spare, spare_count, used):
 @njit(cache=True, inline="always")
 def _next_delivery(k, slots, slot, step):
     """Turn ``slot`` into the delivery its retry ``step`` leads to (the reconsume counts as
-    :func:`retrysim.model.policy.next_reconsume_times` gives them)."""
+    :func:`retrysim.model.policy.next_reconsume_columns` gives them)."""
     rt, broker_rt = slots[S_RT, slot], slots[S_BROKER_RT, slot]
     reason = step[7]
     if reason == SEND_BACK_FAILED_REASON:

@@ -24,7 +24,6 @@ from retrysim.engine.event_rules import (
     K_REPLAY_AT,
     K_REPLAY_FIXED,
     K_REPLAY_QUEUES,
-    NAMES,
     NULL,
     S_BROKER_RT,
     S_DELIVERY,
@@ -42,13 +41,13 @@ from retrysim.engine.event_rules import (
     _doubles,
     _scalars,
     _table,
+    key_names,
 )
 from retrysim.model import behavior as listener
 from retrysim.model import rng
 from retrysim.model.behavior import ListenerModel
 from retrysim.model.policy import Policy, policy_for
 from retrysim.numba_cache import cache_by_source
-from retrysim.scenario import limits
 from retrysim.scenario.loading import load_scenario
 from retrysim.tables.schemas import STAGE_ARROW
 
@@ -171,10 +170,7 @@ def simulate_compiled(
     )
     poisoned = listener.poisoned(spec.seed, spec.group, msg_ids, behavior.poison_fraction)
     topology = policy.topology
-    names = pa.array(
-        [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
-         topology.retry_topic], type=pa.string(),
-    )  # fmt: skip
+    names = pa.array(key_names(policy), type=pa.string())
     k = _scalars(policy, behavior, spec.horizon_ms)
     replay = policy.replay
     if replay is not None and replay.at < spec.horizon_ms and count:

@@ -1,9 +1,10 @@
 """The event rules compiled: docs/model.md §2-§7 as numba functions the event loops call.
 
-The same rules as :meth:`Policy.next_step`, :class:`ListenerModel` and the topology, with
-their strings as small integer codes (:data:`NAMES`, then a key's topics) and a policy's and
-a listener's settings as two arrays (:func:`_scalars`, :func:`_doubles`), so that a loop
-passes them as values. Each rule is a function of the delivery it decides; the loops
+The rules of a :class:`Policy` (whose Spark columns the round engine runs), of a
+:class:`ListenerModel` and of the topology, with their strings as small integer codes
+(:data:`NAMES`, then a key's topics: :func:`key_names`) and a policy's and a listener's
+settings as two arrays (:func:`_scalars`, :func:`_doubles`), so that a loop passes them as
+values. Each rule is a function of the delivery it decides; the loops
 (:mod:`retrysim.engine.event_loop`) decide when it runs.
 """
 
@@ -180,10 +181,32 @@ def _conditions(windows, d, start):
 
 
 @njit(cache=True, inline="always")
+def _under_load(processing, probability, concurrency, u_fail, capacity, shed, timeout):
+    """A call under load (docs/model.md §3): ``(processing_ms, refused)`` for one that would
+    take ``processing`` alone, fail on its own with ``probability`` (``u_fail`` its draw)
+    and starts with ``concurrency`` calls in flight at the downstream, itself included.
+    Beyond the ``capacity`` C, the downstream sheds ``shed x (c - C) / c`` of the calls the
+    listener would not fail itself, at once (0 ms), and the others run c / C times longer
+    (C calls served at full speed, shared among c: rounded half up in integers); a call
+    that would outlast the ``timeout`` (-1: none) fails when it runs out. ``refused``: shed
+    or timed out."""
+    if concurrency > capacity:
+        if shed > 0 and u_fail >= probability:
+            excess = shed * (concurrency - capacity) / concurrency
+            if u_fail < 1.0 - (1.0 - probability) * (1.0 - excess):
+                return np.int64(0), True  # shed at once
+        processing = (2 * processing * concurrency + capacity) // (2 * capacity)
+    if timeout >= 0 and processing > timeout:
+        return np.int64(timeout), True
+    return np.int64(processing), False
+
+
+@njit(cache=True, inline="always")
 def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency):
-    """ListenerModel.result: (outcome, processing_ms, send_back), under ``conditions``
-    (:func:`_conditions` at the delivery's start) with ``concurrency`` calls in flight at
-    the downstream, its own included (behavior.under_load, the same arithmetic)."""
+    """What the listener does (docs/model.md §2-§3): (outcome, processing_ms, send_back),
+    under ``conditions`` (:func:`_conditions` at the delivery's start) with ``concurrency``
+    calls in flight at the downstream, its own included (:func:`_under_load`); the twin
+    of the round engine's ``behavior.listener_draw_columns``."""
     probability, kind, mean, mu, sigma = conditions
     u_fail = uniform(prefixes[0], msg_id, delivery)
     u_a = uniform(prefixes[2], msg_id, delivery)
@@ -192,16 +215,10 @@ def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency)
     refused = False
     capacity = np.int64(d[D_CAPACITY])
     if capacity > 0:
-        if concurrency > capacity:
-            if d[D_SHED] > 0 and u_fail >= probability:
-                excess = d[D_SHED] * (concurrency - capacity) / concurrency
-                if u_fail < 1.0 - (1.0 - probability) * (1.0 - excess):
-                    processing, refused = 0, True  # shed at once
-            if not refused:
-                processing = (2 * processing * concurrency + capacity) // (2 * capacity)
         timeout = np.int64(d[D_CALL_TIMEOUT])
-        if timeout >= 0 and processing > timeout:
-            processing, refused = timeout, True
+        processing, refused = _under_load(
+            processing, probability, concurrency, u_fail, capacity, d[D_SHED], timeout
+        )
     fails = poisoned or delivery <= k[K_FAIL_FIRST] or refused or u_fail < probability
     outcome = SUCCESS
     if fails:
@@ -221,7 +238,7 @@ def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency)
 
 @njit(cache=True, inline="always")
 def _consume_result(k, start, processing, outcome):
-    """Policy.consume_result: (outcome, end_ms)."""
+    """The consume result, (outcome, end_ms): the twin of Policy.consume_result_columns."""
     timeout = k[K_TIMEOUT]
     if timeout != NULL:
         if k[K_PERIODIC] == 1:
@@ -237,7 +254,7 @@ def _consume_result(k, start, processing, outcome):
 
 @njit(cache=True, inline="always")
 def _committed(end, topic, queue_id):
-    """Policy.next_step of a success (most deliveries: the loops take it without the rest
+    """_next_step of a success (most deliveries: the loops take it without the rest
     of the rules, whose arrays would cost reference counts at every delivery)."""
     n = NULL
     return (COMMIT, n, n, end, COMMIT, topic, queue_id, SUCCESS, n, n, n, n, n, n, n)
@@ -246,7 +263,8 @@ def _committed(end, topic, queue_id):
 @njit(cache=True, inline="always")
 def _next_step(k, intervals, levels, resend_levels, resend_intervals, rt, broker_rt, outcome,
                start, end, send_back, topic, queue_id, msg_id, delivery):  # fmt: skip
-    """Policy.next_step, as a tuple of Step's 15 fields (NULL for None)."""
+    """What follows a settled delivery (docs/model.md §6, docs/flavors.md): Step's 15 fields
+    as a tuple (NULL for None), the twin of Policy.next_step_columns."""
     if outcome == SUCCESS:
         return _committed(end, topic, queue_id)
     n = NULL
@@ -339,6 +357,14 @@ def _settled_step(k, intervals, levels, resend_levels, resend_intervals, slots, 
 
 
 # --------------------------------------------------------------------------- the Python side
+
+
+def key_names(policy: Policy) -> list[str]:
+    """The strings of a key's rows by their codes: :data:`NAMES`, then its topics
+    (``T_SOURCE`` to ``T_TOPOLOGY_RETRY``). A string that is two topics has two codes; a
+    string read in takes the first."""
+    return [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
+            policy.topology.retry_topic]  # fmt: skip
 
 
 def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:

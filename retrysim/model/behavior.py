@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from retrysim.model.rng import uniform, uniform_np
 from retrysim.scenario import limits
-from retrysim.scenario.spec import Behavior, Downstream, ProcessingTime
+from retrysim.scenario.spec import Behavior, ProcessingTime
 
 CONSUME_SUCCESS = "CONSUME_SUCCESS"
 RECONSUME_LATER = "RECONSUME_LATER"
@@ -59,13 +59,6 @@ def _kind_thresholds(behavior: Behavior) -> tuple[float, float]:
 # How a failure fails and how a send-back goes are each one uniform cut at two thresholds.
 _KINDS = (RECONSUME_LATER, EXCEPTION, NULL_RETURN)
 _SEND_BACKS = (SEND_BACK_FAILED, SEND_BACK_FALLBACK, SEND_BACK_DONE)
-
-
-def _band(u: float, thresholds: tuple[float, float], values: tuple) -> object:
-    """``values[0]`` below the first threshold, ``values[1]`` below the second, else the
-    last (the plain-Python twin of :func:`_band_col`)."""
-    first, second = thresholds
-    return values[0] if u < first else values[1] if u < second else values[2]
 
 
 def _band_col(u: Column, thresholds: tuple[float, float], values: tuple) -> Column:
@@ -150,7 +143,7 @@ def listener_draw_columns(behavior: Behavior, seed: int | Column, group: str) ->
     }
 
 
-# --------------------------------------------------------------------------- plain Python
+# --------------------------------------------------------------------------- parameters
 
 
 @dataclass(frozen=True)
@@ -169,19 +162,11 @@ class _Dist:
         mu, sigma = lognormal_params(spec.mean, spec.p99)
         return cls("lognormal", float(spec.mean), mu, sigma)
 
-    def sample(self, u_a: float, u_b: float) -> int:
-        if self.kind == "constant":
-            value = self.mean
-        elif self.kind == "exponential":
-            value = -self.mean * math.log(u_a)
-        else:
-            normal = math.sqrt(-2.0 * math.log(u_a)) * math.cos(2.0 * math.pi * u_b)
-            value = math.exp(self.mu + self.sigma * normal)
-        return math.floor(value + 0.5)
-
 
 class ListenerModel:
-    """The plain-Python twin of :func:`with_listener_draws`, for one group."""
+    """A group's listener parameters, for the compiled event loop (``event_rules._doubles``
+    makes them its arrays; ``event_rules._listen`` runs them): the twin of
+    :func:`with_listener_draws`."""
 
     def __init__(self, behavior: Behavior) -> None:
         self.fail_first = behavior.fail_first
@@ -195,69 +180,6 @@ class ListenerModel:
         self.kind_thresholds = _kind_thresholds(behavior)
         self.send_back_thresholds = send_back_thresholds(behavior)
         self.downstream = behavior.downstream
-
-    def result(
-        self,
-        draws: tuple[float, ...],
-        delivery: int,
-        start_ms: int,
-        poisoned: bool,
-        concurrency: int = 1,
-    ) -> tuple[str, int, int]:
-        """(listener_outcome, processing_ms, send_back) of one delivery.
-
-        ``draws`` are the delivery's uniforms in :data:`DELIVERY_STREAMS` order;
-        ``concurrency`` the calls in flight at the downstream when it starts, its own
-        included (:func:`under_load`).
-        """
-        u_fail, u_kind, u_a, u_b, u_send_back = draws
-        probability, dist = None, self.base_dist
-        for start, end, window_probability, window_dist in self.windows:
-            if start <= start_ms < end:
-                if probability is None or window_probability > probability:
-                    probability = window_probability
-                if window_dist is not None:
-                    dist = window_dist
-        if probability is None:
-            probability = self.base_probability
-        processing, refused = dist.sample(u_a, u_b), False
-        if self.downstream is not None:
-            processing, refused = under_load(
-                processing, probability, concurrency, self.downstream, u_fail
-            )
-        fails = poisoned or delivery <= self.fail_first or refused or u_fail < probability
-        outcome = _band(u_kind, self.kind_thresholds, _KINDS) if fails else CONSUME_SUCCESS
-        send_back = _band(u_send_back, self.send_back_thresholds, _SEND_BACKS)
-        return outcome, processing, send_back
-
-
-def under_load(
-    processing_ms: int,
-    probability: float,
-    concurrency: int,
-    downstream: Downstream,
-    u_fail: float,
-) -> tuple[int, bool]:
-    """A call under load (docs/model.md §3): ``(processing_ms, refused)`` for one that would
-    take ``processing_ms`` alone, fail on its own with ``probability`` (``u_fail`` its
-    draw) and starts with ``concurrency`` calls in flight at the downstream, itself
-    included. Beyond the capacity C, the downstream sheds ``shed x (c - C) / c`` of the
-    calls the listener would not fail itself, at once (0 ms), and the others run c / C
-    times longer (C calls served at full speed, shared among c: rounded half up in
-    integers, so every loop gets the same milliseconds); a call that would outlast the
-    timeout fails when it runs out. ``refused``: shed or timed out. The compiled loops
-    inline the same arithmetic (compiled._listen)."""
-    capacity = downstream.capacity
-    if concurrency > capacity:
-        if downstream.shed > 0 and u_fail >= probability:
-            excess = downstream.shed * (concurrency - capacity) / concurrency
-            if u_fail < 1.0 - (1.0 - probability) * (1.0 - excess):
-                return 0, True
-        processing_ms = (2 * processing_ms * concurrency + capacity) // (2 * capacity)
-    timeout = downstream.timeout
-    if timeout is not None and processing_ms > timeout:
-        return timeout, True
-    return processing_ms, False
 
 
 def poisoned(seed: int, group: str, msg_ids: np.ndarray, poison_fraction: float) -> np.ndarray:

@@ -2,9 +2,9 @@
 
 A group's rules are a :class:`Policy`, built by :func:`policy_for` from its flavor's record
 (:mod:`retrysim.model.flavors`). Two small interpreters read it and must agree: Spark column
-expressions for the round engine (``with_consume_result``, ``with_next_step``) and plain
-Python for the sequential engine (``consume_result``, ``next_step``); the tests check the
-two against each other on a grid of cases.
+expressions for the round engine (``with_consume_result``, ``with_next_step``, here) and the
+event loop's compiled rules (:mod:`retrysim.engine.event_rules`, from the policy's fields
+as arrays); the tests check the two against each other on a grid of cases.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ _READY_REASON = {SCHEDULE: READY_RETRY_DUE, REVIVE: READY_RETRY_DUE, VISIBLE: RE
 
 
 class Step(NamedTuple):
-    """What follows a settled delivery (the plain-Python twin of ``with_next_step``)."""
+    """What follows a settled delivery: the columns ``with_next_step`` adds, the fields of the
+    compiled rule's tuple (``event_rules._next_step``), in this order."""
 
     result_state: str
     delay_level: int | None
@@ -123,14 +124,6 @@ class Policy:
         saturation): ordered queues and batches are decided by dispatch order."""
         return self.blocking or self.batch_size > 1
 
-    # ----------------------------------------------------------------- plain Python
-
-    def interval(self, retry: int) -> int:
-        return self.intervals_ms[min(retry, len(self.intervals_ms)) - 1]
-
-    def level(self, retry: int) -> int | None:
-        return None if self.levels is None else self.levels[min(retry, len(self.levels)) - 1]
-
     @property
     def falls_back(self) -> bool:
         """Whether a send-back can take the producer fallback (docs/flavors.md)."""
@@ -155,121 +148,14 @@ class Policy:
         """Whether a timeout is sent back to a retry topic nobody reads (4.x broadcasting)."""
         return self.retry_path == NO_RETRY and self.timeout_level is not None
 
-    def _resend(self, rt: int) -> tuple[int, int]:
-        """(level, interval) of a client's plain send to the retry topic: 3 + rt."""
-        index = min(rt + 1, len(self.resend_levels)) - 1
-        return self.resend_levels[index], self.resend_intervals_ms[index]
-
     def eligible_ms(self, ready_ms: int) -> int:
         """When a Ready delivery can start: after the ready wait, at the next pull tick."""
         due = ready_ms + self.ready_wait_ms
         pull = self.pull_interval_ms
         return due if pull <= 0 else -(-due // pull) * pull
 
-    def consume_result(self, start_ms: int, processing_ms: int, listener: str) -> tuple[str, int]:
-        """(outcome, end_ms): the listener's outcome, or TIMEOUT when it runs too long."""
-        if self.timeout_ms is not None:
-            timeout = self.timeout_ms
-            if self.periodic_timeout:
-                leave = (timeout * ((start_ms + timeout) // timeout + 1)) if timeout else start_ms
-            else:
-                leave = start_ms + timeout
-            if start_ms + processing_ms > leave:
-                return TIMEOUT, leave
-            if self.invisible_until_retry and listener != CONSUME_SUCCESS:
-                return listener, leave  # not acknowledged: invisible until then
-        return listener, start_ms + processing_ms
-
-    def next_step(
-        self,
-        rt: int,
-        broker_rt: int,
-        outcome: str,
-        start_ms: int,
-        end_ms: int,
-        send_back: int,
-        topic: str,
-        queue_id: int,
-        msg_id: int,
-        delivery: int,
-    ) -> Step:
-        """The rules of docs/model.md §6 and docs/flavors.md for one settled delivery:
-        ``rt`` is the reconsumeTimes the client holds, ``broker_rt`` the stored copy's,
-        which a 4.x send-back RPC decides by; ``send_back`` how the send-back goes."""
-        here = (topic, queue_id)
-        if outcome == CONSUME_SUCCESS:
-            return Step(COMMIT, None, None, end_ms, COMMIT, *here, CONSUME_SUCCESS,
-                        None, None, None, None, None, None, None)  # fmt: skip
-        timed_out = outcome == TIMEOUT
-        if self.retry_path == NO_RETRY and timed_out and self.timeout_sent_back_unread:
-            # cleanExpiredMsg: level 3, then %RETRY%<group>, which broadcasting never reads
-            level, due = self.timeout_level, end_ms + self.timeout_interval_ms
-            landed = (
-                self.topology.retry_topic,
-                self.topology.retry_queue(topic, queue_id, msg_id, delivery),
-            )
-            return Step(DISCARD, level, None, due, WAITING_RETRY, limits.SCHEDULE_TOPIC,
-                        level - 1, outcome, DISCARD, *landed, REASON_BROADCAST,
-                        None, None, None)  # fmt: skip
-        if self.retry_path == NO_RETRY:
-            return Step(DISCARD, None, None, end_ms, DISCARD, *here, REASON_BROADCAST,
-                        None, None, None, None, None, None, None)  # fmt: skip
-        if send_back == SEND_BACK_FAILED and not timed_out:
-            due = end_ms + limits.SEND_BACK_RESUBMIT_MS
-            return Step(WAITING_RETRY, None, due, None, WAITING_RETRY, *here,
-                        REASON_SEND_BACK_FAILED, None, None, None, None, *here,
-                        READY_LOCAL)  # fmt: skip
-        fallback = send_back == SEND_BACK_FALLBACK and not timed_out and self.falls_back
-        if fallback:
-            # a plain send with RECONSUME_TIME = rt + 1 and DELAY = 3 + rt; a 4.9.7 broker
-            # dead-letters it when rt + 1 >= max, through the schedule topic
-            exhausted = rt + 1 >= self.max_retries
-            reason_now = REASON_SEND_BACK_FALLBACK
-        else:
-            exhausted = broker_rt >= self.max_retries
-            reason_now = outcome
-        # re-sent to the retry topic with DELAY = 3 + rt: into the schedule topic
-        resent = fallback or (exhausted and self.dead_letters_late)
-        if resent:
-            level, interval = self._resend(rt)
-        elif timed_out and self.timeout_interval_ms is not None:
-            interval, level = self.timeout_interval_ms, self.timeout_level
-        else:
-            interval, level = self.interval(broker_rt + 1), self.level(broker_rt + 1)
-        due = (start_ms if self.from_start else end_ms) + interval
-        negative = self.dlq_now and not timed_out and not fallback
-        if exhausted or negative:
-            reason = REASON_MAX_RECONSUME if exhausted else REASON_NEGATIVE_LEVEL
-            state = DLQ if self.dlq_enabled else DISCARD
-            where = (self.dlq_topic, limits.DLQ_QUEUE_ID) if self.dlq_enabled else here
-            if resent:
-                return Step(state, level, None, due, WAITING_RETRY, limits.SCHEDULE_TOPIC,
-                            level - 1, reason_now, state, *where, reason,
-                            None, None, None)  # fmt: skip
-            if self.leave_after_backoff and not negative:
-                return Step(state, None, None, due, WAITING_RETRY, *here, outcome,
-                            state, *where, reason, None, None, None)  # fmt: skip
-            return Step(state, None, None, end_ms, state, *where, reason,
-                        None, None, None, None, None, None, None)  # fmt: skip
-        if self.retry_path == SCHEDULE:
-            wait_at = (limits.SCHEDULE_TOPIC, level - 1)
-            retry_queue = self.topology.retry_queue(topic, queue_id, msg_id, delivery)
-            back_at = (self.retry_topic, retry_queue)
-        elif self.retry_path == REVIVE:
-            wait_at, back_at = here, (self.retry_topic, limits.RETRY_QUEUE_ID)
-        else:
-            wait_at, back_at = here, here
-        if self.invisible_until_retry:  # Inflight until Ready again: no end state
-            return Step(INFLIGHT, None, due, None, None, None, None, None,
-                        None, None, None, None, *back_at, READY_RETRY_DUE)  # fmt: skip
-        return Step(WAITING_RETRY, level, due, None, WAITING_RETRY, *wait_at, reason_now,
-                    None, None, None, None, *back_at,
-                    _READY_REASON.get(self.retry_path, READY_LOCAL))  # fmt: skip
-
-    # ----------------------------------------------------------------- Spark columns
-
     def with_consume_result(self, df: DataFrame) -> DataFrame:
-        """Add ``outcome`` and ``end_ms`` (the column twin of :meth:`consume_result`)."""
+        """Add ``outcome`` and ``end_ms`` (the column twin of ``event_rules._consume_result``)."""
         return df.withColumns(self.consume_result_columns())
 
     def consume_result_columns(self) -> dict[str, Column]:
@@ -292,7 +178,7 @@ class Policy:
         }
 
     def with_next_step(self, df: DataFrame) -> DataFrame:
-        """Add the :class:`Step` columns (the column twin of :meth:`next_step`)."""
+        """Add the :class:`Step` columns (the column twin of ``event_rules._next_step``)."""
         cases, steps = self.next_step_columns()
         return df.withColumns(cases).withColumns(steps).drop(*cases)
 
@@ -479,25 +365,17 @@ class Policy:
         return (F.ceil(due / pull) * pull).cast("long")
 
 
-def next_reconsume_times(rt: int, broker_rt: int, end_reason: str) -> tuple[int, int]:
+def next_reconsume_columns(
+    rt: Column, broker_rt: Column, end_reason: Column
+) -> tuple[Column, Column]:
     """(reconsume_times, broker_reconsume_times) of the delivery a retry leads to.
 
     The broker stores a send-back's copy with the *stored* copy's count + 1
     (``consumerSendMsgBack``), and the client reads it from there; a local resubmit after a
     failed send-back counts on the client only, and the producer fallback stores the
-    client's count + 1. Every other retry counts one on both sides.
+    client's count + 1. Every other retry counts one on both sides. (The event loop's twin:
+    ``event_loop._next_delivery``.)
     """
-    if end_reason == REASON_SEND_BACK_FAILED:
-        return rt + 1, broker_rt
-    if end_reason == REASON_SEND_BACK_FALLBACK:
-        return rt + 1, rt + 1
-    return broker_rt + 1, broker_rt + 1
-
-
-def next_reconsume_columns(
-    rt: Column, broker_rt: Column, end_reason: Column
-) -> tuple[Column, Column]:
-    """The column twin of :func:`next_reconsume_times`."""
     one = F.lit(1)
     local = end_reason.isin(REASON_SEND_BACK_FAILED, REASON_SEND_BACK_FALLBACK)
     counted = F.when(local, rt + one).otherwise(broker_rt + one)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from compiled_rules import reconsume_of
 from hypothesis import HealthCheck, given, settings
 from reference.simulator import simulate_scenario
 from reference.strategies import scenarios
@@ -24,7 +25,6 @@ from retrysim.engine.event_rows import _publish_order
 from retrysim.engine.event_rules import CHUNK_ROWS
 from retrysim.engine.event_stage import MOST_OUTPUT_PARTS, in_units
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.model.policy import next_reconsume_times
 from retrysim.model.workload import messages_np
 from retrysim.scenario.loading import build_scenario
 from retrysim.tables.commitlog_writes import pops_of
@@ -259,7 +259,7 @@ def _in_units(spec, msg_ids, queue_ids, born) -> pd.DataFrame:
     first = pd.concat([rows((runs, units.retry_owners)) for runs in units.first])
     due = first[first["next_topic"].notna() & (first["next_ready_ms"] < spec.horizon_ms)]
     counts = [
-        next_reconsume_times(rt, broker_rt, reason)
+        reconsume_of(spec.policy, rt, broker_rt, reason)
         for rt, broker_rt, reason in zip(
             due["reconsume_times"], due["broker_reconsume_times"], due["end_reason"], strict=True
         )

@@ -1,15 +1,13 @@
-"""The listener under load (docs/model.md §3): the arithmetic every event loop shares."""
+"""The listener under load (docs/model.md §3): the event loop's compiled arithmetic."""
 
 from __future__ import annotations
 
 import pytest
+from chispa import assert_df_equality
+from compiled_rules import GROUP, SEED, listen_of, load_of
+from pyspark.sql import functions as F
 
-from retrysim.model.behavior import (
-    CONSUME_SUCCESS,
-    ListenerModel,
-    listener_draw_columns,
-    under_load,
-)
+from retrysim.model.behavior import CONSUME_SUCCESS, listener_draw_columns
 from retrysim.scenario.spec import Behavior, Downstream
 
 
@@ -27,7 +25,7 @@ from retrysim.scenario.spec import Behavior, Downstream
 def test_beyond_capacity_a_call_runs_concurrency_over_capacity_times_longer(
     processing, concurrency, expected
 ):
-    assert under_load(processing, 0.1, concurrency, Downstream(capacity=4), 0.5) == (
+    assert load_of(processing, 0.1, concurrency, Downstream(capacity=4), 0.5) == (
         expected,
         False,
     )
@@ -45,34 +43,64 @@ def test_beyond_capacity_a_call_runs_concurrency_over_capacity_times_longer(
 def test_the_shed_share_of_the_excess_is_refused_at_once(u_fail, refused):
     """8 calls, 6 beyond a capacity of 2: the downstream sheds 0.5 x 6/8 of the calls the
     listener (failing 0.2 on its own) would not fail itself."""
-    processing = under_load(100, 0.2, 8, Downstream(capacity=2, shed=0.5), u_fail)
+    processing = load_of(100, 0.2, 8, Downstream(capacity=2, shed=0.5), u_fail)
     assert processing == ((0, True) if refused else (400, False))
 
 
 def test_nothing_is_shed_within_capacity():
-    assert under_load(100, 0.2, 2, Downstream(capacity=2, shed=1.0), 0.3) == (100, False)
+    assert load_of(100, 0.2, 2, Downstream(capacity=2, shed=1.0), 0.3) == (100, False)
 
 
 def test_a_call_that_would_outlast_the_timeout_fails_when_it_runs_out():
     downstream = Downstream(capacity=2, timeout="300ms")
-    assert under_load(200, 0.0, 3, downstream, 0.5) == (300, False)  # exactly the timeout
-    assert under_load(200, 0.0, 4, downstream, 0.5) == (300, True)  # 400 ms: cut at 300
-    assert under_load(500, 0.0, 1, downstream, 0.5) == (300, True)  # slow even alone
+    assert load_of(200, 0.0, 3, downstream, 0.5) == (300, False)  # exactly the timeout
+    assert load_of(200, 0.0, 4, downstream, 0.5) == (300, True)  # 400 ms: cut at 300
+    assert load_of(500, 0.0, 1, downstream, 0.5) == (300, True)  # slow even alone
 
 
 def test_a_timed_out_call_fails_as_the_listener_fails():
     behavior = Behavior(
+        fail_probability=0,
         processing_time="200ms",
         outcome_mix={"reconsume_later": 0, "exception": 1},
         downstream={"capacity": 1, "timeout": "300ms"},
     )
-    model = ListenerModel(behavior)
-    draws = (0.99, 0.5, 0.5, 0.5, 0.5)  # the listener itself would succeed
-    assert model.result(draws, 1, 0, False, concurrency=1) == (CONSUME_SUCCESS, 200, 0)
-    assert model.result(draws, 1, 0, False, concurrency=2) == ("EXCEPTION", 300, 0)
+    # the listener itself never fails (fail_probability 0)
+    assert listen_of(behavior, 7, 1, 0, concurrency=1) == (CONSUME_SUCCESS, 200, 0)
+    assert listen_of(behavior, 7, 1, 0, concurrency=2) == ("EXCEPTION", 300, 0)
 
 
-def test_the_round_engine_declines_a_downstream_under_load():
+def test_the_round_engine_declines_a_downstream_load_of():
     behavior = Behavior(downstream={"capacity": 4})
     with pytest.raises(ValueError, match="event by event"):
         listener_draw_columns(behavior, 1, "payments")
+
+
+STORMY = Behavior(
+    fail_probability=0.2, poison_fraction=0.05, fail_first=1,
+    processing_time={"dist": "lognormal", "mean": "80ms", "p99": "900ms"},
+    outcome_mix={"reconsume_later": 0.5, "exception": 0.3, "null_return": 0.2},
+    send_back_failure_probability=0.1, send_back_fallback_probability=0.2,
+    outages=[{"start": "10s", "end": "20s", "fail_probability": 0.9, "processing_time": "3s"},
+             {"start": "15s", "end": "30s", "fail_probability": 0.5,
+              "processing_time": {"dist": "exponential", "mean": "1s"}}],
+)  # fmt: skip
+
+
+def test_the_columns_draw_what_the_compiled_listener_draws(spark):
+    """The round engine's listener columns against the event loop's compiled listener,
+    delivery by delivery: poison, the first failures, two overlapping outages, every
+    outcome and every send-back, each distribution."""
+    cases = [(m, d, t) for m in range(200) for d in (1, 2, 5) for t in (0, 12_000, 17_000, 25_000)]
+    frame = spark.createDataFrame(cases, "msg_id long, delivery int, start_ms long").withColumn(
+        "poison_fixed", F.lit(False)
+    )
+    actual = frame.withColumns(listener_draw_columns(STORMY, SEED, GROUP)).select(
+        "msg_id", "delivery", "start_ms", "listener_outcome", "processing_ms", "send_back"
+    )
+    rows = [(m, d, t, *listen_of(STORMY, m, d, t)) for m, d, t in cases]
+    expected = spark.createDataFrame(rows, actual.schema)
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+    assert {row[3] for row in rows} == {CONSUME_SUCCESS, "RECONSUME_LATER", "EXCEPTION",
+                                        "NULL_RETURN"}  # fmt: skip
+    assert {row[5] for row in rows} == {0, 1, 2}

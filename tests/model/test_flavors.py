@@ -6,6 +6,7 @@ Pure Python: the scenario models and the plain-Python policy twin, no Spark.
 from __future__ import annotations
 
 import pytest
+from compiled_rules import step_of
 from support import DEFAULT_TABLE_MS, group, scenario
 
 from retrysim.model import flavors
@@ -66,10 +67,10 @@ def test_a_new_flavor_is_one_record(monkeypatch):
     monkeypatch.setattr(flavors, "CATALOGUE", (*flavors.CATALOGUE, ACME))
     built = scenario(group("g", flavor="acme.fixed", pull_interval="1s"))
     policy = policy_for(built.groups[0], DEFAULT_TABLE_MS)
-    failed = policy.next_step(0, 0, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "t", 0, 0, 1)
+    failed = step_of(policy, 0, 0, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "t", 0, 0, 1)
     assert (failed.result_state, failed.next_ready_ms) == (WAITING_RETRY, 7_010)
     assert (
-        policy.next_step(2, 2, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "t", 0, 0, 1).result_state
+        step_of(policy, 2, 2, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "t", 0, 0, 1).result_state
         == DLQ
     )
     with pytest.raises(ScenarioError, match=r"applies only to .*, not to acme\.fixed"):

@@ -1,8 +1,10 @@
-"""The two interpreters of every flavor's rules must agree: Spark columns and plain Python.
+"""The two interpreters of every flavor's rules must agree: Spark columns and the event
+loop's compiled rules.
 
 Each case is one settled delivery (reconsume_times, outcome, times, send-back result); the
-column version (round engine) and the Python version (sequential engine) must give the same
-next step, for every flavor, including timeouts, exhausted retries and clamped tables.
+column version (round engine) and the compiled one (the event loop, called through
+tests/compiled_rules.py) must give the same next step, for every flavor, including
+timeouts, exhausted retries and clamped tables.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import itertools
 
 import pytest
 from chispa import assert_df_equality
+from compiled_rules import reconsume_of, result_of, step_of
 from pyspark.sql import functions as F
 from support import group, scenario
 
@@ -24,7 +27,7 @@ from retrysim.model.behavior import (
     TIMEOUT,
 )
 from retrysim.model.flavors import delay_table_levels, exponential_intervals
-from retrysim.model.policy import Step, next_reconsume_columns, next_reconsume_times, policy_for
+from retrysim.model.policy import Step, next_reconsume_columns, policy_for
 from retrysim.model.states import REASON_SEND_BACK_FAILED, REASON_SEND_BACK_FALLBACK
 
 FLAVOR_GROUPS = {
@@ -112,7 +115,7 @@ def _next_step_twins(spark):
         actual = part if actual is None else actual.unionByName(part)
         expected_rows += [
             (name, rt, brt, outcome, send_back,
-             *policy.next_step(rt, brt, outcome, start, end, send_back, topic, q, msg_id,
+             *step_of(policy, rt, brt, outcome, start, end, send_back, topic, q, msg_id,
                                delivery))
             for rt, brt, outcome, start, end, send_back, topic, q, msg_id, delivery in cases
         ]  # fmt: skip
@@ -133,7 +136,7 @@ def _consume_result_twins(spark):
             F.lit(name).alias("flavor"), "start_ms", "processing_ms", "outcome", "end_ms"
         )
         actual = part if actual is None else actual.unionByName(part)
-        expected_rows += [(name, s, p, *policy.consume_result(s, p, o)) for s, p, o in cases]
+        expected_rows += [(name, s, p, *result_of(policy, s, p, o)) for s, p, o in cases]
     return actual, expected_rows
 
 
@@ -145,7 +148,8 @@ def _next_reconsume_twins(spark):
     frame = spark.createDataFrame(cases, "rt int, brt int, reason string")
     counted, kept = next_reconsume_columns(F.col("rt"), F.col("brt"), F.col("reason"))
     actual = frame.select("rt", "brt", "reason", counted.alias("next_rt"), kept.alias("next_brt"))
-    return actual, [(*case, *next_reconsume_times(*case)) for case in cases]
+    policy = _policy("concurrently")
+    return actual, [(*case, *reconsume_of(policy, *case)) for case in cases]
 
 
 @pytest.mark.parametrize(
@@ -153,8 +157,8 @@ def _next_reconsume_twins(spark):
     [_next_step_twins, _consume_result_twins, _next_reconsume_twins],
     ids=["next step", "consume result", "next reconsume counts"],
 )
-def test_the_columns_give_what_the_python_gives(spark, twins):
-    """The round engine's column rules against the event loops' Python rules, case by case."""
+def test_the_columns_give_what_the_compiled_rules_give(spark, twins):
+    """The round engine's column rules against the event loop's compiled rules, case by case."""
     actual, expected_rows = twins(spark)
     expected = spark.createDataFrame(expected_rows, actual.schema)
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
@@ -162,26 +166,28 @@ def test_the_columns_give_what_the_python_gives(spark, twins):
 
 def test_concurrently_levels_clamp_to_a_short_table():
     policy = _policy("concurrently")  # 6-level table: levels 3, 4, 5, 6, 6, ...
-    assert [policy.level(n) for n in range(1, 7)] == [3, 4, 5, 6, 6, 6]
-    assert [policy.interval(n) for n in range(1, 7)] == [10_000, 30_000, 60_000, 120_000,
-                                                         120_000, 120_000]  # fmt: skip
+    steps = [
+        step_of(policy, n, n, RECONSUME_LATER, 0, 0, SEND_BACK_DONE, "orders", 0, 0, n + 1)
+        for n in range(6)
+    ]
+    assert [step.delay_level for step in steps] == [3, 4, 5, 6, 6, 6]
+    assert [step.next_ready_ms for step in steps] == [10_000, 30_000, 60_000, 120_000,
+                                                      120_000, 120_000]  # fmt: skip
     assert delay_table_levels((1, 2), 3) == (2,)
 
 
 def test_concurrently_timeout_goes_back_at_level_3_even_with_dlq_now():
     policy = _policy("concurrently-dlq-now")
-    step = policy.next_step(0, 0, TIMEOUT, 0, 900_000, SEND_BACK_DONE, "orders", 3, 0, 1)
+    step = step_of(policy, 0, 0, TIMEOUT, 0, 900_000, SEND_BACK_DONE, "orders", 3, 0, 1)
     assert (step.result_state, step.delay_level, step.next_ready_ms) == ("WaitingRetry", 3,
                                                                           910_000)  # fmt: skip
-    step = policy.next_step(0, 0, EXCEPTION, 0, 5, SEND_BACK_DONE, "orders", 3, 0, 1)
+    step = step_of(policy, 0, 0, EXCEPTION, 0, 5, SEND_BACK_DONE, "orders", 3, 0, 1)
     assert (step.result_state, step.end_reason) == ("DLQ", "delay_level_negative")
 
 
 def test_after_backoff_leave_waits_one_more_interval():
     push = _policy("push")  # max 3 retries; retry 4 would wait 2 min
-    step = push.next_step(
-        3, 3, RECONSUME_LATER, 1_000, 2_000, SEND_BACK_DONE, "%RETRY%g_g", 0, 0, 1
-    )
+    step = step_of(push, 3, 3, RECONSUME_LATER, 1_000, 2_000, SEND_BACK_DONE, "%RETRY%g_g", 0, 0, 1)
     assert step.end_state == "WaitingRetry" and step.leave_state == "DLQ"
     assert step.settled_ms == 2_000 + 120_000
 
@@ -190,14 +196,14 @@ def test_simple_stays_inflight_until_visible_again():
     """The 5.x seed names no WaitingRetry for simple consumers: a message not acknowledged
     is invisible (Inflight) until start + invisible_duration, then Ready or gone."""
     simple = _policy("simple")  # invisible 30 s, no DLQ
-    assert simple.consume_result(1_000, 200, EXCEPTION) == (EXCEPTION, 31_000)
-    assert simple.consume_result(1_000, 200, CONSUME_SUCCESS) == (CONSUME_SUCCESS, 1_200)
-    assert simple.consume_result(1_000, 40_000, CONSUME_SUCCESS) == (TIMEOUT, 31_000)
-    step = simple.next_step(3, 3, EXCEPTION, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 4)
+    assert result_of(simple, 1_000, 200, EXCEPTION) == (EXCEPTION, 31_000)
+    assert result_of(simple, 1_000, 200, CONSUME_SUCCESS) == (CONSUME_SUCCESS, 1_200)
+    assert result_of(simple, 1_000, 40_000, CONSUME_SUCCESS) == (TIMEOUT, 31_000)
+    step = step_of(simple, 3, 3, EXCEPTION, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 4)
     assert (step.result_state, step.end_state, step.next_ready_ms, step.next_reason) == (
         "Inflight", None, 31_000, "retry_due",
     )  # fmt: skip
-    step = simple.next_step(16, 16, TIMEOUT, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 17)
+    step = step_of(simple, 16, 16, TIMEOUT, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 17)
     assert (step.result_state, step.end_state, step.settled_ms) == ("Discard", "Discard", 31_000)
 
 
@@ -209,7 +215,7 @@ def test_exponential_intervals_round_half_up_and_cap():
 
 def test_send_back_failure_resubmits_locally_without_dlq_check():
     policy = _policy("concurrently")
-    step = policy.next_step(16, 16, RECONSUME_LATER, 0, 10, SEND_BACK_FAILED, "%RETRY%g", 0, 0, 1)
+    step = step_of(policy, 16, 16, RECONSUME_LATER, 0, 10, SEND_BACK_FAILED, "%RETRY%g", 0, 0, 1)
     assert (step.result_state, step.end_reason, step.next_ready_ms) == (
         "WaitingRetry", "send_back_failed", 5_010,
     )  # fmt: skip
@@ -222,16 +228,16 @@ def test_a_failed_send_back_does_not_use_up_a_broker_retry():
     copy (looked up by the commit-log offset the request carries), not on the client's
     local reconsumeTimes + 1 after a resubmit; the new copy stores the stored count + 1."""
     policy = _policy("concurrently", max_reconsume_times=3)
-    assert next_reconsume_times(0, 0, "send_back_failed") == (1, 0)
-    step = policy.next_step(1, 0, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 2)
+    assert reconsume_of(policy, 0, 0, "send_back_failed") == (1, 0)
+    step = step_of(policy, 1, 0, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 2)
     assert (step.result_state, step.delay_level, step.end_reason) == (
         "WaitingRetry", 3, RECONSUME_LATER,
     )  # fmt: skip
-    assert next_reconsume_times(1, 0, RECONSUME_LATER) == (1, 1)
+    assert reconsume_of(policy, 1, 0, RECONSUME_LATER) == (1, 1)
     # the client says 3 (= max), the broker's copy 2: retried, not dead-lettered
-    step = policy.next_step(3, 2, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 5)
+    step = step_of(policy, 3, 2, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 5)
     assert (step.result_state, step.delay_level) == ("WaitingRetry", 5)
-    step = policy.next_step(3, 3, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 6)
+    step = step_of(policy, 3, 3, RECONSUME_LATER, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 6)
     assert (step.result_state, step.end_reason) == ("DLQ", "max_reconsume_times")
 
 
@@ -241,13 +247,13 @@ def test_the_producer_fallback_counts_locally_and_dead_letters_through_the_sched
     when RECONSUME_TIME = count + 1 >= max, and the DELAY property it keeps sends the dead
     letter through SCHEDULE_TOPIC_XXXX first."""
     policy = _policy("concurrently-fallback")  # max 3, dlq now, 6-level table
-    step = policy.next_step(1, 0, EXCEPTION, 0, 10, SEND_BACK_FALLBACK, "orders", 0, 0, 2)
+    step = step_of(policy, 1, 0, EXCEPTION, 0, 10, SEND_BACK_FALLBACK, "orders", 0, 0, 2)
     assert (step.result_state, step.delay_level, step.next_ready_ms, step.end_reason) == (
         "WaitingRetry", 4, 30_010, "send_back_fallback",
     )  # fmt: skip
     assert (step.end_topic, step.end_queue_id) == ("SCHEDULE_TOPIC_XXXX", 3)
-    assert next_reconsume_times(1, 0, "send_back_fallback") == (2, 2)
-    step = policy.next_step(2, 0, EXCEPTION, 0, 10, SEND_BACK_FALLBACK, "orders", 0, 0, 3)
+    assert reconsume_of(policy, 1, 0, "send_back_fallback") == (2, 2)
+    step = step_of(policy, 2, 0, EXCEPTION, 0, 10, SEND_BACK_FALLBACK, "orders", 0, 0, 3)
     assert (step.result_state, step.end_state, step.end_topic, step.end_queue_id) == (
         "DLQ", "WaitingRetry", "SCHEDULE_TOPIC_XXXX", 4,
     )  # fmt: skip
@@ -257,7 +263,7 @@ def test_the_producer_fallback_counts_locally_and_dead_letters_through_the_sched
         "%DLQ%concurrently-fallback",
     )
     # without the fallback the same failure is dead-lettered at once (level -1)
-    step = policy.next_step(2, 0, EXCEPTION, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 3)
+    step = step_of(policy, 2, 0, EXCEPTION, 0, 10, SEND_BACK_DONE, "orders", 0, 0, 3)
     assert (step.result_state, step.settled_ms) == ("DLQ", 10)
 
 
