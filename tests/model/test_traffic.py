@@ -1,7 +1,7 @@
 """Traffic shapes: ``arrival: profile`` (pieces of constant rate) and ``arrival: file`` (a
 recorded CSV or Parquet of per-interval counts). The counts per piece are checked against
 the profile as written (not against our pieces), the file reader against hand-made files,
-the bad input against the one-line contract, Spark's messages against NumPy's bit for bit,
+the bad input against the one-line contract (Spark's messages against NumPy's: test_workload),
 and a run end to end: what it publishes and delivers minute by minute is the file's counts."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from support import PROJECT
 from retrysim import simulate
 from retrysim.engine.capacity import offered_load
 from retrysim.model.policy import policy_for
-from retrysim.model.workload import messages_df, messages_np
+from retrysim.model.workload import messages_np
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.loading import load_scenario, scenario_from_json, scenario_json
 from retrysim.scenario.traffic import TrafficFileError, read_counts
@@ -192,19 +192,6 @@ def test_the_pool_check_offers_the_busiest_pieces_rate():
 
 
 # --------------------------------------------------------------------------- through Spark
-
-
-@pytest.mark.parametrize("within", ["uniform", "poisson"])
-def test_spark_makes_the_same_messages_as_numpy(spark, within):
-    scenario = load_scenario(DEFAULT, [_profile([(1, 30), (2, 0), (3, 7.5)], within)])
-    group = scenario.groups[0]
-    ids, queues, born = messages_np(group.workload, group.name, scenario.seed)
-    expected = spark.createDataFrame(
-        [(int(i), int(q), int(b)) for i, q, b in zip(ids, queues, born, strict=True)],
-        "msg_id long, queue_id int, born_ms long",
-    )
-    made = messages_df(spark, group, scenario.seed).select("msg_id", "queue_id", "born_ms")
-    assert_df_equality(made, expected, ignore_row_order=True, ignore_nullable=True)
 
 
 def test_a_recorded_file_is_published_and_delivered_minute_by_minute(spark, tmp_path):

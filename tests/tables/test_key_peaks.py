@@ -72,24 +72,29 @@ def test_whole_groups_bring_their_sums_and_per_queue_keys_do_not(simulated):
     assert busy.ttc is not None and busy.ttd is not None
 
 
-def test_the_gauges_are_the_spark_pass_over_the_same_attempts(simulated):
+@pytest.mark.parametrize(
+    ("spark_pass", "some", "none"),
+    [
+        (bucket_changes, ["group != 'ordered' and ready_backlog_rise > 0",
+                          "group = 'popped' and commitlog_writes_busiest > 1"], []),
+        # every count the load and the summary read, and the retries by level: 4.x with the
+        # schedule topic and the fallback's dead letters, batches, 5.x pops with their writes
+        (compact_attempts, ["group = 'popped' and size(filter(b_writes, b -> b is not null)) > 3"],
+         ["group = 'busy' and level is not null and not started"]),
+        (changes_of_shared_groups, ["group = 'batched' and threads_busy_area > 0"], []),
+        (times_to_settle, ["true"], []),
+    ],
+    ids=["gauges", "load counts", "instances' changes", "times to settle"],
+)  # fmt: skip
+def test_the_sums_give_the_spark_pass_over_the_same_attempts(simulated, spark_pass, some, none):
+    """Each Spark pass that staging skips for a group summed up whole in its task gives,
+    from the task's sums, what it gives reading the group's attempts: on rows that hold
+    what the case names (``some``) and not what it rules out (``none``)."""
     config, attempts, sums = simulated
-    expected = bucket_changes(attempts, config)
-    assert expected.where("group != 'ordered' and ready_backlog_rise > 0").count() > 0
-    assert expected.where("group = 'popped' and commitlog_writes_busiest > 1").count() > 0
-    assert_df_equality(bucket_changes(attempts, config, sums), expected, ignore_row_order=True)
-
-
-def test_the_load_counts_are_the_spark_pass(simulated):
-    """The compact rows (every count the load and the summary read, and the retries by
-    level) of the whole groups: 4.x with the schedule topic and the fallback's dead letters,
-    batches, and 5.x pops with their commit-log writes."""
-    config, attempts, sums = simulated
-    expected = compact_attempts(attempts, config)
-    popped = expected.where("group = 'popped'")
-    assert popped.selectExpr("max(size(filter(b_writes, b -> b is not null)))").first()[0] > 3
-    assert expected.where("group = 'busy' and level is not null and not started").count() == 0
-    assert_df_equality(compact_attempts(attempts, config, sums), expected, ignore_row_order=True)
+    expected = spark_pass(attempts, config)
+    assert all(expected.where(rows).count() > 0 for rows in some)
+    assert all(expected.where(rows).count() == 0 for rows in none)
+    assert_df_equality(spark_pass(attempts, config, sums), expected, ignore_row_order=True)
 
 
 def test_dead_letters_are_read_only_where_a_task_saw_some(simulated):
@@ -104,24 +109,6 @@ def test_dead_letters_are_read_only_where_a_task_saw_some(simulated):
     unread = dead_letters_from_attempts(attempts, alone, quiet)
     assert unread.inputFiles() == [] and unread.count() == 0
     assert dead_letters_from_attempts(attempts, alone).inputFiles()
-
-
-def test_each_instances_changes_are_the_spark_pass(simulated):
-    config, attempts, sums = simulated
-    expected = changes_of_shared_groups(attempts, config)
-    assert expected.where("group = 'batched' and threads_busy_area > 0").count() > 0
-    assert_df_equality(
-        changes_of_shared_groups(attempts, config, sums), expected, ignore_row_order=True
-    )
-
-
-def test_the_times_to_settle_are_the_spark_pass(simulated):
-    config, attempts, sums = simulated
-    assert_df_equality(
-        times_to_settle(attempts, config, sums),
-        times_to_settle(attempts, config),
-        ignore_row_order=True,
-    )
 
 
 def test_a_group_alone_on_the_cores_is_written_by_all_of_them(spark, simulated, tmp_path):
