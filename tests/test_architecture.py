@@ -194,3 +194,30 @@ def test_no_function_is_longer_than_a_reader_can_hold_but_the_compiled_loops():
 def test_one_event_by_event_loop_the_compiled_one():
     """No event loop in Python remains: nothing in the library keeps a heap of events."""
     assert [module for module, path in MODULES.items() if "heapq" in path.read_text()] == []
+
+
+def test_the_architecture_docs_map_names_every_module_and_no_other():
+    """docs/architecture.md's map of the package (a line per top-level module, a line or two
+    per folder listing its modules) against the modules on disk."""
+    text = (PROJECT / "docs" / "architecture.md").read_text()
+    block = text[text.index("\nretrysim/\n") + len("\nretrysim/\n") :]
+    block = block[: block.index("```")]
+    listed: dict[str, set[str]] = {"": set()}
+    folder = None
+    for line in block.splitlines():
+        start = line[:17].strip()
+        if start.endswith("/"):
+            folder = start[:-1]
+            listed[folder] = set()
+        elif start.endswith(".py"):
+            folder = None
+            listed[""].add(start[:-3])
+            continue
+        if folder is not None:
+            listed[folder] |= {name.strip() for name in line[17:].split(",") if name.strip()}
+    on_disk: dict[str, set[str]] = {"": {path.stem for path in PACKAGE.glob("*.py")}}
+    for path in PACKAGE.glob("*/*.py"):
+        on_disk.setdefault(path.parent.name, set())
+        if path.stem != "__init__":
+            on_disk[path.parent.name].add(path.stem)
+    assert listed == on_disk
