@@ -36,8 +36,8 @@ _NO_SPARK = pytest.StashKey[bool]()
 def pytest_collection_modifyitems(config, items):
     """Mark the fixture's users before ``-m`` selects (pytest's own hook runs later)."""
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.spark)
+        if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("broker"):
+            item.add_marker(pytest.mark.spark)  # a broker is a JVM too
 
 
 def pytest_collection_finish(session):

@@ -91,6 +91,8 @@ class Flavor:
     # the record an ``ordered: true`` group takes instead, and how errors name it
     ordered: Flavor | None = None
     label: str = ""
+    # the real-broker harness (jvm/<module>) that runs it for conformance, if one does
+    harness: str | None = None
     # every key the flavor or its ordered variant reads
     reads_any: frozenset[str] = field(init=False)
 
@@ -320,6 +322,7 @@ CATALOGUE: tuple[Flavor, ...] = (
         ),
         uses_delay_table=True,
         balancing=BY_QUEUE,
+        harness="broker4",
     ),
     Flavor(
         "rocketmq4.orderly",

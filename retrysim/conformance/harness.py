@@ -1,0 +1,183 @@
+"""A scenario's group on a real RocketMQ 4.9.7 broker (jvm/broker4): its inputs, the run, its
+records.
+
+The harness JVM starts a namesrv and a broker on loopback with the scenario's delay table,
+creates the topic with its queues, starts the group's instances x threads push consumers and,
+once they hold their queues, publishes the scenario's messages at their born times. Its
+listener does what retrysim draws for each message and delivery (:func:`outcomes`): both
+sides see the same listener and differ only in what the broker and the client do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from retrysim.engine.event_key import KeySpec
+from retrysim.engine.event_rules import (
+    K_FAIL_FIRST,
+    K_SIZE,
+    NAMES,
+    NULL,
+    _conditions,
+    _doubles,
+    _listen,
+)
+from retrysim.engine.rounds import group_plans, key_specs
+from retrysim.model import behavior as listener
+from retrysim.model import flavors, rng
+from retrysim.model.behavior import ListenerModel
+from retrysim.model.workload import messages_np
+from retrysim.scenario.spec import Group, Scenario
+
+PROJECT = Path(__file__).resolve().parents[2]
+# Java 17 closes what 4.9.7's store reaches into (its mapped files' cleaner; apache/rocketmq
+# #9887): the harness JVM opens it again.
+JAVA_17_FLAGS = (
+    "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-exports=java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang=ALL-UNNAMED",
+    "--add-opens=java.base/jdk.internal.ref=ALL-UNNAMED",
+    "--add-exports=java.base/jdk.internal.ref=ALL-UNNAMED",
+)
+HARNESS = "broker4"  # jvm/broker4: RocketMQ 4.9.7
+DELIVERIES = ("msg_id", "delivery", "reconsume_times", "topic", "queue_id", "instance",
+              "thread", "received_ms", "start_ms", "end_ms", "outcome")  # fmt: skip
+
+
+class UnsupportedScenario(ValueError):
+    """A scenario the harness cannot run on a real broker, with the reason."""
+
+
+@dataclass(frozen=True)
+class BrokerRun:
+    """What the broker did: every delivery, the DLQ's messages, the store's puts by topic."""
+
+    deliveries: pd.DataFrame
+    dead_letters: pd.DataFrame
+    puts: dict[str, int]
+
+
+def group_spec(scenario: Scenario, name: str) -> tuple[Group, KeySpec]:
+    """The scenario's group ``name`` and what the event loop simulates of it."""
+    for group, spec in zip(
+        scenario.groups, key_specs(scenario, group_plans(scenario)), strict=True
+    ):
+        if group.name == name:
+            return group, spec
+    raise UnsupportedScenario(f"no group {name} in scenario {scenario.name}")
+
+
+def refuse_unsupported(scenario: Scenario, group: Group, spec: KeySpec) -> None:
+    """Raise :class:`UnsupportedScenario`, naming the reason, for what the harness cannot run
+    on a real broker (yet)."""
+    policy, behavior = spec.policy, spec.behavior
+    why = None
+    if flavors.get(group.flavor).harness != HARNESS:
+        runs = [flavor.name for flavor in flavors.CATALOGUE if flavor.harness == HARNESS]
+        why = f"flavor {group.flavor}: the broker harness runs {', '.join(runs)} so far"
+    elif policy.topology.threads is None:
+        why = "consumers: unlimited has no real pool; give instances and threads"
+    elif policy.topology.brokers != 1:
+        why = "brokers: the harness starts one broker"
+    elif behavior.windows or behavior.downstream is not None:
+        why = "outages, behavior profiles and a downstream: the outcome file is per delivery"
+    elif behavior.send_back_failure_probability or behavior.send_back_fallback_probability:
+        why = "send-back failures cannot be made to happen on a real broker"
+    elif policy.batch_size > 1:
+        why = "consume_message_batch_max_size > 1 is not in the harness yet"
+    elif any(ms % 1_000 for ms in scenario.broker.message_delay_level):
+        why = "message_delay_level: a broker's levels are whole seconds here"
+    elif spec.workload.messages > 100_000:
+        why = f"{spec.workload.messages:,} messages: at most 100,000 on a real broker"
+    if why:
+        raise UnsupportedScenario(f"group {spec.group}: {why}")
+
+
+def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
+    """Each message's outcome and processing time for deliveries 1 to the last the group
+    allows, as retrysim's compiled listener draws them (no outage and no downstream:
+    :func:`refuse_unsupported`, so neither depends on the start time)."""
+    behavior = spec.behavior
+    d, windows = _doubles(ListenerModel(behavior))
+    k = np.full(K_SIZE, NULL, np.int64)
+    k[K_FAIL_FIRST] = behavior.fail_first
+    prefixes = np.array(
+        [rng.key_prefix(spec.seed, spec.group, s) for s in listener.DELIVERY_STREAMS], np.uint64
+    )
+    poisoned = listener.poisoned(spec.seed, spec.group, msg_ids, behavior.poison_fraction)
+    conditions = _conditions(windows, d, 0)
+    rows = []
+    for msg_id, poison in zip(msg_ids.tolist(), poisoned.tolist(), strict=True):
+        for delivery in range(1, spec.policy.max_retries + 2):
+            outcome, processing, _ = _listen(k, d, prefixes, conditions, msg_id, delivery,
+                                             poison, 1)  # fmt: skip
+            rows.append((msg_id, delivery, NAMES[outcome], int(processing)))
+    return pd.DataFrame(rows, columns=["msg_id", "delivery", "outcome", "processing_ms"])
+
+
+def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -> str:
+    policy = spec.policy
+    timeout_minutes = (policy.timeout_ms or 15 * 60_000) // 60_000
+    delay_table = " ".join(f"{ms // 1_000}s" for ms in scenario.broker.message_delay_level)
+    return "\n".join([
+        f"topic={spec.topic}", f"group={spec.group}", f"queues={spec.queues}",
+        f"instances={policy.topology.instances}", f"threads={policy.topology.threads}",
+        f"max_reconsume_times={policy.max_retries}", f"consume_timeout_minutes={timeout_minutes}",
+        f"delay_level_when_next_consume={group.delay_level_when_next_consume}",
+        f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
+        f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",
+    ])  # fmt: skip
+
+
+def class_path() -> str:
+    """The harness's class path, built once (scripts/broker-jars.sh)."""
+    built = subprocess.run(
+        [str(PROJECT / "scripts" / "broker-jars.sh"), HARNESS],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if built.returncode != 0 or not built.stdout.strip():
+        raise RuntimeError(built.stderr.strip().splitlines()[-1] if built.stderr else "no harness")
+    return built.stdout.strip()
+
+
+def run_on_broker(scenario: Scenario, name: str, folder: Path) -> BrokerRun:
+    """Run the scenario's group ``name`` on a real 4.9.7 broker, its files under ``folder``."""
+    group, spec = group_spec(scenario, name)
+    refuse_unsupported(scenario, group, spec)
+    if shutil.which("java") is None:
+        raise RuntimeError("java not found: the harness needs Java 17")
+    folder.mkdir(parents=True, exist_ok=True)
+    msg_ids, queue_ids, born = messages_np(spec.workload, spec.group, spec.seed)
+    pd.DataFrame({"msg_id": msg_ids, "queue_id": queue_ids, "born_ms": born}).to_csv(
+        folder / "messages.csv", header=False, index=False
+    )
+    outcomes(spec, msg_ids).to_csv(folder / "outcomes.csv", header=False, index=False)
+    (folder / "harness.properties").write_text(_properties(scenario, group, spec, folder))
+    command = ["java", "-Xmx512m", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
+               "-cp", class_path(), f"retrysim.{HARNESS}.Harness",
+               str(folder / "harness.properties"), str(folder / "out")]  # fmt: skip
+    with open(folder / "harness.log", "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+    if done.returncode != 0:
+        lines = (folder / "harness.log").read_text().strip().splitlines()
+        said = [line for line in lines if line.startswith("retrysim broker4:")]
+        raise RuntimeError((said or lines or ["the harness failed"])[-1])
+    out = folder / "out"
+    deliveries = pd.read_csv(out / "deliveries.csv", names=list(DELIVERIES))
+    dead = _read(out / "dlq.csv", ["msg_id", "dlq_at_ms"])
+    puts = _read(out / "puts.csv", ["topic", "puts"])
+    return BrokerRun(deliveries, dead, dict(zip(puts["topic"], puts["puts"], strict=True)))
+
+
+def _read(path: Path, names: list[str]) -> pd.DataFrame:
+    if path.stat().st_size == 0:
+        return pd.DataFrame(columns=names)
+    return pd.read_csv(path, names=names)
