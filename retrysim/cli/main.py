@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from retrysim.checks.validate import ValidationError
-from retrysim.cli import digest, plan, report, runs, simulate, validate
+from retrysim.cli import conformance, digest, plan, report, runs, simulate, validate
 from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, stderr_to_the_launcher
 from retrysim.scenario.errors import ScenarioError
 
@@ -27,6 +27,10 @@ COMMANDS = {
     "plan": (plan.add_plan_command, lambda args: plan.plan_command(args)),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
     "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
+    "conformance": (
+        conformance.add_conformance_command,
+        lambda args: conformance.conformance_command(args),
+    ),
 }
 
 

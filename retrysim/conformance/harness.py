@@ -56,6 +56,11 @@ class UnsupportedScenario(ValueError):
     """A scenario the harness cannot run on a real broker, with the reason."""
 
 
+class HarnessError(RuntimeError):
+    """The harness could not run (no Java, no Maven build, a broker that did not come up):
+    one line saying what failed."""
+
+
 @dataclass(frozen=True)
 class BrokerRun:
     """What the broker did: every delivery, the DLQ's messages, the store's puts by topic."""
@@ -144,16 +149,17 @@ def class_path() -> str:
         capture_output=True, text=True,
     )  # fmt: skip
     if built.returncode != 0 or not built.stdout.strip():
-        raise RuntimeError(built.stderr.strip().splitlines()[-1] if built.stderr else "no harness")
+        raise HarnessError(built.stderr.strip().splitlines()[-1] if built.stderr else "no harness")
     return built.stdout.strip()
 
 
-def run_on_broker(scenario: Scenario, name: str, folder: Path) -> BrokerRun:
+def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRun:
     """Run the scenario's group ``name`` on a real 4.9.7 broker, its files under ``folder``."""
     group, spec = group_spec(scenario, name)
     refuse_unsupported(scenario, group, spec)
     if shutil.which("java") is None:
-        raise RuntimeError("java not found: the harness needs Java 17")
+        raise HarnessError("java not found: the harness needs Java 17")
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     msg_ids, queue_ids, born = messages_np(spec.workload, spec.group, spec.seed)
     pd.DataFrame({"msg_id": msg_ids, "queue_id": queue_ids, "born_ms": born}).to_csv(
@@ -169,7 +175,7 @@ def run_on_broker(scenario: Scenario, name: str, folder: Path) -> BrokerRun:
     if done.returncode != 0:
         lines = (folder / "harness.log").read_text().strip().splitlines()
         said = [line for line in lines if line.startswith("retrysim broker4:")]
-        raise RuntimeError((said or lines or ["the harness failed"])[-1])
+        raise HarnessError((said or lines or ["the harness failed"])[-1])
     out = folder / "out"
     deliveries = pd.read_csv(out / "deliveries.csv", names=list(DELIVERIES))
     dead = _read(out / "dlq.csv", ["msg_id", "dlq_at_ms"])

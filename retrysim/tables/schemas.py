@@ -605,8 +605,42 @@ SCHEMAS: dict[str, StructType] = {
     "instance_load": INSTANCE_LOAD,
     "summary": SUMMARY,
 }
-# Every table a sink writes and a reader reads: the eight tables of a run, and plans.
-ALL_SCHEMAS: dict[str, StructType] = {**SCHEMAS, "plan": PLAN}
+# A conformance run (retrysim conformance): one row per scenario, group and figure compared
+# with a real broker (docs/conformance.md); its run_id is the conformance run's.
+CONFORMANCE = nullable_schema(
+    ("run_id", StringType(), "the conformance run's id (the Delta partition)"),
+    ("scenario", StringType(), "the scenario's name"),
+    _GROUP,
+    ("figure", StringType(), "what is compared (docs/conformance.md, The figures)"),
+    ("retrysim", DoubleType(), "retrysim's value (a per-message figure: 0 mismatches)"),
+    ("broker", DoubleType(), "the broker's value (a per-message figure: its mismatches)"),
+    ("tolerance", DoubleType(), "how far the two may differ (0: exactly equal)"),
+    ("within", BooleanType(), "whether the two are within the tolerance"),
+)
+# The broker's deliveries of a conformance run, as the harness recorded them.
+BROKER_DELIVERIES = nullable_schema(
+    ("run_id", StringType(), "the conformance run's id (the Delta partition)"),
+    _GROUP,
+    _MSG_ID,
+    ("delivery", IntegerType(), "the delivery's number for its message, 1-based"),
+    ("reconsume_times", IntegerType(), "the reconsumeTimes the client saw"),
+    ("topic", StringType(), "the topic it was read from (a retry: %RETRY%<group>)"),
+    ("queue_id", IntegerType(), "the queue it was read from"),
+    ("instance", IntegerType(), "the consumer instance (0-based)"),
+    ("thread", StringType(), "the consume thread"),
+    ("received_ms", LongType(), "when the listener was called, ms after production began"),
+    ("start_ms", LongType(), "when the listener's work began, ms after production began"),
+    ("end_ms", LongType(), "when the listener returned, ms after production began"),
+    ("outcome", StringType(), "what the listener did (the outcome retrysim drew)"),
+)
+# Every table a sink writes and a reader reads: the eight tables of a run, plans, and the
+# conformance runs' two.
+ALL_SCHEMAS: dict[str, StructType] = {
+    **SCHEMAS,
+    "plan": PLAN,
+    "conformance": CONFORMANCE,
+    "broker_deliveries": BROKER_DELIVERIES,
+}
 # Publication order: runs last, so a run is listed only once all its rows are committed.
 TABLE_ORDER = (
     "messages",

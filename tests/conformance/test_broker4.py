@@ -1,56 +1,69 @@
 """A scenario on a real RocketMQ 4.9.7 namesrv and broker (jvm/broker4) against retrysim's
-event loop on the same messages and the same listener: every exact figure of
-docs/conformance.md must agree. Marked ``broker``: it starts a broker JVM."""
+event loop on the same messages and the same listener, through ``retrysim conformance``:
+every exact figure of docs/conformance.md must agree, and the tables hold them. The test
+that runs a broker is marked ``broker`` (it starts JVMs)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
-from support import staged_frame
+import yaml
+from deltalake import DeltaTable
+from support import PROJECT
 
-from retrysim.conformance.figures import exact_figures
-from retrysim.conformance.harness import UnsupportedScenario, group_spec, run_on_broker
-from retrysim.engine.event_key import simulate_key
-from retrysim.model.workload import messages_np
-from retrysim.scenario.loading import build_scenario
+from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_OK
 
-# 40 orders over 10 s on two queues, one instance of four threads; a compressed delay table
-# (level n waits n seconds) keeps the ladder to seconds; three deliveries, then the DLQ.
-LADDER = {
-    "name": "ladder-4x", "seed": 5, "horizon": "30s",
-    "broker": {"message_delay_level": " ".join(f"{level}s" for level in range(1, 19))},
-    "groups": [{
-        "name": "payments", "topic": "orders", "flavor": "rocketmq4.concurrently",
-        "max_reconsume_times": 2, "consumers": {"instances": 1, "threads": 4},
-        "workload": {"messages": 40, "over": "10s", "queues": 2},
-        "behavior": {"fail_probability": 0.3, "poison_fraction": 0.1, "processing_time": "20ms"},
-    }],
-}  # fmt: skip
+LADDER = PROJECT / "conf" / "conformance" / "ladder-4x.yaml"
+
+
+def conformance(tmp_path, scenario, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "retrysim", "conformance", "--scenario", str(scenario),
+               "--output", str(tmp_path / "out"), "--master", "local[1]", *args]  # fmt: skip
+    return subprocess.run(
+        command, cwd=PROJECT, capture_output=True, text=True, timeout=600, check=False,
+        env=os.environ,
+    )  # fmt: skip
 
 
 @pytest.mark.broker
 def test_the_ladder_on_a_real_broker_gives_retrysims_exact_figures(tmp_path):
-    scenario = build_scenario(LADDER)
-    run = run_on_broker(scenario, "payments", tmp_path)
-    _, spec = group_spec(scenario, "payments")
-    staged = staged_frame(simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed)))
-    figures = {figure.figure: figure for figure in exact_figures(staged, run)}
-    assert [name for name, figure in figures.items() if not figure.within] == []
-    assert figures["puts to %DLQ%payments"].broker > 0  # poison reached the DLQ
-    assert figures["puts to SCHEDULE_TOPIC_XXXX"].broker > figures["puts to %DLQ%payments"].broker
-    assert figures["messages"].broker == 40
+    """conf/conformance/ladder-4x.yaml: 40 messages, 30 % failures, 10 % poison, two
+    retries on a table of n-second levels, then the DLQ."""
+    done = conformance(tmp_path, LADDER, "--run-id", "ladder")
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("payments")]
+    assert len(lines) == 8 and all(line[-1] == "yes" for line in lines)
+    rows = DeltaTable(str(tmp_path / "out" / "conformance")).to_pandas()
+    assert set(rows["run_id"]) == {"ladder"} and rows["within"].all()
+    figures = dict(zip(rows["figure"], rows["broker"], strict=True))
+    assert figures["messages"] == 40
+    assert figures["puts to %DLQ%payments"] > 0  # the poison reached the DLQ
+    assert figures["puts to SCHEDULE_TOPIC_XXXX"] > figures["puts to %DLQ%payments"]
+    deliveries = DeltaTable(str(tmp_path / "out" / "broker_deliveries")).to_pandas()
+    assert len(deliveries) == sum(
+        figures[f"puts to {topic}"] for topic in ("orders", "%RETRY%payments")
+    )  # every copy put on a topic the group reads was delivered once
 
 
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"flavor": "rocketmq5.push", "max_reconsume_times": 2}, "flavor rocketmq5.push"),
-        ({"consumers": "unlimited"}, "consumers: unlimited"),
-        ({"behavior": {"send_back_failure_probability": 0.1}}, "send-back failures"),
+        ({"flavor": "rocketmq5.push"}, "flavor rocketmq5.push: the broker harness runs"),
+        ({"consumers": "unlimited"}, "consumers: unlimited has no real pool"),
+        ({"behavior": {"send_back_failure_probability": 0.1}}, "send-back failures cannot"),
     ],
 )
-def test_what_the_harness_cannot_run_is_refused_in_one_line(change, named):
-    group = {**LADDER["groups"][0], **change}
-    scenario = build_scenario({**LADDER, "groups": [group]})
-    with pytest.raises(UnsupportedScenario, match=named) as refused:
-        run_on_broker(scenario, "payments", None)
-    assert "\n" not in str(refused.value)
+def test_what_the_harness_cannot_run_is_refused_in_one_line(tmp_path, change, named):
+    data = yaml.safe_load(LADDER.read_text())
+    data["groups"][0].update(change)
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    done = conformance(tmp_path, scenario)
+    assert done.returncode == EXIT_BAD_INPUT and done.stdout == ""
+    errors = [line for line in done.stderr.splitlines() if line.startswith("retrysim: error:")]
+    assert len(errors) == 1 and named in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()  # nothing half-written

@@ -191,6 +191,9 @@ public final class Harness {
   }
 
   private static void sleep(long ms) {
+    if (ms <= 0) {
+      return;
+    }
     try {
       Thread.sleep(ms);
     } catch (InterruptedException e) {

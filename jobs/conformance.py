@@ -1,0 +1,11 @@
+"""spark-submit entrypoint: ``./spark-submit.sh jobs/conformance.py --scenario FILE``.
+
+Thin on purpose: all logic lives in the retrysim package (retrysim/cli/conformance.py).
+"""
+
+import sys
+
+from retrysim.cli.main import run_process
+
+if __name__ == "__main__":
+    run_process(["conformance", *sys.argv[1:]])

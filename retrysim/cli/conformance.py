@@ -1,0 +1,67 @@
+"""``retrysim conformance`` (also ``jobs/conformance.py``): a scenario on a real RocketMQ broker
+and in retrysim, one line per figure; exit 0 only when every figure is within tolerance.
+
+The scenario is checked against what the broker harness can run before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from retrysim.cli.common import EXIT_FAILED, EXIT_OK, add_scenario_options, check_output, say
+from retrysim.conformance.harness import HarnessError, UnsupportedScenario
+from retrysim.conformance.run import check_runnable, run_conformance
+from retrysim.runner import check_run_id, default_run_id
+from retrysim.scenario.errors import ScenarioError
+from retrysim.scenario.loading import load_scenario
+from retrysim.session import build_session, stop_session
+from retrysim.store.sinks import choose_sink
+
+
+def add_conformance_command(commands: argparse._SubParsersAction) -> None:
+    """``retrysim conformance --scenario FILE --output DIR`` (wired into retrysim.cli)."""
+    command = commands.add_parser(
+        "conformance",
+        help="run a scenario on a real RocketMQ broker and in retrysim, figure by figure",
+        description="Run each group of the scenario on a real RocketMQ 4.9.7 namesrv, broker "
+        "and push consumer, with the outcomes retrysim draws, and compare every figure "
+        "(docs/conformance.md). Prints one line per figure and writes the Delta tables "
+        "conformance and broker_deliveries; exits 0 only when every figure agrees.",
+    )
+    add_scenario_options(command, "override a scenario key, as for simulate")
+    command.add_argument("--run-id", help="run id (default: <name>-<UTC time>-<random>)")
+
+
+def format_figures(results) -> str:
+    """One line per group and figure: retrysim, broker, tolerance, within or not."""
+    lines = [f"{'group':<14} {'figure':<40} {'retrysim':>10} {'broker':>10} {'tolerance':>9}  "
+             "within"]  # fmt: skip
+    for result in results:
+        for f in result.figures:
+            lines.append(f"{result.group:<14} {f.figure:<40} {f.retrysim:>10g} {f.broker:>10g} "
+                         f"{f.tolerance:>9g}  {'yes' if f.within else 'NO'}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def conformance_command(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario, args.overrides)
+    output = check_output(args.output)
+    run_id = check_run_id(args.run_id or default_run_id(scenario))
+    try:
+        check_runnable(scenario)
+    except UnsupportedScenario as refused:
+        raise ScenarioError("--scenario", str(refused)) from None
+    spark = build_session(f"retrysim:conformance:{scenario.name}", args.master)
+    try:
+        results = run_conformance(spark, scenario, output, run_id, choose_sink(spark), say)
+    except HarnessError as failed:
+        print(f"retrysim: error: the broker harness: {failed}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        stop_session(spark)
+    print(format_figures(results), flush=True)
+    within = all(f.within for result in results for f in result.figures)
+    say(f"conformance {run_id}: {'every figure within tolerance' if within else 'differences'}; "
+        f"tables: {output}/{{conformance,broker_deliveries}}")  # fmt: skip
+    return EXIT_OK if within else EXIT_FAILED

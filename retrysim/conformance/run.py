@@ -1,0 +1,95 @@
+"""A conformance run: every group of a scenario on a real broker and in retrysim, compared
+figure by figure, published as the Delta tables ``conformance`` and ``broker_deliveries``.
+
+Every group is checked against what the harness can run before any broker starts, so a
+scenario it cannot run is refused in one line and nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from retrysim.conformance.figures import Figure, exact_figures
+from retrysim.conformance.harness import (
+    DELIVERIES,
+    BrokerRun,
+    group_spec,
+    refuse_unsupported,
+    run_on_broker,
+)
+from retrysim.engine.event_key import simulate_key
+from retrysim.model.workload import messages_np
+from retrysim.progress import Progress
+from retrysim.scenario.spec import Scenario
+from retrysim.store.sinks import Sink
+from retrysim.tables.schemas import (
+    BROKER_DELIVERIES,
+    CONFORMANCE,
+    STAGE_ARROW,
+    data_schema,
+    write_rows,
+)
+
+TABLES = ("broker_deliveries", "conformance")  # publication order: the figures last
+
+
+@dataclass(frozen=True)
+class GroupFigures:
+    """One group's figures and the broker's records they came from."""
+
+    group: str
+    figures: list[Figure]
+    broker: BrokerRun
+
+
+def check_runnable(scenario: Scenario) -> None:
+    """Refuse, in one line, a scenario with a group the harness cannot run."""
+    for group in scenario.groups:
+        refuse_unsupported(scenario, *group_spec(scenario, group.name))
+
+
+def compare_group(scenario: Scenario, name: str, folder: str) -> GroupFigures:
+    """Group ``name`` on the broker (its files under ``folder``) and in the event loop."""
+    run = run_on_broker(scenario, name, folder)
+    _, spec = group_spec(scenario, name)
+    rows = simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed))
+    staged = pa.Table.from_batches(list(rows), schema=STAGE_ARROW).to_pandas()
+    return GroupFigures(name, exact_figures(staged, run), run)
+
+
+def run_conformance(
+    spark: SparkSession, scenario: Scenario, output: str, run_id: str, sink: Sink, say: Progress
+) -> list[GroupFigures]:
+    """Compare every group of ``scenario`` and publish the two tables under ``output``."""
+    check_runnable(scenario)
+    staging = os.path.join(output, "_staging", f"conformance-{run_id}-{uuid.uuid4().hex[:8]}")
+    try:
+        results = []
+        for group in scenario.groups:
+            say(f"group {group.name}: on a real RocketMQ 4.9.7 broker and in retrysim ...")
+            results.append(compare_group(scenario, group.name, os.path.join(staging, group.name)))
+        figures = [
+            (scenario.name, result.group, f.figure, float(f.retrysim), float(f.broker),
+             float(f.tolerance), f.within)
+            for result in results for f in result.figures
+        ]  # fmt: skip
+        deliveries = [
+            (result.group, *row)
+            for result in results
+            for row in result.broker.deliveries[list(DELIVERIES)]
+            .astype(object)
+            .itertuples(index=False)
+        ]
+        for table, rows, schema in (("broker_deliveries", deliveries, BROKER_DELIVERIES),
+                                    ("conformance", figures, CONFORMANCE)):  # fmt: skip
+            staged = write_rows(rows, data_schema(schema), os.path.join(staging, "tables", table))
+            sink.publish(spark, output, table, staged, run_id)
+        return results
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
