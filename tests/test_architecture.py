@@ -17,7 +17,8 @@ PACKAGE = PROJECT / "retrysim"
 # Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
 # which only executors that run the compiled loop and a check from staged files need), at
 # most DEFERRED_AT_MOST import lines, each with its reason in a comment on the line.
-DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.event_rows", "retrysim.checks.file_passes",
+DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.event_rows", "retrysim.engine.event_rules",
+            "retrysim.checks.file_passes",
             "retrysim.checks.spark_hash"}  # fmt: skip
 DEFERRED_AT_MOST = 8
 FLAVOR_NAMES = (
@@ -221,3 +222,13 @@ def test_the_architecture_docs_map_names_every_module_and_no_other():
         if path.stem != "__init__":
             on_disk[path.parent.name].add(path.stem)
     assert listed == on_disk
+
+
+def test_the_command_line_starts_without_numba():
+    """Every command's driver imports retrysim.cli.main: numba (a second of imports and the
+    cache's digest) stays on the executors and in the few paths that run compiled code."""
+    code = "import sys, retrysim.cli.main; print('numba' in sys.modules)"
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert found.strip() == "False"

@@ -20,15 +20,6 @@ import numpy as np
 import pandas as pd
 
 from retrysim.engine.event_key import KeySpec
-from retrysim.engine.event_rules import (
-    K_FAIL_FIRST,
-    K_SIZE,
-    NAMES,
-    NULL,
-    _conditions,
-    _doubles,
-    _listen,
-)
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.model import behavior as listener
 from retrysim.model import flavors, rng
@@ -48,6 +39,7 @@ JAVA_17_FLAGS = (
     "--add-exports=java.base/jdk.internal.ref=ALL-UNNAMED",
 )
 HARNESS = "broker4"  # jvm/broker4: RocketMQ 4.9.7
+AWAIT_MS = 60_000  # at the horizon, how long the listeners still running may finish
 DELIVERIES = ("msg_id", "delivery", "reconsume_times", "topic", "queue_id", "instance",
               "thread", "received_ms", "start_ms", "end_ms", "outcome")  # fmt: skip
 
@@ -98,6 +90,16 @@ def refuse_unsupported(scenario: Scenario, group: Group, spec: KeySpec) -> None:
         why = "send-back failures cannot be made to happen on a real broker"
     elif policy.batch_size > 1:
         why = "consume_message_batch_max_size > 1 is not in the harness yet"
+    elif policy.replay is not None:
+        why = "replay: the harness does not re-send dead letters yet"
+    elif policy.topology.retry_queue_nums != 1:
+        why = "retry_queue_nums: the harness's broker keeps %RETRY%<group> at one queue"
+    elif policy.pull_interval_ms or policy.ready_wait_ms:
+        why = "pull_interval and behavior.ready_wait are not in the harness yet"
+    elif policy.timeout_ms is not None and policy.timeout_ms % 60_000:
+        why = "consume_timeout: the 4.x client takes whole minutes"
+    elif group.allocate != "averagely" and policy.topology.instances > 1:
+        why = "allocate: the harness's client allocates averagely"
     elif any(ms % 1_000 for ms in scenario.broker.message_delay_level):
         why = "message_delay_level: a broker's levels are whole seconds here"
     elif spec.workload.messages > 100_000:
@@ -110,6 +112,16 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
     """Each message's outcome and processing time for deliveries 1 to the last the group
     allows, as retrysim's compiled listener draws them (no outage and no downstream:
     :func:`refuse_unsupported`, so neither depends on the start time)."""
+    from retrysim.engine.event_rules import (  # numba: the command's other paths never load it
+        K_FAIL_FIRST,
+        K_SIZE,
+        NAMES,
+        NULL,
+        _conditions,
+        _doubles,
+        _listen,
+    )
+
     behavior = spec.behavior
     d, windows = _doubles(ListenerModel(behavior))
     k = np.full(K_SIZE, NULL, np.int64)
@@ -137,6 +149,7 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
         f"instances={policy.topology.instances}", f"threads={policy.topology.threads}",
         f"max_reconsume_times={policy.max_retries}", f"consume_timeout_minutes={timeout_minutes}",
         f"delay_level_when_next_consume={group.delay_level_when_next_consume}",
+        f"await_ms={AWAIT_MS}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
         f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",
     ])  # fmt: skip
@@ -177,7 +190,7 @@ def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRu
         said = [line for line in lines if line.startswith("retrysim broker4:")]
         raise HarnessError((said or lines or ["the harness failed"])[-1])
     out = folder / "out"
-    deliveries = pd.read_csv(out / "deliveries.csv", names=list(DELIVERIES))
+    deliveries = _read(out / "deliveries.csv", list(DELIVERIES))
     dead = _read(out / "dlq.csv", ["msg_id", "dlq_at_ms"])
     puts = _read(out / "puts.csv", ["topic", "puts"])
     return BrokerRun(deliveries, dead, dict(zip(puts["topic"], puts["puts"], strict=True)))

@@ -7,8 +7,10 @@ scenario it cannot run is refused in one line and nothing is written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass
 
@@ -19,6 +21,7 @@ from retrysim.conformance.figures import Figure, exact_figures
 from retrysim.conformance.harness import (
     DELIVERIES,
     BrokerRun,
+    HarnessError,
     group_spec,
     refuse_unsupported,
     run_on_broker,
@@ -69,11 +72,18 @@ def run_conformance(
     """Compare every group of ``scenario`` and publish the two tables under ``output``."""
     check_runnable(scenario)
     staging = os.path.join(output, "_staging", f"conformance-{run_id}-{uuid.uuid4().hex[:8]}")
+    work = tempfile.mkdtemp(prefix=f"retrysim-conformance-{run_id}-")  # the broker's files
+    kept = False
     try:
         results = []
         for group in scenario.groups:
             say(f"group {group.name}: on a real RocketMQ 4.9.7 broker and in retrysim ...")
-            results.append(compare_group(scenario, group.name, os.path.join(staging, group.name)))
+            folder = os.path.join(work, group.name)
+            try:
+                results.append(compare_group(scenario, group.name, folder))
+            except HarnessError as failed:
+                kept = True  # its log says more
+                raise HarnessError(f"{failed} (its files: {folder})") from None
         figures = [
             (scenario.name, result.group, f.figure, float(f.retrysim), float(f.broker),
              float(f.tolerance), f.within)
@@ -93,3 +103,7 @@ def run_conformance(
         return results
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(staging))  # _staging, if nothing else is in it
+        if not kept:
+            shutil.rmtree(work, ignore_errors=True)

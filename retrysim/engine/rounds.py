@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # the round tail's pandas UDF loads it on its workers alone
 
 ENGINE_ROUNDS = "rounds"  # the engine column of its groups' summaries, its staging folder
 
-# A frontier this thin is finished event by event in one stage (sequential.frontier_attempts)
+# A frontier this thin is finished event by event in one stage (frontier_attempts, below)
 # rather than one Spark stage per remaining round: a round has a fixed cost however small its
 # frontier, and a thin frontier is mostly poison messages that stay for every round (an
 # always-failing HTTP message alone takes 289 rounds), so the event loop wins below a few

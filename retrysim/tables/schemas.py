@@ -505,8 +505,9 @@ SUMMARY = nullable_schema(
 )
 
 # Staged attempts: the attempts table's data columns in the order the engines build them
-# (sequential.py appends rows positionally). Round files in this shape are published as the
-# attempts table's files as they are: Parquet and Delta readers find columns by name.
+# (the event loop writes rows positionally: engine/event_rows.py). Round files in this shape
+# are published as the attempts table's files as they are: Parquet and Delta readers find
+# columns by name.
 # Without comments: Spark makes these rows (mapInArrow, empty rounds) and writes the files.
 _STAGE_ORDER = (
     "group", "msg_id", "delivery", "reconsume_times", "broker_reconsume_times", "source_topic",

@@ -54,6 +54,9 @@ def test_the_ladder_on_a_real_broker_gives_retrysims_exact_figures(tmp_path):
         ({"flavor": "rocketmq5.push"}, "flavor rocketmq5.push: the broker harness runs"),
         ({"consumers": "unlimited"}, "consumers: unlimited has no real pool"),
         ({"behavior": {"send_back_failure_probability": 0.1}}, "send-back failures cannot"),
+        ({"consume_timeout": "90s"}, "consume_timeout: the 4.x client takes whole minutes"),
+        ({"retry_queue_nums": 2}, "retry_queue_nums"),
+        ({"replay": {"at": "20s", "rate": "10/s"}}, "replay"),
     ],
 )
 def test_what_the_harness_cannot_run_is_refused_in_one_line(tmp_path, change, named):

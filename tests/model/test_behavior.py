@@ -70,7 +70,7 @@ def test_a_timed_out_call_fails_as_the_listener_fails():
     assert listen_of(behavior, 7, 1, 0, concurrency=2) == ("EXCEPTION", 300, 0)
 
 
-def test_the_round_engine_declines_a_downstream_load_of():
+def test_the_round_engine_declines_a_downstream_under_load():
     behavior = Behavior(downstream={"capacity": 4})
     with pytest.raises(ValueError, match="event by event"):
         listener_draw_columns(behavior, 1, "payments")
