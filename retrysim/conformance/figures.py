@@ -19,6 +19,12 @@ from retrysim.model.states import COMMIT, DLQ, READY_PUBLISHED, READY_RETRY_DUE,
 from retrysim.scenario import limits
 
 COMMITTED, DEAD, PENDING = "commit", "dlq", "pending"
+# A retry's delay on the broker may exceed its level's by one pass of the schedule service's
+# timer over an empty level (ScheduleMessageService.DELAY_FOR_A_WHILE, 100 ms in 4.9.7), and
+# by the commit log's dispatch, the long poll's wake-up and the listener's call on loopback.
+SCHEDULE_POLL_MS = 100
+LOOPBACK_MS = 50
+RETRY_DELAY_TOLERANCE_MS = SCHEDULE_POLL_MS + LOOPBACK_MS
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,29 @@ def retrysim_puts(staged: pd.DataFrame) -> dict[str, int]:
     add(staged.loc[staged["end_state"] == DLQ, "end_topic"])
     add(staged.loc[staged["leave_state"] == DLQ, "leave_topic"])
     return puts
+
+
+def _retry_delays(rows: pd.DataFrame) -> pd.Series:
+    """Each retry's delay, from the end of one delivery to the start of the next, by
+    (msg_id, delivery)."""
+    started = rows[rows["start_ms"].notna()].sort_values(["msg_id", "delivery"])
+    before = started.groupby("msg_id")["end_ms"].shift()
+    delays = (started["start_ms"] - before)[before.notna()]
+    keys = started.loc[delays.index, ["msg_id", "delivery"]]
+    return pd.Series(delays.to_numpy(float), index=pd.MultiIndex.from_frame(keys))
+
+
+def timed_figures(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
+    """The figures compared within a tolerance (docs/conformance.md): so far each retry's
+    delay, as the worst difference between the two sides over the retries both made."""
+    mine, theirs = _retry_delays(staged), _retry_delays(run.deliveries)
+    both = mine.to_frame("retrysim").join(theirs.to_frame("broker"), how="inner")
+    worst = float((both["broker"] - both["retrysim"]).abs().max()) if len(both) else 0.0
+    # never wider than 20 % of the smallest delay (so within half of it): a broker later than
+    # that is a difference of the model, not of the tolerance
+    smallest = float(mine.min()) if len(mine) else float("inf")
+    tolerance = min(RETRY_DELAY_TOLERANCE_MS, 0.2 * smallest)
+    return [Figure("retry delay, worst difference (ms)", 0, worst, tolerance)]
 
 
 def exact_figures(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:

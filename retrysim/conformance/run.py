@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from retrysim.conformance.figures import Figure, exact_figures
+from retrysim.conformance.figures import Figure, exact_figures, timed_figures
 from retrysim.conformance.harness import (
     DELIVERIES,
     BrokerRun,
@@ -63,7 +63,7 @@ def compare_group(scenario: Scenario, name: str, folder: str) -> GroupFigures:
     _, spec = group_spec(scenario, name)
     rows = simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed))
     staged = pa.Table.from_batches(list(rows), schema=STAGE_ARROW).to_pandas()
-    return GroupFigures(name, exact_figures(staged, run), run)
+    return GroupFigures(name, [*exact_figures(staged, run), *timed_figures(staged, run)], run)
 
 
 def run_conformance(
