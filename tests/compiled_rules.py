@@ -8,26 +8,18 @@ import numpy as np
 
 from retrysim.engine.event_loop import _next_delivery
 from retrysim.engine.event_rules import (
-    K_FAIL_FIRST,
-    K_SIZE,
-    NAMES,
     NULL,
     S_BROKER_RT,
     S_FIELDS,
     S_RT,
-    _conditions,
+    Listener,
     _consume_result,
-    _doubles,
-    _listen,
     _next_step,
     _scalars,
     _table,
     _under_load,
     key_names,
 )
-from retrysim.model import behavior as listener
-from retrysim.model import rng
-from retrysim.model.behavior import DELIVERY_STREAMS, ListenerModel
 from retrysim.model.policy import Policy, Step
 from retrysim.scenario.spec import Behavior, Downstream
 
@@ -103,14 +95,6 @@ def listen_of(
 ) -> tuple[str, int, int]:
     """(outcome, processing_ms, send_back) of one delivery of a group whose listener does
     ``behavior`` (``event_rules._listen``, with the hashed draws of the loop)."""
-    d, windows = _doubles(ListenerModel(behavior))
-    k = np.full(K_SIZE, NULL, np.int64)
-    k[K_FAIL_FIRST] = behavior.fail_first
-    seed, group = SEED, GROUP
-    prefixes = np.array([rng.key_prefix(seed, group, s) for s in DELIVERY_STREAMS], np.uint64)
-    poisoned = bool(listener.poisoned(seed, group, np.array([msg_id]), behavior.poison_fraction)[0])
-    outcome, processing, send_back = _listen(
-        k, d, prefixes, _conditions(windows, d, start_ms), msg_id, delivery, poisoned,
-        concurrency,
-    )  # fmt: skip
-    return NAMES[outcome], int(processing), int(send_back)
+    listen = Listener(behavior, SEED, GROUP)
+    poisoned = bool(listen.poisoned(np.array([msg_id]))[0])
+    return listen(msg_id, delivery, start_ms, poisoned, concurrency)

@@ -21,9 +21,7 @@ import pandas as pd
 
 from retrysim.engine.event_key import KeySpec
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.model import behavior as listener
-from retrysim.model import flavors, rng
-from retrysim.model.behavior import ListenerModel
+from retrysim.model import flavors
 from retrysim.model.workload import messages_np
 from retrysim.scenario.spec import Group, Scenario
 
@@ -112,31 +110,15 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
     """Each message's outcome and processing time for deliveries 1 to the last the group
     allows, as retrysim's compiled listener draws them (no outage and no downstream:
     :func:`refuse_unsupported`, so neither depends on the start time)."""
-    from retrysim.engine.event_rules import (  # numba: the command's other paths never load it
-        K_FAIL_FIRST,
-        K_SIZE,
-        NAMES,
-        NULL,
-        _conditions,
-        _doubles,
-        _listen,
-    )
+    from retrysim.engine.event_rules import Listener  # numba: no other path of the command needs it
 
-    behavior = spec.behavior
-    d, windows = _doubles(ListenerModel(behavior))
-    k = np.full(K_SIZE, NULL, np.int64)
-    k[K_FAIL_FIRST] = behavior.fail_first
-    prefixes = np.array(
-        [rng.key_prefix(spec.seed, spec.group, s) for s in listener.DELIVERY_STREAMS], np.uint64
-    )
-    poisoned = listener.poisoned(spec.seed, spec.group, msg_ids, behavior.poison_fraction)
-    conditions = _conditions(windows, d, 0)
+    listen = Listener(spec.behavior, spec.seed, spec.group)
+    poisoned = listen.poisoned(msg_ids)
     rows = []
     for msg_id, poison in zip(msg_ids.tolist(), poisoned.tolist(), strict=True):
         for delivery in range(1, spec.policy.max_retries + 2):
-            outcome, processing, _ = _listen(k, d, prefixes, conditions, msg_id, delivery,
-                                             poison, 1)  # fmt: skip
-            rows.append((msg_id, delivery, NAMES[outcome], int(processing)))
+            outcome, processing, _ = listen(msg_id, delivery, 0, poison)
+            rows.append((msg_id, delivery, outcome, processing))
     return pd.DataFrame(rows, columns=["msg_id", "delivery", "outcome", "processing_ms"])
 
 

@@ -42,9 +42,9 @@ from retrysim.engine.event_rules import (
     _scalars,
     _table,
     key_names,
+    key_prefixes,
 )
 from retrysim.model import behavior as listener
-from retrysim.model import rng
 from retrysim.model.behavior import ListenerModel
 from retrysim.model.policy import Policy, policy_for
 from retrysim.numba_cache import cache_by_source
@@ -164,10 +164,7 @@ def simulate_compiled(
     count = int(np.searchsorted(born, spec.horizon_ms)) if publish else 0
     model = ListenerModel(behavior)
     d, windows = _doubles(model)
-    prefixes = np.array(
-        [rng.key_prefix(spec.seed, spec.group, s) for s in listener.DELIVERY_STREAMS],
-        dtype=np.uint64,
-    )
+    prefixes = key_prefixes(spec.seed, spec.group)
     poisoned = listener.poisoned(spec.seed, spec.group, msg_ids, behavior.poison_fraction)
     topology = policy.topology
     names = pa.array(key_names(policy), type=pa.string())

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 
 from retrysim.model import behavior as listener
-from retrysim.model import states
+from retrysim.model import rng, states
 from retrysim.model.behavior import ListenerModel, _Dist
 from retrysim.model.policy import Policy
 from retrysim.model.topology import AVERAGELY_BY_CIRCLE, BY_MESSAGE, BY_QUEUE
@@ -365,6 +365,42 @@ def key_names(policy: Policy) -> list[str]:
     string read in takes the first."""
     return [*NAMES, policy.topic, policy.retry_topic, limits.SCHEDULE_TOPIC, policy.dlq_topic,
             policy.topology.retry_topic]  # fmt: skip
+
+
+def key_prefixes(seed: int, group: str) -> np.ndarray:
+    """The hashed draws' key prefixes of a group's delivery streams (DELIVERY_STREAMS order),
+    as :func:`_listen` takes them."""
+    return np.array(
+        [rng.key_prefix(seed, group, s) for s in listener.DELIVERY_STREAMS], dtype=np.uint64
+    )
+
+
+class Listener:
+    """A group's compiled listener called from Python, one delivery at a time: what
+    :func:`_listen` decides with the loop's own hashed draws, the outcome by name (the
+    conformance harness's outcome file; the tests)."""
+
+    def __init__(self, behavior, seed: int, group: str) -> None:
+        self.d, self.windows = _doubles(ListenerModel(behavior))
+        self.k = np.full(K_SIZE, NULL, np.int64)
+        self.k[K_FAIL_FIRST] = behavior.fail_first
+        self.prefixes = key_prefixes(seed, group)
+        self.key = (seed, group, behavior.poison_fraction)
+
+    def poisoned(self, msg_ids: np.ndarray) -> np.ndarray:
+        """Which of ``msg_ids`` are the group's poison messages."""
+        return listener.poisoned(*self.key[:2], msg_ids, self.key[2])
+
+    def __call__(
+        self, msg_id: int, delivery: int, start_ms: int, poisoned: bool, concurrency: int = 1
+    ) -> tuple[str, int, int]:
+        """(outcome, processing_ms, send_back) of a delivery started at ``start_ms`` with
+        ``concurrency`` calls in flight at the downstream."""
+        conditions = _conditions(self.windows, self.d, start_ms)
+        outcome, processing, send_back = _listen(
+            self.k, self.d, self.prefixes, conditions, msg_id, delivery, poisoned, concurrency
+        )
+        return NAMES[outcome], int(processing), int(send_back)
 
 
 def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:
