@@ -35,12 +35,14 @@ def add_conformance_command(commands: argparse._SubParsersAction) -> None:
 
 def format_figures(results) -> str:
     """One line per group and figure: retrysim, broker, tolerance, within or not."""
-    lines = [f"{'group':<14} {'figure':<40} {'retrysim':>10} {'broker':>10} {'tolerance':>9}  "
+    wide = max((len(f.figure) for result in results for f in result.figures), default=6)
+    lines = [f"{'group':<14} {'figure':<{wide}} {'retrysim':>10} {'broker':>10} {'tolerance':>9}  "
              "within"]  # fmt: skip
     for result in results:
         for f in result.figures:
-            lines.append(f"{result.group:<14} {f.figure:<40} {f.retrysim:>10g} {f.broker:>10g} "
-                         f"{f.tolerance:>9g}  {'yes' if f.within else 'NO'}")  # fmt: skip
+            within = "yes" if f.within else "NO"
+            lines.append(f"{result.group:<14} {f.figure:<{wide}} {f.retrysim:>10g} "
+                         f"{f.broker:>10g} {f.tolerance:>9g}  {within}")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -39,7 +39,7 @@ JAVA_17_FLAGS = (
 HARNESS = "broker4"  # jvm/broker4: RocketMQ 4.9.7
 AWAIT_MS = 60_000  # at the horizon, how long the listeners still running may finish
 DELIVERIES = ("msg_id", "delivery", "reconsume_times", "topic", "queue_id", "instance",
-              "thread", "received_ms", "start_ms", "end_ms", "outcome")  # fmt: skip
+              "thread", "stored_ms", "start_ms", "end_ms", "outcome")  # fmt: skip
 
 
 class UnsupportedScenario(ValueError):
@@ -53,8 +53,10 @@ class HarnessError(RuntimeError):
 
 @dataclass(frozen=True)
 class BrokerRun:
-    """What the broker did: every delivery, the DLQ's messages, the store's puts by topic."""
+    """What the broker did with the messages it was sent (``msg_id``, ``queue_id``,
+    ``born_ms``): every delivery, the DLQ's messages, the store's puts by topic."""
 
+    messages: pd.DataFrame
     deliveries: pd.DataFrame
     dead_letters: pd.DataFrame
     puts: dict[str, int]
@@ -157,9 +159,8 @@ def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRu
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     msg_ids, queue_ids, born = messages_np(spec.workload, spec.group, spec.seed)
-    pd.DataFrame({"msg_id": msg_ids, "queue_id": queue_ids, "born_ms": born}).to_csv(
-        folder / "messages.csv", header=False, index=False
-    )
+    messages = pd.DataFrame({"msg_id": msg_ids, "queue_id": queue_ids, "born_ms": born})
+    messages.to_csv(folder / "messages.csv", header=False, index=False)
     outcomes(spec, msg_ids).to_csv(folder / "outcomes.csv", header=False, index=False)
     (folder / "harness.properties").write_text(_properties(scenario, group, spec, folder))
     command = ["java", "-Xmx512m", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
@@ -175,7 +176,9 @@ def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRu
     deliveries = _read(out / "deliveries.csv", list(DELIVERIES))
     dead = _read(out / "dlq.csv", ["msg_id", "dlq_at_ms"])
     puts = _read(out / "puts.csv", ["topic", "puts"])
-    return BrokerRun(deliveries, dead, dict(zip(puts["topic"], puts["puts"], strict=True)))
+    return BrokerRun(
+        messages, deliveries, dead, dict(zip(puts["topic"], puts["puts"], strict=True))
+    )
 
 
 def _read(path: Path, names: list[str]) -> pd.DataFrame:

@@ -35,12 +35,14 @@ def test_the_ladder_on_a_real_broker_gives_retrysims_exact_figures(tmp_path):
     done = conformance(tmp_path, LADDER, "--run-id", "ladder")
     assert done.returncode == EXIT_OK, done.stdout + done.stderr
     lines = [line.split() for line in done.stdout.splitlines() if line.startswith("payments")]
-    assert len(lines) == 9 and all(line[-1] == "yes" for line in lines)
+    assert len(lines) == 16 and all(line[-1] == "yes" for line in lines)
     rows = DeltaTable(str(tmp_path / "out" / "conformance")).to_pandas()
     assert set(rows["run_id"]) == {"ladder"} and rows["within"].all()
     figures = dict(zip(rows["figure"], rows["broker"], strict=True))
     assert figures["messages"] == 40
     assert 0 < figures["retry delay, worst difference (ms)"] <= 150  # the broker is a bit late
+    assert figures["duplicate deliveries"] == 0
+    assert figures["p99 time to commit (ms)"] > 2_000  # the retried ones
     assert figures["puts to %DLQ%payments"] > 0  # the poison reached the DLQ
     assert figures["puts to SCHEDULE_TOPIC_XXXX"] > figures["puts to %DLQ%payments"]
     deliveries = DeltaTable(str(tmp_path / "out" / "broker_deliveries")).to_pandas()

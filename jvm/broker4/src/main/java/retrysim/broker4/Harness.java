@@ -13,6 +13,8 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.rocketmq.broker.BrokerController;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
@@ -47,6 +49,7 @@ import org.apache.rocketmq.store.config.MessageStoreConfig;
  */
 public final class Harness {
   private static final String GROUP_KEY = "group";
+  private static final String WARM_UP = "retrysim-warm-up";
 
   public static void main(String[] args) throws Exception {
     Properties p = new Properties();
@@ -133,6 +136,7 @@ public final class Harness {
     producer.setNamesrvAddr(namesrvAddr);
     producer.start();
     waitForRebalance(consumers, queues);
+    warmUp(broker, namesrvAddr, producer, queues);
     produce(producer, queues);
     long horizon = Long.parseLong(p.getProperty("horizon_ms"));
     Thread.sleep(Math.max(0, t0 + horizon - System.currentTimeMillis()));
@@ -159,7 +163,8 @@ public final class Harness {
   private DefaultMQPushConsumer consumer(String namesrvAddr, int instance) throws Exception {
     DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(group);
     consumer.setNamesrvAddr(namesrvAddr);
-    consumer.setInstanceName("instance-" + instance);
+    // the client ids sort as retrysim numbers its instances (allocation follows the sort)
+    consumer.setInstanceName(String.format("instance-%03d", instance));
     consumer.setConsumeThreadMin(integer("threads"));
     consumer.setConsumeThreadMax(integer("threads"));
     consumer.setMaxReconsumeTimes(integer("max_reconsume_times"));
@@ -173,7 +178,6 @@ public final class Harness {
         (msgs, context) -> {
           context.setDelayLevelWhenNextConsume(levelWhenNext);
           MessageExt msg = msgs.get(0);
-          long received = System.currentTimeMillis() - t0;
           long msgId = Long.parseLong(msg.getKeys());
           int delivery = seen.computeIfAbsent(msgId, id -> new AtomicInteger()).incrementAndGet();
           String[] outcome = outcomes.get(msgId + "/" + delivery);
@@ -186,7 +190,8 @@ public final class Harness {
           deliveries.add(String.join(",", String.valueOf(msgId), String.valueOf(delivery),
               String.valueOf(msg.getReconsumeTimes()), retried ? MixAll.getRetryTopic(group) : topic,
               String.valueOf(msg.getQueueId()), String.valueOf(instance),
-              Thread.currentThread().getName(), String.valueOf(received), String.valueOf(start),
+              Thread.currentThread().getName(), String.valueOf(msg.getStoreTimestamp() - t0),
+              String.valueOf(start),
               String.valueOf(System.currentTimeMillis() - t0), kind));
           switch (kind) {
             case "CONSUME_SUCCESS":
@@ -240,6 +245,37 @@ public final class Harness {
     throw new IllegalStateException("the consumers did not settle on the queues in 60 s");
   }
 
+  /**
+   * A round trip on a topic of its own before production, so that the first messages do not
+   * pay for the JVM's class loading and compilation: the figures are the steady ones.
+   */
+  private void warmUp(BrokerController broker, String namesrvAddr, DefaultMQProducer producer,
+      int queues)
+      throws Exception {
+    broker.getTopicConfigManager()
+        .updateTopicConfig(new TopicConfig(WARM_UP, queues, queues, 6));
+    broker.registerBrokerAll(true, false, true);
+    int rounds = 50;
+    CountDownLatch consumed = new CountDownLatch(rounds);
+    DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(WARM_UP);
+    consumer.setNamesrvAddr(namesrvAddr);
+    consumer.setInstanceName(WARM_UP);
+    consumer.subscribe(WARM_UP, "*");
+    consumer.registerMessageListener((MessageListenerConcurrently) (msgs, context) -> {
+      msgs.forEach(msg -> consumed.countDown());
+      return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+    });
+    consumer.start();
+    for (int i = 0; i < rounds; i++) {
+      producer.send(new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
+          new MessageQueue(WARM_UP, "broker-a", i % queues));
+      sleep(10);
+    }
+    check(consumed.await(60, TimeUnit.SECONDS),
+        "the warm-up messages were not consumed in 60 s");
+    consumer.shutdown();
+  }
+
   private void produce(DefaultMQProducer producer, int queues) throws Exception {
     List<String> messages = Files.readAllLines(Path.of(p.getProperty("messages")));
     t0 = System.currentTimeMillis();
@@ -281,7 +317,11 @@ public final class Harness {
   private void writePuts(DefaultMessageStore store) throws IOException {
     try (PrintWriter puts = new PrintWriter(Files.newBufferedWriter(out.resolve("puts.csv")))) {
       store.getStoreStatsService().getPutMessageTopicTimesTotal()
-          .forEach((name, count) -> puts.println(name + "," + count.sum()));
+          .forEach((name, count) -> {
+            if (!name.contains(WARM_UP)) {
+              puts.println(name + "," + count.sum());
+            }
+          });
     }
   }
 
