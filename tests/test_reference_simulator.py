@@ -289,8 +289,14 @@ def test_concurrently_timeout_exact_and_periodic():
 PUSH_INTERVALS_S = [10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
 
 
-def test_push_always_failing_defaults():
-    r = run(flavor="rocketmq5.push", workload=one(), behavior=ALWAYS_FAIL, horizon="8h")
+def test_push_always_failing_apsaramq_defaults():
+    r = run(
+        flavor="rocketmq5.push",
+        deployment="apsaramq",
+        workload=one(),
+        behavior=ALWAYS_FAIL,
+        horizon="8h",
+    )
     rows = attempts(r)
     expected = [sum(PUSH_INTERVALS_S[:i]) * S for i in range(17)]
     assert [a["start_ms"] for a in rows] == expected
@@ -309,14 +315,14 @@ def test_push_always_failing_defaults():
     assert t[-1]["topic"] == "%DLQ%g" and t[-1]["reason"] == "max_reconsume_times"
 
 
-def test_push_grpc_client_index():
-    r = run(
-        flavor="rocketmq5.push",
-        retry_policy={"kind": "grpc_client"},
-        workload=one(),
-        behavior=ALWAYS_FAIL,
-        horizon="4h",
-    )
+@pytest.mark.parametrize(
+    "config", [{"retry_policy": {"kind": "grpc_client"}}, {}, {"flavor": "customized"}]
+)
+def test_push_grpc_client_index(config):
+    """The open-source client's index: also what a push group (or a customized one without
+    its own list) does by default, deployment apache."""
+    r = run(**{"flavor": "rocketmq5.push", **config}, workload=one(), behavior=ALWAYS_FAIL,
+            horizon="4h")  # fmt: skip
     rows = attempts(r)
     assert [a["start_ms"] for a in rows[:6]] == [0, 1 * S, 6 * S, 16 * S, 46 * S, 106 * S]
     assert rows[-1]["delivery"] == 17
@@ -324,9 +330,10 @@ def test_push_grpc_client_index():
     assert rows[-1]["settled_ms"] == 2 * HOUR + 45 * MIN + 46 * S
 
 
-def test_push_timeout_is_one_minute():
+def test_push_timeout_is_one_minute_on_apsaramq():
     r = run(
         flavor="rocketmq5.push",
+        deployment="apsaramq",
         max_reconsume_times=1,
         workload=one(),
         behavior={"processing_time": "90s"},
@@ -336,6 +343,16 @@ def test_push_timeout_is_one_minute():
     assert rows[1]["start_ms"] == MIN + 10 * S
     assert rows[1]["end_ms"] == 2 * MIN + 10 * S
     assert rows[1]["settled_ms"] == 2 * MIN + 40 * S  # leave after the 2nd backoff (30 s)
+
+
+def test_open_source_push_times_out_when_the_proxy_stops_renewing():
+    """60 s, then renewals 10 s ahead by 1, 3, 5, 10, 30 and 60 minutes: the one due after
+    3 h (at 13,710 s) nacks instead, and the retry waits the client's first interval."""
+    r = run(flavor="rocketmq5.push", max_reconsume_times=1, workload=one(),
+            behavior={"processing_time": "4h"}, horizon="9h")  # fmt: skip
+    rows = attempts(r)
+    assert (rows[0]["outcome"], rows[0]["end_ms"]) == ("TIMEOUT", 13_710 * S)
+    assert rows[1]["start_ms"] == 13_711 * S
 
 
 def test_push_ordered_blocks_and_leaves_at_failure():
@@ -363,6 +380,7 @@ def test_push_ordered_blocks_and_leaves_at_failure():
 def test_apsaramq_ready_wait_example():
     r = run(
         flavor="rocketmq5.push",
+        deployment="apsaramq",
         workload=one(),
         behavior={"ready_wait": "5s", "processing_time": "6s", "fail_first": 1},
     )
@@ -861,6 +879,7 @@ def test_dlq_disabled_discards():
     assert trans(r)[-1]["topic"] == "g" and trans(r)[-1]["reason"] == "max_reconsume_times"
     r = run(
         flavor="rocketmq5.push",
+        deployment="apsaramq",
         max_reconsume_times=0,
         dlq_enabled=False,
         workload=one(),
@@ -952,6 +971,7 @@ def test_horizon_rows():
     # an after-backoff leave at the horizon stays WaitingRetry
     r = run(
         flavor="rocketmq5.push",
+        deployment="apsaramq",
         max_reconsume_times=0,
         workload=one(),
         horizon="10s",

@@ -59,6 +59,7 @@ FLAVOR_KEYS = (
     "invisible_duration",
     "ordered",
     "consume_timeout",
+    "deployment",
     "behavior.send_back_failure_probability",
     "behavior.send_back_fallback_probability",
 )
@@ -143,6 +144,7 @@ def policy_fields(**overrides: object) -> dict[str, object]:
         "invisible_until_retry": False,
         "resend_levels": None,
         "resend_intervals_ms": None,
+        "receive_invisible_ms": None,
     }
     base.update(overrides)
     return base
@@ -217,7 +219,7 @@ def _http(interval_ms: int):
     return rules
 
 
-def _five_intervals(group: Group, default: str = limits.APSARAMQ_PUSH_INTERVALS) -> tuple[int, ...]:
+def _five_intervals(group: Group, default: str) -> tuple[int, ...]:
     """The retry intervals of a 5.x group's retry policy; ``default`` without one."""
     policy = group.retry_policy
     kind = group.policy_kind
@@ -234,12 +236,31 @@ def _five_intervals(group: Group, default: str = limits.APSARAMQ_PUSH_INTERVALS)
     return parse_delay_levels(default)
 
 
+def _five_defaults(group: Group) -> dict[str, object]:
+    """What a 5.x push group's deployment decides when the scenario does not: open-source
+    Apache RocketMQ's client indexes the group's list from its first entry (1 s, 5 s, ...)
+    and never times a listener out, the proxy renewing its 60 s invisibility up to 3 h;
+    ApsaraMQ's document gives 10 s, 30 s, ... and a 1-minute consume timeout
+    (docs/flavors.md, deployments)."""
+    if group.deployment == "apsaramq":
+        return {
+            "intervals": limits.APSARAMQ_PUSH_INTERVALS,
+            "timeout_ms": limits.DEFAULT_CONSUME_TIMEOUT_5X_MS,
+            "receive_invisible_ms": None,
+        }
+    return {"intervals": limits.GRPC_CLIENT_INTERVALS,
+            "timeout_ms": limits.apache_renewal_stop_ms(),
+            "receive_invisible_ms": limits.APACHE_POP_INVISIBLE_MS}  # fmt: skip
+
+
 def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
+    defaults = _five_defaults(group)
     return policy_fields(
         retry_path=REVIVE,
         max_retries=retries_of(group, limits.DEFAULT_MAX_RETRIES_5X),
-        intervals_ms=_five_intervals(group),
-        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_5X_MS,
+        intervals_ms=_five_intervals(group, default=defaults["intervals"]),
+        timeout_ms=group.consume_timeout or defaults["timeout_ms"],
+        receive_invisible_ms=defaults["receive_invisible_ms"],
     )
 
 
@@ -252,7 +273,7 @@ def _push_ordered(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
         max_retries=retries_of(group, limits.DEFAULT_MAX_RETRIES_5X),
         intervals_ms=_five_intervals(group, default=limits.GRPC_CLIENT_INTERVALS),
         leave_after_backoff=False,
-        timeout_ms=group.consume_timeout or limits.DEFAULT_CONSUME_TIMEOUT_5X_MS,
+        timeout_ms=group.consume_timeout or _five_defaults(group)["timeout_ms"],
     )
 
 
@@ -302,7 +323,7 @@ def _pubsub(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
 
 _HTTP_FIXED = "HTTP consumers retry a fixed 288 times (not configurable)"
 _5X = {"max_retries_limit": limits.MAX_RETRIES_5X}
-_PUSH_READS = frozenset({"ordered", "consume_timeout"})
+_PUSH_READS = frozenset({"ordered", "consume_timeout", "deployment"})
 
 CATALOGUE: tuple[Flavor, ...] = (
     Flavor(
@@ -367,21 +388,24 @@ CATALOGUE: tuple[Flavor, ...] = (
             policy_kinds=("exponential", "customized", "grpc_client"),
             blocking=True,
             label="ordered rocketmq5.push",
+            harness="broker5",
             **_5X,
         ),
+        harness="broker5",
         **_5X,
     ),
     Flavor(
         "rocketmq5.simple",
         _simple,
-        reads=frozenset({"invisible_duration"}),
+        reads=frozenset({"invisible_duration", "deployment"}),
         timeout_key="invisible_duration",
+        harness="broker5",
         **_5X,
     ),
     Flavor(
         "exponential",
         _push,
-        reads=frozenset({"consume_timeout"}),
+        reads=frozenset({"consume_timeout", "deployment"}),
         policy_kinds=("exponential",),
         default_policy_kind="exponential",
         **_5X,
@@ -389,7 +413,7 @@ CATALOGUE: tuple[Flavor, ...] = (
     Flavor(
         "customized",
         _push,
-        reads=frozenset({"consume_timeout"}),
+        reads=frozenset({"consume_timeout", "deployment"}),
         policy_kinds=("customized",),
         default_policy_kind="customized",
         **_5X,

@@ -98,6 +98,9 @@ class Policy:
     # orderly send of an exhausted message, which a 4.9.7 broker dead-letters late
     resend_levels: tuple[int, ...] | None
     resend_intervals_ms: tuple[int, ...] | None
+    # a 5.x push pop's invisible time when it is not the consume timeout (open-source:
+    # the proxy's 60 s, renewed)
+    receive_invisible_ms: int | None
     batch_size: int
     ack_index: int | None
     pull_interval_ms: int
@@ -139,9 +142,11 @@ class Policy:
     def pop_invisible_ms(self) -> int | None:
         """A 5.x pop's invisible time, when every delivery writes a checkpoint and an ack to
         the commit log (unordered revive-path groups; a FIFO pop keeps its state out of the
-        commit log): the push consumer's consume timeout, or ``invisible_duration``
-        (docs/flavors.md, 5.x pop writes)."""
-        return self.timeout_ms if self.retry_path == REVIVE and not self.blocking else None
+        commit log): the proxy's receive invisibility for an open-source push consumer, else
+        its consume timeout, or ``invisible_duration`` (docs/flavors.md, 5.x pop writes)."""
+        if self.retry_path != REVIVE or self.blocking:
+            return None
+        return self.receive_invisible_ms or self.timeout_ms
 
     @property
     def timeout_sent_back_unread(self) -> bool:

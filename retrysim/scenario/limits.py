@@ -48,6 +48,31 @@ MAX_RETRIES_5X = 1_000
 DEFAULT_CONSUME_TIMEOUT_5X_MS = MINUTE_MS
 MIN_INVISIBLE_MS, MAX_INVISIBLE_MS = 10 * SECOND_MS, 12 * HOUR_MS
 DEFAULT_INVISIBLE_MS = 30 * SECOND_MS
+# Open-source Apache RocketMQ 5.x (deployment: apache, the default; docs/flavors.md): the push
+# client receives with autoRenew, so the proxy pops with defaultInvisibleTimeMills (60 s) and,
+# scanning every 5 s, renews the invisibility renewAheadTimeMillis (10 s) before it ends by the
+# next RenewStrategyPolicy step, until renewMaxTimeMillis (3 h) has passed since the receive;
+# then it nacks the delivery (ProxyConfig lines 126 and 204-206, DefaultReceiptHandleManager
+# lines 181-222). The client itself never times a listener out.
+DEPLOYMENTS = ("apache", "apsaramq")
+DEFAULT_DEPLOYMENT = "apache"
+APACHE_POP_INVISIBLE_MS = MINUTE_MS
+APACHE_RENEW_STEPS_MS = tuple(m * MINUTE_MS for m in (1, 3, 5, 10, 30, 60))
+APACHE_RENEW_AHEAD_MS = 10 * SECOND_MS
+APACHE_RENEW_MAX_MS = 3 * HOUR_MS
+
+
+def apache_renewal_stop_ms() -> int:
+    """When, after a push delivery's start, the open-source proxy stops renewing it and nacks:
+    the first renewal due at least ``renewMaxTimeMillis`` after the receive (13,710 s; each
+    renewal taken at its earliest, the 5 s scan may make it up to 5 s later)."""
+    expires, renewals = APACHE_POP_INVISIBLE_MS, 0
+    while (due := expires - APACHE_RENEW_AHEAD_MS) < APACHE_RENEW_MAX_MS:
+        expires = due + APACHE_RENEW_STEPS_MS[min(renewals, len(APACHE_RENEW_STEPS_MS) - 1)]
+        renewals += 1
+    return due
+
+
 # CustomizedRetryPolicy.next (remoting/.../subscription): the open-source gRPC clients index
 # it from its first entry (CustomizedBackoffRetryPolicy), docs/flavors.md.
 GRPC_CLIENT_INTERVALS = DEFAULT_MESSAGE_DELAY_LEVEL

@@ -482,6 +482,7 @@ class Group(_Model):
         None
     )
     consume_timeout_check: Literal["exact", "periodic"] = "exact"
+    deployment: Literal["apache", "apsaramq"] = limits.DEFAULT_DEPLOYMENT
     dlq_enabled: bool = True
     suspend_current_queue_time: Annotated[
         Duration, in_range(limits.MIN_SUSPEND_MS, limits.MAX_SUSPEND_MS, duration=True)

@@ -45,7 +45,7 @@ FLAVOR_GROUPS = {
     "broadcasting": {"flavor": "rocketmq4.broadcasting"},
     "http-unordered": {"flavor": "http.unordered"},
     "http-ordered": {"flavor": "http.ordered"},
-    "push": {"flavor": "rocketmq5.push", "max_reconsume_times": 3},
+    "push": {"flavor": "rocketmq5.push", "max_reconsume_times": 3, "deployment": "apsaramq"},
     "push-grpc": {"flavor": "rocketmq5.push", "retry_policy": {"kind": "grpc_client"}},
     "push-ordered": {"flavor": "rocketmq5.push", "ordered": True, "max_reconsume_times": 2},
     "simple": {"flavor": "rocketmq5.simple", "invisible_duration": "30s", "dlq_enabled": False},

@@ -267,6 +267,8 @@ class _Group:
     blocking: bool
     max_retries: float  # M; INF for never
     timeout: int | None  # T
+    # a 5.x pop's invisible time when it is not T: the open-source proxy's 60 s, renewed
+    receive_invisible: int | None
     periodic: bool
     dlq_enabled: bool
     # 4.x concurrently
@@ -330,13 +332,14 @@ def _table_interval(table: list[int]):
     return lambda n: table[min(n, len(table)) - 1]
 
 
-def _push_interval(policy: dict | None):
+def _push_interval(policy: dict | None, listed: str = APSARA_PUSH_INTERVALS):
+    """A 5.x push group's retry n interval; ``listed``: the list without a policy's own."""
     kind = (policy or {}).get("kind")
     if kind == "grpc_client":
         return _table_interval(_parse_list(GRPC_CLIENT_INTERVALS))
     if kind == "customized":
         raw = policy.get("intervals")
-        table = [parse_duration_ms(x) for x in raw] if raw else _parse_list(APSARA_PUSH_INTERVALS)
+        table = [parse_duration_ms(x) for x in raw] if raw else _parse_list(listed)
         return _table_interval(table)
     if kind == "exponential":
         initial = parse_duration_ms(policy.get("initial", "5s"))
@@ -353,7 +356,19 @@ def _push_interval(policy: dict | None):
             return min(maximum, _half_up(min(float(maximum), value)))
 
         return exponential
-    return _table_interval(_parse_list(APSARA_PUSH_INTERVALS))
+    return _table_interval(_parse_list(listed))
+
+
+def _open_source_renewal_stop() -> int:
+    """The open-source proxy pops a push delivery invisible for 60 s and renews it 10 s
+    before each end, by 1 m, 3 m, 5 m, 10 m, 30 m, then 1 h each time, until 3 h have
+    passed since the receive: the renewal due then nacks it instead."""
+    steps = [60_000, 180_000, 300_000, 600_000, 1_800_000, 3_600_000]
+    end, moment, k = 60_000, 50_000, 0
+    while moment < 3 * 3_600_000:
+        end = moment + steps[min(k, 5)]
+        moment, k = end - 10_000, k + 1
+    return moment
 
 
 def _max_retries(raw: Any, default: float) -> float:
@@ -378,6 +393,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
     suspend = parse_duration_ms(suspend_raw if suspend_raw is not None else "1s")
 
     kind, blocking, periodic = "after_backoff", False, False
+    receive_invisible = None
     path, from_start, interval_of = "revive", False, None
     max_retries: float = 16
     timeout: int | None = None
@@ -397,14 +413,23 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         interval_of = lambda n, step=step: step  # noqa: E731
         timeout = timeout_or("1m" if ordered else "5m")
     elif flavor in ("rocketmq5.push", "exponential", "customized"):
-        max_retries, timeout = _max_retries(mrt, 16), timeout_or("1m")
+        # ApsaraMQ's document, or the open-source client and proxy (the default)
+        apsaramq = g.get("deployment", "apache") == "apsaramq"
+        max_retries = _max_retries(mrt, 16)
+        timeout = (
+            timeout_or("1m")
+            if apsaramq
+            else (parse_duration_ms(ct) if ct is not None else _open_source_renewal_stop())
+        )
+        listed = APSARA_PUSH_INTERVALS if apsaramq else GRPC_CLIENT_INTERVALS
+        receive_invisible = None if apsaramq else 60_000
         if flavor == "rocketmq5.push" and g.get("ordered"):
             kind, blocking = "local", True
             interval_of = _push_interval(policy or {"kind": "grpc_client"})
         else:
             if flavor != "rocketmq5.push":
                 policy = {**policy, "kind": flavor}
-            interval_of = _push_interval(policy)
+            interval_of = _push_interval(policy, listed)
     elif flavor == "rocketmq5.simple":
         inv = parse_duration_ms(g.get("invisible_duration") or "30s")
         max_retries, timeout, from_start = _max_retries(mrt, 16), inv, True
@@ -463,6 +488,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         blocking=blocking,
         max_retries=max_retries,
         timeout=timeout,
+        receive_invisible=receive_invisible,
         periodic=periodic,
         dlq_enabled=bool(g.get("dlq_enabled", True)),
         levels=levels,

@@ -142,6 +142,8 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
         g["retry_policy"] = {"kind": "customized", "intervals": ["0ms", "1s", "3s"]}
     if flavor == "rocketmq5.push" and draw(st.booleans()):
         g["retry_policy"] = {"kind": "grpc_client"}
+    if flavor.startswith(("rocketmq5", "exponential", "customized")):
+        g["deployment"] = draw(st.sampled_from(["apache", "apsaramq"]))
     if flavor != "rocketmq4.broadcasting" and draw(st.booleans()):
         g["dlq_enabled"] = False
     elif flavor != "rocketmq4.broadcasting" and draw(st.booleans()):

@@ -39,7 +39,7 @@ def checkpoint_put(now: int, revive_ms: int) -> list[int]:
 def _pop_writes(cfg: Any, a: dict, steps: dict[str, tuple]) -> list[int]:
     """5.x unordered pop consumption with the broker's defaults (``enablePopBufferMerge =
     false``: every checkpoint and ack is a message in the revive topic)."""
-    invisible = cfg.timeout
+    invisible = cfg.receive_invisible or cfg.timeout
     start, end = a["start_ms"], a["end_ms"]
     if start is None:
         return []
