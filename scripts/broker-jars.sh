@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The RocketMQ conformance harness of one major (jvm/broker4: namesrv, broker and client at
-# 4.9.7), built once with Maven from jvm/<module>/pom.xml into build/jars/<module>/ with its
-# dependencies, and printed as a class path. A change to jvm/<module> builds it again.
+# 4.9.7; jvm/broker5: namesrv, broker and local-mode proxy at 5.5.0, gRPC client 5.2.0), built
+# once with Maven from jvm/<module>/pom.xml into build/jars/<module>/ with its dependencies, and
+# printed as a class path. A change to jvm/<module> builds it again.
 #
 #   scripts/broker-jars.sh broker4     prints the class path, building it first if needed
+#   scripts/broker-jars.sh broker5     the same for the 5.x harness
 #
 # Maven uses the machine's own configuration (~/.m2/settings.xml, MAVEN_OPTS). Where the
 # harness cannot be built (no network, no mvn), it prints nothing, says why in one line on
