@@ -16,7 +16,15 @@ import pandas as pd
 
 from retrysim.conformance.harness import BrokerRun
 from retrysim.model.behavior import CONSUME_SUCCESS
-from retrysim.model.states import COMMIT, DLQ, READY_PUBLISHED, READY_RETRY_DUE, WAITING_RETRY
+from retrysim.model.policy import Policy
+from retrysim.model.states import (
+    COMMIT,
+    DLQ,
+    READY_PUBLISHED,
+    READY_RETRY_DUE,
+    REVIVE,
+    WAITING_RETRY,
+)
 from retrysim.scenario import limits
 
 COMMITTED, DEAD, PENDING = "commit", "dlq", "pending"
@@ -63,10 +71,11 @@ def broker_messages(run: BrokerRun) -> pd.DataFrame:
     return pd.DataFrame({"deliveries": rows.groupby("msg_id").size(), "state": state})
 
 
-def retrysim_puts(staged: pd.DataFrame) -> dict[str, int]:
+def retrysim_puts(staged: pd.DataFrame, policy: Policy) -> dict[str, int]:
     """The commit-log puts by topic that retrysim's rows make (docs/flavors.md, commit-log
-    writes, 4.x concurrently): each copy Ready on a topic (published, or a retry the
-    schedule topic delivered), each send-back into the schedule topic, each dead letter."""
+    writes): each copy Ready on a topic (published, or a retry the schedule topic delivered
+    or the 5.x reviver copied), each send-back into the schedule topic, each dead letter, and
+    for 5.x the reviver's copy of a message it then finds over the limit (5.x pop writes)."""
     puts: dict[str, int] = {}
 
     def add(topics: pd.Series) -> None:
@@ -78,14 +87,38 @@ def retrysim_puts(staged: pd.DataFrame) -> dict[str, int]:
     add(staged.loc[waiting & (staged["end_topic"] == limits.SCHEDULE_TOPIC), "end_topic"])
     add(staged.loc[staged["end_state"] == DLQ, "end_topic"])
     add(staged.loc[staged["leave_state"] == DLQ, "leave_topic"])
+    dead = staged["result_state"] == DLQ
+    if policy.retry_path == REVIVE and dead.any():
+        add(pd.Series(policy.retry_topic, index=staged.index[dead]))
     return puts
 
 
+# the 5.x broker's own topics for a pop's checkpoints and acks: the timer wheel's and the
+# revive service's (rmq_sys_wheel_timer, rmq_sys_REVIVE_LOG_<cluster>)
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+
+
+def pop_bookkeeping(puts: dict[str, int]) -> dict[str, int]:
+    """The broker's puts to its pop bookkeeping topics. Not compared: the broker writes one
+    checkpoint per receive, which may hold several messages (retrysim writes one per
+    delivery, an upper bound), and two runs of one scenario differ by a write or two."""
+    return {topic: n for topic, n in puts.items() if topic.startswith(SYSTEM_TOPIC_PREFIX)}
+
+
+def listener_ends(rows: pd.DataFrame) -> pd.Series:
+    """When each delivery's listener returned: retrysim's ``start + processing`` (its
+    ``end_ms`` is when the delivery left Inflight, which for a 5.x simple consumer's failure
+    is the end of its invisible time), the broker's recorded end."""
+    if "processing_ms" in rows:
+        return rows["start_ms"] + rows["processing_ms"]
+    return rows["end_ms"]
+
+
 def _retry_delays(rows: pd.DataFrame) -> pd.Series:
-    """Each retry's delay, from the end of one delivery to the start of the next, by
-    (msg_id, delivery)."""
+    """Each retry's delay, from the end of one delivery's listener to the start of the
+    next, by (msg_id, delivery)."""
     started = rows[rows["start_ms"].notna()].sort_values(["msg_id", "delivery"])
-    before = started.groupby("msg_id")["end_ms"].shift()
+    before = listener_ends(started).groupby(started["msg_id"]).shift()
     delays = (started["start_ms"] - before)[before.notna()]
     keys = started.loc[delays.index, ["msg_id", "delivery"]]
     return pd.Series(delays.to_numpy(float), index=pd.MultiIndex.from_frame(keys))
@@ -186,17 +219,18 @@ def _dlq_times(staged: pd.DataFrame, run: BrokerRun) -> Figure:
 def _instances(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
     """Each instance's deliveries (its queues decide them: exact) and busy time (each
     delivery's listener time; Thread.sleep and the call may add a millisecond or two)."""
-    started = staged[staged["start_ms"].notna()]
-    mine = started.groupby("consumer_instance").agg(
-        deliveries=("delivery", "size"), busy=("end_ms", "sum"), began=("start_ms", "sum")
+
+    def work(rows: pd.DataFrame, instance: str) -> pd.DataFrame:
+        rows = rows[rows["start_ms"].notna()]
+        busy = listener_ends(rows) - rows["start_ms"]
+        return pd.DataFrame({"deliveries": 1, "busy": busy}).groupby(rows[instance]).sum()
+
+    both = (
+        work(staged, "consumer_instance")
+        .join(work(run.deliveries, "instance"), how="outer", lsuffix="_retrysim", rsuffix="_broker")
+        .fillna(0)
     )
-    delivered = run.deliveries
-    theirs = delivered.groupby("instance").agg(
-        deliveries=("delivery", "size"), busy=("end_ms", "sum"), began=("start_ms", "sum")
-    )
-    both = mine.join(theirs, how="outer", lsuffix="_retrysim", rsuffix="_broker").fillna(0)
-    busy_mine = both["busy_retrysim"] - both["began_retrysim"]
-    busy_theirs = both["busy_broker"] - both["began_broker"]
+    busy_mine, busy_theirs = both["busy_retrysim"], both["busy_broker"]
     deliveries = (both["deliveries_broker"] - both["deliveries_retrysim"]).abs().max()
     # the tightest instance's tolerance holds for all
     pairs = zip(both["deliveries_retrysim"], busy_mine, strict=True)
@@ -230,7 +264,7 @@ def timed_figures(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
     ]  # fmt: skip
 
 
-def exact_figures(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
+def exact_figures(staged: pd.DataFrame, run: BrokerRun, policy: Policy) -> list[Figure]:
     """The exact figures of one group: mismatched messages, the DLQ, the puts by topic."""
     mine, theirs = retrysim_messages(staged), broker_messages(run)
     both = mine.join(theirs, how="outer", lsuffix="_retrysim", rsuffix="_broker")
@@ -245,7 +279,7 @@ def exact_figures(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
             set(mine.index[mine["state"] == DEAD]) ^ set(run.dead_letters["msg_id"]))),
         Figure("duplicate deliveries", 0, duplicates(run)),
     ]  # fmt: skip
-    mine_puts = retrysim_puts(staged)
-    for topic in sorted(set(mine_puts) | set(run.puts)):
+    mine_puts = retrysim_puts(staged, policy)
+    for topic in sorted((set(mine_puts) | set(run.puts)) - set(pop_bookkeeping(run.puts))):
         figures.append(Figure(f"puts to {topic}", mine_puts.get(topic, 0), run.puts.get(topic, 0)))
     return figures

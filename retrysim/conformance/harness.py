@@ -1,11 +1,13 @@
-"""A scenario's group on a real RocketMQ 4.9.7 broker (jvm/broker4): its inputs, the run, its
-records.
+"""A scenario's group on a real RocketMQ broker: its inputs, the run, its records.
 
-The harness JVM starts a namesrv and a broker on loopback with the scenario's delay table,
-creates the topic with its queues, starts the group's instances x threads push consumers and,
-once they hold their queues, publishes the scenario's messages at their born times. Its
-listener does what retrysim draws for each message and delivery (:func:`outcomes`): both
-sides see the same listener and differ only in what the broker and the client do.
+Each major has its harness (a Maven module under jvm/): ``broker4`` runs a 4.9.7 namesrv and
+broker with the 4.x push consumer; ``broker5`` a 5.5.0 namesrv, broker and proxy in local
+mode with the gRPC push or simple consumer. A harness starts its broker on loopback with the
+scenario's delay table (5.x: the group's retry policy as a customized list), creates the topic
+with its queues, starts the group's instances x threads consumers and, once they hold their
+queues, publishes the scenario's messages at their born times. Its listener does what
+retrysim draws for each message and delivery (:func:`outcomes`): both sides see the same
+listener and differ only in what the broker and the client do.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pandas as pd
 from retrysim.engine.event_key import KeySpec
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.model import flavors
+from retrysim.model.policy import Policy
 from retrysim.model.workload import messages_np
 from retrysim.scenario.spec import Group, Scenario
 
@@ -36,7 +39,8 @@ JAVA_17_FLAGS = (
     "--add-opens=java.base/jdk.internal.ref=ALL-UNNAMED",
     "--add-exports=java.base/jdk.internal.ref=ALL-UNNAMED",
 )
-HARNESS = "broker4"  # jvm/broker4: RocketMQ 4.9.7
+# jvm/<module>: what each runs
+HARNESSES = {"broker4": "RocketMQ 4.9.7", "broker5": "RocketMQ 5.5.0 (proxy in local mode)"}
 AWAIT_MS = 60_000  # at the horizon, how long the listeners still running may finish
 DELIVERIES = ("msg_id", "delivery", "reconsume_times", "topic", "queue_id", "instance",
               "thread", "stored_ms", "start_ms", "end_ms", "outcome")  # fmt: skip
@@ -72,14 +76,21 @@ def group_spec(scenario: Scenario, name: str) -> tuple[Group, KeySpec]:
     raise UnsupportedScenario(f"no group {name} in scenario {scenario.name}")
 
 
+def harness_of(group: Group) -> str | None:
+    """The harness module that runs ``group``'s flavor on a real broker, if one does."""
+    return group.flavor_record.harness
+
+
 def refuse_unsupported(scenario: Scenario, group: Group, spec: KeySpec) -> None:
     """Raise :class:`UnsupportedScenario`, naming the reason, for what the harness cannot run
     on a real broker (yet)."""
     policy, behavior = spec.policy, spec.behavior
+    harness = harness_of(group)
     why = None
-    if flavors.get(group.flavor).harness != HARNESS:
-        runs = [flavor.name for flavor in flavors.CATALOGUE if flavor.harness == HARNESS]
-        why = f"flavor {group.flavor}: the broker harness runs {', '.join(runs)} so far"
+    if harness is None:
+        records = [r for f in flavors.CATALOGUE for r in (f, f.ordered) if r is not None]
+        runs = sorted({record.label for record in records if record.harness})
+        why = f"flavor {group.flavor_record.label}: the broker harness runs {', '.join(runs)}"
     elif policy.topology.threads is None:
         why = "consumers: unlimited has no real pool; give instances and threads"
     elif policy.topology.brokers != 1:
@@ -96,16 +107,41 @@ def refuse_unsupported(scenario: Scenario, group: Group, spec: KeySpec) -> None:
         why = "retry_queue_nums: the harness's broker keeps %RETRY%<group> at one queue"
     elif policy.pull_interval_ms or policy.ready_wait_ms:
         why = "pull_interval and behavior.ready_wait are not in the harness yet"
-    elif policy.timeout_ms is not None and policy.timeout_ms % 60_000:
-        why = "consume_timeout: the 4.x client takes whole minutes"
     elif group.allocate != "averagely" and policy.topology.instances > 1:
         why = "allocate: the harness's client allocates averagely"
-    elif any(ms % 1_000 for ms in scenario.broker.message_delay_level):
-        why = "message_delay_level: a broker's levels are whole seconds here"
     elif spec.workload.messages > 100_000:
         why = f"{spec.workload.messages:,} messages: at most 100,000 on a real broker"
+    elif not group.dlq_enabled:
+        why = "dlq_enabled: false has no open-source broker (ApsaraMQ's discard)"
+    else:
+        why = (_refuse_4x if harness == "broker4" else _refuse_5x)(scenario, group, policy)
     if why:
         raise UnsupportedScenario(f"group {spec.group}: {why}")
+
+
+def _refuse_4x(scenario: Scenario, group: Group, policy: Policy) -> str | None:
+    if policy.timeout_ms is not None and policy.timeout_ms % 60_000:
+        return "consume_timeout: the 4.x client takes whole minutes"
+    if any(ms % 1_000 for ms in scenario.broker.message_delay_level):
+        return "message_delay_level: a broker's levels are whole seconds here"
+    return None
+
+
+def _refuse_5x(scenario: Scenario, group: Group, policy: Policy) -> str | None:
+    if group.deployment != "apache":
+        return "deployment: apsaramq is a cloud service; the harness runs open-source RocketMQ 5"
+    if group.consume_timeout is not None:
+        return "consume_timeout: the open-source 5.x client has none (the proxy renews)"
+    if any(ms % 1_000 or ms <= 0 for ms in policy.intervals_ms):
+        return "retry_policy: the harness gives the group its intervals in whole seconds"
+    return None
+
+
+def _consumer(group: Group) -> str:
+    """The 5.x harness's consumer kind for ``group``."""
+    if group.flavor == "rocketmq5.simple":
+        return "simple"
+    return "push_fifo" if group.ordered else "push"
 
 
 def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
@@ -127,22 +163,27 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
 def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -> str:
     policy = spec.policy
     timeout_minutes = (policy.timeout_ms or 15 * 60_000) // 60_000
-    delay_table = " ".join(f"{ms // 1_000}s" for ms in scenario.broker.message_delay_level)
+    # 4.x: the broker's delay table; 5.x: the group's retry policy, given as a customized list
+    # (the gRPC client waits its entry attempt - 1, as retrysim's intervals are indexed)
+    table = (scenario.broker.message_delay_level if harness_of(group) == "broker4"
+             else policy.intervals_ms)  # fmt: skip
+    delay_table = " ".join(f"{ms // 1_000}s" for ms in table)
     return "\n".join([
         f"topic={spec.topic}", f"group={spec.group}", f"queues={spec.queues}",
         f"instances={policy.topology.instances}", f"threads={policy.topology.threads}",
         f"max_reconsume_times={policy.max_retries}", f"consume_timeout_minutes={timeout_minutes}",
         f"delay_level_when_next_consume={group.delay_level_when_next_consume}",
+        f"consumer={_consumer(group)}", f"invisible_duration_ms={group.invisible_duration}",
         f"await_ms={AWAIT_MS}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
         f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",
     ])  # fmt: skip
 
 
-def class_path() -> str:
+def class_path(harness: str) -> str:
     """The harness's class path, built once (scripts/broker-jars.sh)."""
     built = subprocess.run(
-        [str(PROJECT / "scripts" / "broker-jars.sh"), HARNESS],
+        [str(PROJECT / "scripts" / "broker-jars.sh"), harness],
         capture_output=True, text=True,
     )  # fmt: skip
     if built.returncode != 0 or not built.stdout.strip():
@@ -151,9 +192,10 @@ def class_path() -> str:
 
 
 def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRun:
-    """Run the scenario's group ``name`` on a real 4.9.7 broker, its files under ``folder``."""
+    """Run the scenario's group ``name`` on a real broker, its files under ``folder``."""
     group, spec = group_spec(scenario, name)
     refuse_unsupported(scenario, group, spec)
+    harness = harness_of(group)
     if shutil.which("java") is None:
         raise HarnessError("java not found: the harness needs Java 17")
     folder = Path(folder)
@@ -164,13 +206,13 @@ def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRu
     outcomes(spec, msg_ids).to_csv(folder / "outcomes.csv", header=False, index=False)
     (folder / "harness.properties").write_text(_properties(scenario, group, spec, folder))
     command = ["java", "-Xmx512m", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
-               "-cp", class_path(), f"retrysim.{HARNESS}.Harness",
+               "-cp", class_path(harness), f"retrysim.{harness}.Harness",
                str(folder / "harness.properties"), str(folder / "out")]  # fmt: skip
     with open(folder / "harness.log", "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
     if done.returncode != 0:
         lines = (folder / "harness.log").read_text().strip().splitlines()
-        said = [line for line in lines if line.startswith("retrysim broker4:")]
+        said = [line for line in lines if line.startswith(f"retrysim {harness}:")]
         raise HarnessError((said or lines or ["the harness failed"])[-1])
     out = folder / "out"
     deliveries = _read(out / "deliveries.csv", list(DELIVERIES))

@@ -20,9 +20,11 @@ from pyspark.sql import SparkSession
 from retrysim.conformance.figures import Figure, exact_figures, timed_figures
 from retrysim.conformance.harness import (
     DELIVERIES,
+    HARNESSES,
     BrokerRun,
     HarnessError,
     group_spec,
+    harness_of,
     refuse_unsupported,
     run_on_broker,
 )
@@ -63,7 +65,8 @@ def compare_group(scenario: Scenario, name: str, folder: str) -> GroupFigures:
     _, spec = group_spec(scenario, name)
     rows = simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed))
     staged = pa.Table.from_batches(list(rows), schema=STAGE_ARROW).to_pandas()
-    return GroupFigures(name, [*exact_figures(staged, run), *timed_figures(staged, run)], run)
+    figures = [*exact_figures(staged, run, spec.policy), *timed_figures(staged, run)]
+    return GroupFigures(name, figures, run)
 
 
 def run_conformance(
@@ -77,7 +80,8 @@ def run_conformance(
     try:
         results = []
         for group in scenario.groups:
-            say(f"group {group.name}: on a real RocketMQ 4.9.7 broker and in retrysim ...")
+            where = HARNESSES[harness_of(group)]
+            say(f"group {group.name}: on a real {where} broker and in retrysim ...")
             folder = os.path.join(work, group.name)
             try:
                 results.append(compare_group(scenario, group.name, folder))

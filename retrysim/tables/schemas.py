@@ -629,8 +629,12 @@ BROKER_DELIVERIES = nullable_schema(
     ("queue_id", IntegerType(), "the queue it was read from"),
     ("instance", IntegerType(), "the consumer instance (0-based)"),
     ("thread", StringType(), "the consume thread"),
-    ("stored_ms", LongType(), "when the broker stored the copy delivered, ms after production "
-     "began: when it became Ready"),
+    (
+        "stored_ms",
+        LongType(),
+        "when the broker stored the copy delivered, ms after production "
+        "began: when it became Ready",
+    ),
     ("start_ms", LongType(), "when the listener's work began, ms after production began"),
     ("end_ms", LongType(), "when the listener returned, ms after production began"),
     ("outcome", StringType(), "what the listener did (the outcome retrysim drew)"),

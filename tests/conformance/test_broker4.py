@@ -54,7 +54,8 @@ def test_the_ladder_on_a_real_broker_gives_retrysims_exact_figures(tmp_path):
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"flavor": "rocketmq5.push"}, "flavor rocketmq5.push: the broker harness runs"),
+        ({"flavor": "rocketmq4.orderly"}, "flavor rocketmq4.orderly: the broker harness runs"),
+        ({"flavor": "rocketmq5.push", "deployment": "apsaramq"}, "deployment: apsaramq is a"),
         ({"consumers": "unlimited"}, "consumers: unlimited has no real pool"),
         ({"behavior": {"send_back_failure_probability": 0.1}}, "send-back failures cannot"),
         ({"consume_timeout": "90s"}, "consume_timeout: the 4.x client takes whole minutes"),
