@@ -1,11 +1,12 @@
 """A scenario's group on a real RocketMQ 4.9.7 broker (jvm/broker4): its inputs, the run, its
 records.
 
-The harness JVM starts a namesrv and a broker on loopback with the scenario's delay table,
-creates the topic with its queues, starts the group's instances x threads push consumers and,
-once they hold their queues, publishes the scenario's messages at their born times. Its
-listener does what retrysim draws for each message and delivery (:func:`outcomes`): both
-sides see the same listener and differ only in what the broker and the client do.
+The harness JVM starts a namesrv and a broker as child JVMs on loopback with the scenario's
+delay table, creates the topic with its queues, starts the group's instances x threads push
+consumers and, once they hold their queues, publishes the scenario's messages at their born
+times. Its listener does what retrysim draws for each message and delivery
+(:func:`outcomes`): both sides see the same listener and differ only in what the broker and
+the client do.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from retrysim.scenario.spec import Group, Scenario
 
 PROJECT = Path(__file__).resolve().parents[2]
 # Java 17 closes what 4.9.7's store reaches into (its mapped files' cleaner; apache/rocketmq
-# #9887): the harness JVM opens it again.
+# #9887): the harness JVM opens it again, and passes the flags on to the broker's JVM.
 JAVA_17_FLAGS = (
     "--add-opens=java.base/java.nio=ALL-UNNAMED",
     "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
@@ -163,7 +164,7 @@ def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRu
     messages.to_csv(folder / "messages.csv", header=False, index=False)
     outcomes(spec, msg_ids).to_csv(folder / "outcomes.csv", header=False, index=False)
     (folder / "harness.properties").write_text(_properties(scenario, group, spec, folder))
-    command = ["java", "-Xmx512m", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
+    command = ["java", "-Xmx256m", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
                "-cp", class_path(), f"retrysim.{HARNESS}.Harness",
                str(folder / "harness.properties"), str(folder / "out")]  # fmt: skip
     with open(folder / "harness.log", "w") as log:
