@@ -1,13 +1,14 @@
 """A scenario's group on a real RocketMQ broker: its inputs, the run, its records.
 
-Each major has its harness (a Maven module under jvm/): ``broker4`` runs a 4.9.7 namesrv and
-broker with the 4.x push consumer; ``broker5`` a 5.5.0 namesrv, broker and proxy in local
-mode with the gRPC push or simple consumer. A harness starts its broker on loopback with the
-scenario's delay table (5.x: the group's retry policy as a customized list), creates the topic
-with its queues, starts the group's instances x threads consumers and, once they hold their
-queues, publishes the scenario's messages at their born times. Its listener does what
-retrysim draws for each message and delivery (:func:`outcomes`): both sides see the same
-listener and differ only in what the broker and the client do.
+Each major has its harness (a Maven module under jvm/): ``broker4`` runs the clients of
+4.9.7 and starts its namesrv and broker as child JVMs; ``broker5`` runs a 5.5.0 namesrv,
+broker and proxy in local mode in its own JVM, with the gRPC push or simple consumer. A
+harness starts its broker on loopback with the scenario's delay table (5.x: the group's retry
+policy as a customized list), creates the topic with its queues, starts the group's
+instances x threads consumers and, once they hold their queues, publishes the scenario's
+messages at their born times. Its listener does what retrysim draws for each message and
+delivery (:func:`outcomes`): both sides see the same listener and differ only in what the
+broker and the client do.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from retrysim.scenario.spec import Group, Scenario
 
 PROJECT = Path(__file__).resolve().parents[2]
 # Java 17 closes what 4.9.7's store reaches into (its mapped files' cleaner; apache/rocketmq
-# #9887): the harness JVM opens it again.
+# #9887): the harness JVM opens it again, and passes the flags on to the broker's JVM.
 JAVA_17_FLAGS = (
     "--add-opens=java.base/java.nio=ALL-UNNAMED",
     "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
@@ -41,6 +42,8 @@ JAVA_17_FLAGS = (
 )
 # jvm/<module>: what each runs
 HARNESSES = {"broker4": "RocketMQ 4.9.7", "broker5": "RocketMQ 5.5.0 (proxy in local mode)"}
+# the harness JVM's heap: broker4's holds the clients, broker5's the broker and proxy too
+HEAPS = {"broker4": "256m", "broker5": "512m"}
 AWAIT_MS = 60_000  # at the horizon, how long the listeners still running may finish
 DELIVERIES = ("msg_id", "delivery", "reconsume_times", "topic", "queue_id", "instance",
               "thread", "stored_ms", "start_ms", "end_ms", "outcome")  # fmt: skip
@@ -205,7 +208,7 @@ def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRu
     messages.to_csv(folder / "messages.csv", header=False, index=False)
     outcomes(spec, msg_ids).to_csv(folder / "outcomes.csv", header=False, index=False)
     (folder / "harness.properties").write_text(_properties(scenario, group, spec, folder))
-    command = ["java", "-Xmx512m", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
+    command = ["java", f"-Xmx{HEAPS[harness]}", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
                "-cp", class_path(harness), f"retrysim.{harness}.Harness",
                str(folder / "harness.properties"), str(folder / "out")]  # fmt: skip
     with open(folder / "harness.log", "w") as log:

@@ -2,7 +2,8 @@ package retrysim.broker4;
 
 import java.io.FileReader;
 import java.io.IOException;
-import java.io.PrintWriter;
+import java.io.InputStream;
+import java.lang.management.ManagementFactory;
 import java.net.ServerSocket;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -11,12 +12,12 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.TreeSet;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import org.apache.rocketmq.broker.BrokerController;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
@@ -24,32 +25,34 @@ import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
 import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.client.impl.factory.MQClientInstance;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
-import org.apache.rocketmq.common.BrokerConfig;
 import org.apache.rocketmq.common.MixAll;
 import org.apache.rocketmq.common.TopicConfig;
+import org.apache.rocketmq.common.admin.TopicOffset;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageConst;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
-import org.apache.rocketmq.common.namesrv.NamesrvConfig;
-import org.apache.rocketmq.namesrv.NamesrvController;
-import org.apache.rocketmq.remoting.netty.NettyClientConfig;
-import org.apache.rocketmq.remoting.netty.NettyServerConfig;
-import org.apache.rocketmq.store.DefaultMessageStore;
-import org.apache.rocketmq.store.config.MessageStoreConfig;
+import org.apache.rocketmq.common.topic.TopicValidator;
+import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 
 /**
  * One scenario on a real 4.9.7 namesrv and broker, consumed by the official push consumer.
  *
  * <p>Args: a properties file (written by retrysim.conformance) and an output folder. The
  * messages (msg_id, queue_id, born_ms) and each delivery's outcome and processing time (by
- * msg_id and delivery number, drawn by retrysim) are CSV files it names. Production starts
- * once every consumer holds its queues; every delivery is written to deliveries.csv, the
- * DLQ's messages to dlq.csv and the store's puts per topic to puts.csv.
+ * msg_id and delivery number, drawn by retrysim) are CSV files it names. The namesrv and the
+ * broker are two child JVMs on loopback (their output in namesrv.log and broker.log), so that
+ * only the clients share this JVM; the topic is made and the store's counts read through the
+ * admin API. Production starts once every consumer holds its queues; every delivery is
+ * written to deliveries.csv, the DLQ's messages to dlq.csv and the store's puts per topic to
+ * puts.csv.
  */
 public final class Harness {
   private static final String GROUP_KEY = "group";
   private static final String WARM_UP = "retrysim-warm-up";
+  private static final String BROKER = "broker-a";
+  private static final long START_MS = 30_000; // how long a child may take to come up
+  private static final long STOP_MS = 5_000; // how long a child may take to stop when asked
 
   public static void main(String[] args) throws Exception {
     Properties p = new Properties();
@@ -65,7 +68,7 @@ public final class Harness {
     } catch (Exception e) {
       System.err.println("retrysim broker4: " + e.getMessage());
     } finally {
-      System.exit(status); // the clients' and the broker's non-daemon threads
+      System.exit(status); // the clients' non-daemon threads; the hook stops the children
     }
   }
 
@@ -77,6 +80,9 @@ public final class Harness {
   private final Map<Long, AtomicInteger> seen = new ConcurrentHashMap<>();
   private final Map<String, String[]> outcomes = new HashMap<>();
   private volatile long t0 = Long.MAX_VALUE;
+  private final List<Process> children = new ArrayList<>(); // guarded by itself
+  private boolean stopping; // guarded by children
+  private Path home; // the children's ROCKETMQ_HOME, their store under it
 
   private Harness(Properties p, Path out) {
     this.p = p;
@@ -95,38 +101,59 @@ public final class Harness {
     }
   }
 
+  private static boolean free(int port) {
+    try (ServerSocket socket = new ServerSocket(port)) {
+      return true;
+    } catch (IOException taken) {
+      return false;
+    }
+  }
+
+  /** A port p for the broker with p - 2 (its fast channel) and p + 1 (its HA) free too. */
+  private static int freeBrokerPort() throws IOException {
+    while (true) {
+      int port = freePort();
+      if (port > 1026 && port < 65535 && free(port - 2) && free(port + 1)) {
+        return port;
+      }
+    }
+  }
+
   private void run() throws Exception {
     for (String line : Files.readAllLines(Path.of(p.getProperty("outcomes")))) {
       String[] cells = line.split(",");
       outcomes.put(cells[0] + "/" + cells[1], cells);
     }
-    Path store = Files.createTempDirectory("retrysim-broker4-");
-    NettyServerConfig nsNetty = new NettyServerConfig();
-    nsNetty.setListenPort(freePort());
-    NamesrvController namesrv = new NamesrvController(new NamesrvConfig(), nsNetty);
-    check(namesrv.initialize(), "the namesrv did not initialize");
-    namesrv.start();
-    String namesrvAddr = "127.0.0.1:" + nsNetty.getListenPort();
-    BrokerConfig brokerConfig = new BrokerConfig();
-    brokerConfig.setBrokerName("broker-a");
-    brokerConfig.setBrokerIP1("127.0.0.1");
-    brokerConfig.setNamesrvAddr(namesrvAddr);
-    NettyServerConfig brokerNetty = new NettyServerConfig();
-    brokerNetty.setListenPort(freePort());
-    MessageStoreConfig storeConfig = new MessageStoreConfig();
-    storeConfig.setStorePathRootDir(store.toString());
-    storeConfig.setStorePathCommitLog(store.resolve("commitlog").toString());
-    storeConfig.setMappedFileSizeCommitLog(64 << 20);
-    storeConfig.setMappedFileSizeConsumeQueue(300_000 * 20);
-    storeConfig.setMessageDelayLevel(p.getProperty("message_delay_level"));
-    storeConfig.setHaListenPort(freePort()); // not the fixed 10912: runs side by side
-    BrokerController broker =
-        new BrokerController(brokerConfig, brokerNetty, new NettyClientConfig(), storeConfig);
-    check(broker.initialize(), "the broker did not initialize (store " + store + ")");
-    broker.start();
+    home = Files.createTempDirectory("retrysim-broker4-");
+    Runtime.getRuntime().addShutdownHook(new Thread(this::stopChildren, "retrysim-stop"));
+    Files.createDirectories(home.resolve("conf"));
+    for (String name : new String[] {"namesrv", "broker"}) { // the official mains read these
+      try (InputStream config = Harness.class.getResourceAsStream("/logback.xml")) {
+        Files.copy(config, home.resolve("conf/logback_" + name + ".xml"));
+      }
+    }
+    int namesrvPort = freePort();
+    String namesrvAddr = "127.0.0.1:" + namesrvPort;
+    start("namesrv", "256m", "org.apache.rocketmq.namesrv.NamesrvStartup",
+        "listenPort=" + namesrvPort, "kvConfigPath=" + home.resolve("kvConfig.json"));
+    int brokerPort = freeBrokerPort();
+    Path store = home.resolve("store");
+    start("broker", "512m", "org.apache.rocketmq.broker.BrokerStartup",
+        "brokerName=" + BROKER, "brokerIP1=127.0.0.1", "namesrvAddr=" + namesrvAddr,
+        "listenPort=" + brokerPort, "storePathRootDir=" + store,
+        "storePathCommitLog=" + store.resolve("commitlog"),
+        "mappedFileSizeCommitLog=" + (64 << 20), "mappedFileSizeConsumeQueue=" + 300_000 * 20,
+        "messageDelayLevel=" + p.getProperty("message_delay_level"));
+    System.out.printf("broker4: the namesrv and the broker were up %d ms after this JVM started%n",
+        System.currentTimeMillis() - ManagementFactory.getRuntimeMXBean().getStartTime());
+    DefaultMQAdminExt admin = new DefaultMQAdminExt();
+    admin.setNamesrvAddr(namesrvAddr);
+    admin.setInstanceName("retrysim-admin");
+    admin.start();
+    String brokerAddr = "127.0.0.1:" + brokerPort;
     int queues = integer("queues");
-    broker.getTopicConfigManager().updateTopicConfig(new TopicConfig(topic, queues, queues, 6));
-    broker.registerBrokerAll(true, false, true);
+    // the broker registers the topic with the namesrv before it answers
+    admin.createAndUpdateTopicConfig(brokerAddr, new TopicConfig(topic, queues, queues, 6));
 
     List<DefaultMQPushConsumer> consumers = new ArrayList<>();
     for (int i = 0; i < integer("instances"); i++) {
@@ -136,7 +163,7 @@ public final class Harness {
     producer.setNamesrvAddr(namesrvAddr);
     producer.start();
     waitForRebalance(consumers, queues);
-    warmUp(broker, namesrvAddr, producer, queues);
+    warmUp(admin, brokerAddr, namesrvAddr, producer, queues);
     produce(producer, queues);
     long horizon = Long.parseLong(p.getProperty("horizon_ms"));
     Thread.sleep(Math.max(0, t0 + horizon - System.currentTimeMillis()));
@@ -146,10 +173,72 @@ public final class Harness {
     producer.shutdown();
     Files.write(out.resolve("deliveries.csv"), deliveries);
     writeDeadLetters(namesrvAddr);
-    writePuts((DefaultMessageStore) broker.getMessageStore());
-    broker.shutdown();
-    namesrv.shutdown();
-    deleteTree(store);
+    writePuts(admin);
+    admin.shutdown();
+    stopChildren();
+  }
+
+  /**
+   * A child JVM (this java, class path and module flags; a small heap) running {@code main}
+   * with a properties file of {@code settings} as its -c, its output in {@code <name>.log};
+   * back once it says it booted.
+   */
+  private void start(String name, String heap, String main, String... settings)
+      throws Exception {
+    Path config = home.resolve(name + ".conf");
+    Files.write(config, List.of(settings));
+    List<String> command = new ArrayList<>(List.of(
+        ProcessHandle.current().info().command().orElseThrow(), "-Xmx" + heap,
+        "-XX:+UseSerialGC"));
+    for (String flag : ManagementFactory.getRuntimeMXBean().getInputArguments()) {
+      if (flag.startsWith("--add-opens") || flag.startsWith("--add-exports")) {
+        command.add(flag); // what 4.9.7's store needs on Java 17
+      }
+    }
+    command.addAll(List.of("-cp", System.getProperty("java.class.path"),
+        Child.class.getName(), main, "-c", config.toString()));
+    Path log = out.resolve(name + ".log");
+    ProcessBuilder builder = new ProcessBuilder(command).redirectErrorStream(true)
+        .redirectOutput(log.toFile());
+    builder.environment().put("ROCKETMQ_HOME", home.toString());
+    Process child;
+    synchronized (children) {
+      check(!stopping, "stopped");
+      child = builder.start();
+      children.add(child);
+    }
+    long deadline = System.currentTimeMillis() + START_MS;
+    while (!Files.readString(log).contains("boot success")) { // what both mains print
+      check(child.isAlive() && System.currentTimeMillis() < deadline,
+          "the " + name + " did not start (see " + log + ")");
+      Thread.sleep(50);
+    }
+  }
+
+  /** Every child asked to stop, the last started first, then killed; their files deleted. */
+  private void stopChildren() {
+    List<Process> started;
+    synchronized (children) {
+      if (stopping) {
+        return;
+      }
+      stopping = true;
+      started = new ArrayList<>(children);
+    }
+    try {
+      for (int i = started.size() - 1; i >= 0; i--) {
+        Process child = started.get(i);
+        child.destroy();
+        if (!child.waitFor(STOP_MS, TimeUnit.MILLISECONDS)) {
+          child.destroyForcibly().waitFor(STOP_MS, TimeUnit.MILLISECONDS);
+        }
+      }
+      if (home != null) {
+        deleteTree(home);
+      }
+    } catch (IOException | InterruptedException e) {
+      System.err.println("broker4: stopping the children: " + e);
+    }
   }
 
   private static void deleteTree(Path root) throws IOException {
@@ -249,12 +338,10 @@ public final class Harness {
    * A round trip on a topic of its own before production, so that the first messages do not
    * pay for the JVM's class loading and compilation: the figures are the steady ones.
    */
-  private void warmUp(BrokerController broker, String namesrvAddr, DefaultMQProducer producer,
-      int queues)
+  private void warmUp(DefaultMQAdminExt admin, String brokerAddr, String namesrvAddr,
+      DefaultMQProducer producer, int queues)
       throws Exception {
-    broker.getTopicConfigManager()
-        .updateTopicConfig(new TopicConfig(WARM_UP, queues, queues, 6));
-    broker.registerBrokerAll(true, false, true);
+    admin.createAndUpdateTopicConfig(brokerAddr, new TopicConfig(WARM_UP, queues, queues, 6));
     int rounds = 50;
     CountDownLatch consumed = new CountDownLatch(rounds);
     DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(WARM_UP);
@@ -268,7 +355,7 @@ public final class Harness {
     consumer.start();
     for (int i = 0; i < rounds; i++) {
       producer.send(new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
-          new MessageQueue(WARM_UP, "broker-a", i % queues));
+          new MessageQueue(WARM_UP, BROKER, i % queues));
       sleep(10);
     }
     check(consumed.await(60, TimeUnit.SECONDS),
@@ -283,7 +370,7 @@ public final class Harness {
       String[] cells = line.split(",");
       sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
       Message message = new Message(topic, "", cells[0], new byte[] {1});
-      producer.send(message, new MessageQueue(topic, "broker-a", Integer.parseInt(cells[1])));
+      producer.send(message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])));
     }
   }
 
@@ -314,15 +401,30 @@ public final class Harness {
     Files.write(out.resolve("dlq.csv"), rows);
   }
 
-  private void writePuts(DefaultMessageStore store) throws IOException {
-    try (PrintWriter puts = new PrintWriter(Files.newBufferedWriter(out.resolve("puts.csv")))) {
-      store.getStoreStatsService().getPutMessageTopicTimesTotal()
-          .forEach((name, count) -> {
-            if (!name.contains(WARM_UP)) {
-              puts.println(name + "," + count.sum());
-            }
-          });
+  /**
+   * The store's puts per topic with any: each put is one entry of a consume queue, so the sum
+   * of the topic's queues' max offsets. SCHEDULE_TOPIC_XXXX holds level n on queue n - 1, past
+   * the 18 queues of its config when the delay table is longer: its levels' queues are read.
+   */
+  private void writePuts(DefaultMQAdminExt admin) throws Exception {
+    int levels = p.getProperty("message_delay_level").trim().split("\\s+").length;
+    List<String> rows = new ArrayList<>();
+    for (String name : new TreeSet<>(admin.fetchAllTopicList().getTopicList())) {
+      long count = 0;
+      if (name.equals(TopicValidator.RMQ_SYS_SCHEDULE_TOPIC)) {
+        for (int level = 1; level <= levels; level++) {
+          count += admin.maxOffset(new MessageQueue(name, BROKER, level - 1));
+        }
+      } else if (!name.contains(WARM_UP)) {
+        for (TopicOffset queue : admin.examineTopicStats(name).getOffsetTable().values()) {
+          count += queue.getMaxOffset();
+        }
+      }
+      if (count > 0) {
+        rows.add(name + "," + count);
+      }
     }
+    Files.write(out.resolve("puts.csv"), rows);
   }
 
   private static void check(boolean ok, String what) {
