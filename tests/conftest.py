@@ -36,7 +36,8 @@ _NO_SPARK = pytest.StashKey[bool]()
 def pytest_collection_modifyitems(config, items):
     """Mark the fixture's users before ``-m`` selects (pytest's own hook runs later)."""
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("broker"):
+        brokers = item.get_closest_marker("broker") or item.get_closest_marker("conformance_suite")
+        if "spark" in getattr(item, "fixturenames", ()) or brokers:
             item.add_marker(pytest.mark.spark)  # a broker is a JVM too
 
 

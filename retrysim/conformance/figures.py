@@ -161,10 +161,14 @@ def _ready_backlog(staged: pd.DataFrame, run: BrokerRun) -> Figure:
     ready = staged["ready_ms"].to_numpy(float)
     start = staged["start_ms"].to_numpy(float)
     mine, at = _backlog_peak(ready[~np.isnan(ready)], start[~np.isnan(ready)])
-    delivered = run.deliveries
+    delivered = run.deliveries.sort_values(["msg_id", "delivery"])
+    # a copy delivered again by the client (an ordered local retry) waits its backoff, not
+    # in Ready: Ready from its start
+    again = delivered["stored_ms"] == delivered.groupby("msg_id")["stored_ms"].shift()
+    stored = delivered["stored_ms"].where(~again, delivered["start_ms"] - LOOPBACK_MS)
     never = run.messages[~run.messages["msg_id"].isin(delivered["msg_id"])]
     theirs, _ = _backlog_peak(
-        np.concatenate([delivered["stored_ms"].to_numpy(float) + LOOPBACK_MS,
+        np.concatenate([stored.to_numpy(float) + LOOPBACK_MS,
                         never["born_ms"].to_numpy(float)]),
         np.concatenate([delivered["start_ms"].to_numpy(float), np.full(len(never), np.nan)]),
     )  # fmt: skip

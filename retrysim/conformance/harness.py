@@ -140,11 +140,12 @@ def _refuse_5x(scenario: Scenario, group: Group, policy: Policy) -> str | None:
     return None
 
 
-def _consumer(group: Group) -> str:
-    """The 5.x harness's consumer kind for ``group``."""
-    if group.flavor == "rocketmq5.simple":
+def _consumer(policy: Policy) -> str:
+    """The 5.x harness's consumer kind: a simple consumer's failure stays invisible, an
+    ordered push consumer blocks its queue."""
+    if policy.invisible_until_retry:
         return "simple"
-    return "push_fifo" if group.ordered else "push"
+    return "push_fifo" if policy.blocking else "push"
 
 
 def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
@@ -176,7 +177,7 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
         f"instances={policy.topology.instances}", f"threads={policy.topology.threads}",
         f"max_reconsume_times={policy.max_retries}", f"consume_timeout_minutes={timeout_minutes}",
         f"delay_level_when_next_consume={group.delay_level_when_next_consume}",
-        f"consumer={_consumer(group)}", f"invisible_duration_ms={group.invisible_duration}",
+        f"consumer={_consumer(policy)}", f"invisible_duration_ms={group.invisible_duration}",
         f"await_ms={AWAIT_MS}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
         f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",

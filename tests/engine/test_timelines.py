@@ -175,7 +175,7 @@ def flavors_run(spark, tmp_path_factory):
         spark,
         scenario(
             # ApsaraMQ: Ready at 0, pulled at 5 s, fails after 6 s, 10 s interval.
-            group("apsara", flavor="rocketmq5.push",
+            group("apsara", flavor="rocketmq5.push", deployment="apsaramq",
                   behavior={"fail_first": 1, "processing_time": "6s", "ready_wait": "5s"}),
             # Simple consumer, 30 s invisible: a failure after 10 s retries 20 s later.
             group("simple-fail", flavor="rocketmq5.simple", invisible_duration="30s",
@@ -187,8 +187,11 @@ def flavors_run(spark, tmp_path_factory):
             group("orderly", flavor="rocketmq4.orderly", behavior={"fail_first": 5},
                   workload={"messages": 2, "over": "0s", "queues": 1}),
             group("broadcast", flavor="rocketmq4.broadcasting", behavior=ALWAYS),
-            group("push-max3", flavor="rocketmq5.push", max_reconsume_times=3, behavior=ALWAYS),
+            group("push-max3", flavor="rocketmq5.push", max_reconsume_times=3, behavior=ALWAYS,
+                  deployment="apsaramq"),
             group("push-default", flavor="rocketmq5.push", behavior=ALWAYS),
+            group("push-apsaramq", flavor="rocketmq5.push", behavior=ALWAYS,
+                  deployment="apsaramq"),
             group("push-grpc", flavor="rocketmq5.push", retry_policy={"kind": "grpc_client"},
                   behavior=ALWAYS),
             # FIFO: local retries after the group's retry policy, the queue blocked meanwhile
@@ -265,12 +268,14 @@ def test_5x_max_retries_3_means_4_deliveries_then_dlq_after_backoff(flavors_run)
     assert rows[-1][1:] == ("DLQ", 100_000 + 120_000)  # the 4th retry's 2 min, then DLQ
 
 
-def test_5x_default_ladder_and_the_grpc_client_index(flavors_run):
-    ladder = _rows(flavors_run, "push-default", "ready_ms", "settled_ms")
+def test_5x_ladders_of_both_deployments_and_the_grpc_client_index(flavors_run):
+    ladder = _rows(flavors_run, "push-apsaramq", "ready_ms", "settled_ms")
     assert len(ladder) == 17 and ladder[-1] == (17_140_000, 17_140_000 + 7_200_000)
     grpc = _rows(flavors_run, "push-grpc", "ready_ms", "settled_ms")
     assert grpc[1][0] == 1_000 and grpc[-1][0] == 6_346_000  # 1h45m46s
     assert grpc[-1][1] == 6_346_000 + 3_600_000  # DLQ at about 2h45m46s
+    # open-source RocketMQ 5, the default deployment, is the client's index
+    assert _rows(flavors_run, "push-default", "ready_ms", "settled_ms") == grpc
 
 
 def test_5x_fifo_retries_locally_after_the_retry_policy_and_blocks_its_queue(flavors_run):

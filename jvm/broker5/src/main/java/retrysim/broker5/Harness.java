@@ -115,6 +115,7 @@ public final class Harness {
   private final Map<String, String[]> outcomes = new HashMap<>();
   private final Deque<AutoCloseable> running = new ArrayDeque<>(); // stopped in reverse
   private volatile long t0 = Long.MAX_VALUE;
+  private volatile MessageStore messageStore; // each delivered copy's store time
 
   private Harness(Properties p, Path out) {
     this.p = p;
@@ -177,6 +178,7 @@ public final class Harness {
     long began = System.currentTimeMillis();
     String namesrvAddr = startNamesrv(store);
     BrokerController broker = startBrokerAndProxy(store, namesrvAddr);
+    messageStore = broker.getMessageStore();
     int queues = integer("queues");
     boolean fifo = kind.equals("push_fifo");
     TopicConfig topicConfig =
@@ -390,7 +392,6 @@ public final class Harness {
    * receipt handle says which topic and queue the broker popped it from (%RETRY%... for a retry).
    */
   private String deliver(String[] delivered) {
-    long received = System.currentTimeMillis() - t0;
     long msgId = Long.parseLong(delivered[0]);
     int delivery = seen.computeIfAbsent(msgId, id -> new AtomicInteger()).incrementAndGet();
     String[] outcome = outcomes.get(msgId + "/" + delivery);
@@ -399,10 +400,14 @@ public final class Harness {
     long start = System.currentTimeMillis() - t0;
     sleep(processing);
     ReceiptHandle handle = ReceiptHandle.decode(delivered[2]);
+    String read = handle.getRealTopic(topic, group);
+    // when the copy delivered was stored (a retry: the reviver's copy): when it became Ready
+    long stored = messageStore.getMessageStoreTimeStamp(read, handle.getQueueId(),
+        handle.getOffset()) - t0;
     deliveries.add(String.join(",", String.valueOf(msgId), String.valueOf(delivery),
-        String.valueOf(Integer.parseInt(delivered[1]) - 1), handle.getRealTopic(topic, group),
+        String.valueOf(Integer.parseInt(delivered[1]) - 1), read,
         String.valueOf(handle.getQueueId()), delivered[3], Thread.currentThread().getName(),
-        String.valueOf(received), String.valueOf(start),
+        String.valueOf(stored), String.valueOf(start),
         String.valueOf(System.currentTimeMillis() - t0), result));
     return result;
   }
