@@ -374,6 +374,15 @@ def test_push_ordered_blocks_and_leaves_at_failure():
     assert {t["topic"] for t in trans(r, 0) if t["state"] != "DLQ"} == {"g"}
 
 
+def test_push_ordered_dead_letters_a_null_result_at_once():
+    """rocketmq-clients ProcessQueueImpl.eraseFifoMessage: only FAILURE is retried."""
+    nulls = {"fail_first": 1, "outcome_mix": {"reconsume_later": 0, "null_return": 1}}
+    r = run(flavor="rocketmq5.push", ordered=True, workload=one(2), behavior=nulls)
+    assert path(r, 0)[-1] == (3, "DLQ", 10)  # at its end (10 ms), not retried
+    assert trans(r, 0)[-1]["reason"] == "null_result"
+    assert starts(r, 1) == [10]  # and the queue moves on at once
+
+
 # --------------------------------------------------------------------------- 4. ApsaraMQ
 
 

@@ -37,11 +37,12 @@ NAMES = (
     states.REASON_NEGATIVE_LEVEL, states.REASON_BROADCAST, states.REASON_SEND_BACK_FAILED,
     states.REASON_SEND_BACK_FALLBACK, states.REASON_BEYOND_ACK, states.READY_PUBLISHED,
     states.READY_RETRY_DUE, states.READY_LOCAL, states.READY_VISIBLE, states.READY_REPLAYED,
+    states.REASON_NULL_RESULT,
 )  # fmt: skip
 (COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY, SUCCESS, LATER, EXCEPTION, NULL_RETURN,
  TIMEOUT, MAX_RECONSUME, NEGATIVE_LEVEL, BROADCAST, SEND_BACK_FAILED_REASON, FALLBACK_REASON,
  BEYOND_ACK, PUBLISHED, RETRY_DUE, LOCAL_RETRY, VISIBLE_AGAIN,
- REPLAYED) = range(len(NAMES))  # fmt: skip
+ REPLAYED, NULL_RESULT) = range(len(NAMES))  # fmt: skip
 # a key's topics: its source topic, the policy's retry topic, the schedule topic, its DLQ
 # topic and the topology's retry topic (whose queues 4.x allocates to instances)
 T_SOURCE, T_RETRY, T_SCHEDULE, T_DLQ, T_TOPOLOGY_RETRY = range(len(NAMES), len(NAMES) + 5)
@@ -62,7 +63,8 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
  K_TIMEOUT_INTERVAL, K_DLQ_NOW, K_INVISIBLE, K_DLQ_ENABLED, K_HAS_LEVELS, K_HAS_RESEND,
  K_ACK_INDEX, K_PULL, K_READY_WAIT, K_BALANCING, K_INSTANCES, K_THREADS, K_QUEUES, K_BROKERS,
  K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
- K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_SIZE) = range(31)  # fmt: skip
+ K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_NULL_DLQ,
+ K_SIZE) = range(32)  # fmt: skip
 # The listener's doubles: base probability, kind and send-back thresholds, base distribution.
 # A downstream that answers to load: its capacity (0: none), whether the group's instances
 # share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
@@ -302,9 +304,10 @@ def _next_step(k, intervals, levels, resend_levels, resend_intervals, rt, broker
         interval = intervals[min(broker_rt + 1, len(intervals)) - 1]
         level = levels[min(broker_rt + 1, len(levels)) - 1] if k[K_HAS_LEVELS] == 1 else n
     due = (start if k[K_FROM_START] == 1 else end) + interval
-    negative = k[K_DLQ_NOW] == 1 and not timed_out and not fallback
+    nulled = k[K_NULL_DLQ] == 1 and outcome == NULL_RETURN
+    negative = (k[K_DLQ_NOW] == 1 or nulled) and not timed_out and not fallback
     if exhausted or negative:
-        reason = MAX_RECONSUME if exhausted else NEGATIVE_LEVEL
+        reason = MAX_RECONSUME if exhausted else NULL_RESULT if nulled else NEGATIVE_LEVEL
         if k[K_DLQ_ENABLED] == 1:
             state, where_topic, where_queue = DLQ, T_DLQ, limits.DLQ_QUEUE_ID
         else:
@@ -419,6 +422,7 @@ def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:
     k[K_TIMEOUT_LEVEL] = given(policy.timeout_level)
     k[K_TIMEOUT_INTERVAL] = given(policy.timeout_interval_ms)
     k[K_DLQ_NOW] = policy.dlq_now
+    k[K_NULL_DLQ] = policy.null_dead_letters
     k[K_INVISIBLE] = policy.invisible_until_retry
     k[K_DLQ_ENABLED] = policy.dlq_enabled
     k[K_HAS_LEVELS] = policy.levels is not None

@@ -141,6 +141,7 @@ def policy_fields(**overrides: object) -> dict[str, object]:
         "timeout_level": None,
         "timeout_interval_ms": None,
         "dlq_now": False,
+        "null_dead_letters": False,
         "invisible_until_retry": False,
         "resend_levels": None,
         "resend_intervals_ms": None,
@@ -267,9 +268,12 @@ def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
 def _push_ordered(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
     """FIFO: the client redelivers locally after its retry policy's next attempt delay
     (``ProcessQueueImpl.eraseFifoMessage``), indexed from the policy's first entry; the
-    server's default policy is ``CustomizedRetryPolicy``'s list 1 s, 5 s, 10 s, ..."""
+    server's default policy is ``CustomizedRetryPolicy``'s list 1 s, 5 s, 10 s, ...; a null
+    result is not a failure, so the client dead-letters it at once (rocketmq-clients
+    java-5.2.0 ``ProcessQueueImpl.eraseFifoMessage`` lines 527-543)."""
     return policy_fields(
         retry_path=LOCAL,
+        null_dead_letters=True,
         max_retries=retries_of(group, limits.DEFAULT_MAX_RETRIES_5X),
         intervals_ms=_five_intervals(group, default=limits.GRPC_CLIENT_INTERVALS),
         leave_after_backoff=False,

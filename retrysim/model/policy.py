@@ -17,6 +17,7 @@ from pyspark.sql import functions as F
 
 from retrysim.model.behavior import (
     CONSUME_SUCCESS,
+    NULL_RETURN,
     SEND_BACK_FAILED,
     SEND_BACK_FALLBACK,
     TIMEOUT,
@@ -34,6 +35,7 @@ from retrysim.model.states import (
     REASON_BROADCAST,
     REASON_MAX_RECONSUME,
     REASON_NEGATIVE_LEVEL,
+    REASON_NULL_RESULT,
     REASON_SEND_BACK_FAILED,
     REASON_SEND_BACK_FALLBACK,
     REVIVE,
@@ -90,6 +92,9 @@ class Policy:
     timeout_level: int | None
     timeout_interval_ms: int | None
     dlq_now: bool
+    # a listener's null result dead-letters the message at once (the 5.x FIFO push client
+    # retries only a failure)
+    null_dead_letters: bool
     # a failed delivery stays Inflight (invisible) until it is Ready again (5.x simple)
     invisible_until_retry: bool
     dlq_enabled: bool
@@ -221,7 +226,8 @@ class Policy:
             )
             level = F.when(resent, _table_lookup(self.resend_levels, local)).otherwise(level)
         origin = F.col("start_ms" if self.from_start else "end_ms")
-        negative = F.lit(self.dlq_now) & ~timed_out & ~fallback
+        nulled = F.lit(self.null_dead_letters) & (outcome == F.lit(NULL_RETURN))
+        negative = (F.lit(self.dlq_now) | nulled) & ~timed_out & ~fallback
         gone_now = exhausted & F.lit(not self.leave_after_backoff) & ~resent
         dropped = F.lit(self.retry_path == NO_RETRY)
         sent_back_unread = dropped & timed_out & F.lit(self.timeout_sent_back_unread)
@@ -238,9 +244,9 @@ class Policy:
             "_case": case,
             "_level": level.cast("int"),
             "_due": (origin + interval).cast("long"),
-            "_leave_reason": F.when(exhausted, F.lit(REASON_MAX_RECONSUME)).otherwise(
-                F.lit(REASON_NEGATIVE_LEVEL)
-            ),
+            "_leave_reason": F.when(exhausted, F.lit(REASON_MAX_RECONSUME))
+            .when(nulled, F.lit(REASON_NULL_RESULT))
+            .otherwise(F.lit(REASON_NEGATIVE_LEVEL)),
         }
         if self.resend_levels is not None:
             cases["_resent"] = resent

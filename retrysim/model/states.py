@@ -17,6 +17,9 @@ REASON_SEND_BACK_FAILED = "send_back_failed"
 # the send-back RPC failed and its producer fallback re-sent the message to %RETRY%<group>
 REASON_SEND_BACK_FALLBACK = "send_back_fallback"
 REASON_BEYOND_ACK = "beyond_ack_index"
+# a 5.x FIFO push listener returned null: the client dead-letters it at once (only a
+# failure is retried)
+REASON_NULL_RESULT = "null_result"
 READY_PUBLISHED, READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE, READY_REPLAYED = (
     "published",
     "retry_due",

@@ -340,7 +340,8 @@ REPLAY_ON_IDLE_LANE = {
         "behavior": {"fail_probability": 0.7, "poison_fraction": 0.2, "fail_first": 3,
                      "processing_time": {"dist": "exponential", "mean": "10ms"},
                      "ready_wait": "100ms",
-                     "outcome_mix": {"reconsume_later": 1, "exception": 1, "null_return": 1},
+                     # no null results: an ordered push dead-letters those at once
+                     "outcome_mix": {"reconsume_later": 1, "exception": 1},
                      "outages": [{"start": "1m", "end": "3m", "fail_probability": 1.0}]},
         "replay": {"at": "30s", "rate": "1/s", "poison_fixed": False},
     }],

@@ -814,6 +814,8 @@ class _GroupSim:
         elif cfg.kind == "local":
             if rt >= cfg.max_retries:
                 self.leave(t, dv, "max_reconsume_times", k=3)
+            elif outcome == "NULL_RETURN":  # the 5.x FIFO client retries a FAILURE only
+                self.leave(t, dv, "null_result", k=3)
             else:
                 wait = cfg.suspend if cfg.interval_of is None else cfg.interval_of(rt + 1)
                 self.retry(t, dv, why, t + wait, here, None, here, "local_retry")
