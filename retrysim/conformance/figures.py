@@ -19,7 +19,9 @@ from retrysim.model.behavior import CONSUME_SUCCESS
 from retrysim.model.policy import Policy
 from retrysim.model.states import (
     COMMIT,
+    DISCARD,
     DLQ,
+    NO_RETRY,
     READY_PUBLISHED,
     READY_RETRY_DUE,
     REVIVE,
@@ -27,7 +29,7 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 
-COMMITTED, DEAD, PENDING = "commit", "dlq", "pending"
+COMMITTED, DEAD, DROPPED, PENDING = "commit", "dlq", "discard", "pending"
 # A retry's delay on the broker may exceed its level's by one pass of the schedule service's
 # timer over an empty level (ScheduleMessageService.DELAY_FOR_A_WHILE, 100 ms in 4.9.7), and
 # by the commit log's dispatch, the long poll's wake-up and the listener's call on loopback.
@@ -57,16 +59,19 @@ def retrysim_messages(staged: pd.DataFrame) -> pd.DataFrame:
     """Per message (by ``msg_id``): its deliveries started and its final state."""
     started = staged[staged["start_ms"].notna()]
     last = staged.sort_values("delivery").groupby("msg_id").tail(1).set_index("msg_id")
-    state = last["result_state"].map({COMMIT: COMMITTED, DLQ: DEAD}).fillna(PENDING)
+    state = last["result_state"].map({COMMIT: COMMITTED, DLQ: DEAD, DISCARD: DROPPED})
+    state = state.fillna(PENDING)
     deliveries = started.groupby("msg_id")["delivery"].max()
     return pd.DataFrame({"deliveries": deliveries, "state": state}).fillna({"deliveries": 0})
 
 
-def broker_messages(run: BrokerRun) -> pd.DataFrame:
-    """Per message: the deliveries the broker made and where the message ended."""
+def broker_messages(run: BrokerRun, policy: Policy) -> pd.DataFrame:
+    """Per message: the deliveries the broker made and where the message ended (a failure
+    of a consumer that never retries, 4.x broadcasting, is dropped)."""
     rows = run.deliveries.sort_values(["msg_id", "delivery"])
     last = rows.groupby("msg_id").tail(1).set_index("msg_id")
-    state = (last["outcome"] == CONSUME_SUCCESS).map({True: COMMITTED, False: PENDING})
+    failed = DROPPED if policy.retry_path == NO_RETRY else PENDING
+    state = (last["outcome"] == CONSUME_SUCCESS).map({True: COMMITTED, False: failed})
     state[state.index.isin(run.dead_letters["msg_id"])] = DEAD
     return pd.DataFrame({"deliveries": rows.groupby("msg_id").size(), "state": state})
 
@@ -270,7 +275,7 @@ def timed_figures(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
 
 def exact_figures(staged: pd.DataFrame, run: BrokerRun, policy: Policy) -> list[Figure]:
     """The exact figures of one group: mismatched messages, the DLQ, the puts by topic."""
-    mine, theirs = retrysim_messages(staged), broker_messages(run)
+    mine, theirs = retrysim_messages(staged), broker_messages(run, policy)
     both = mine.join(theirs, how="outer", lsuffix="_retrysim", rsuffix="_broker")
     both = both.fillna({"deliveries_retrysim": 0, "deliveries_broker": 0})
     figures = [

@@ -26,6 +26,7 @@ from retrysim.engine.event_key import KeySpec
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.model import flavors
 from retrysim.model.policy import Policy
+from retrysim.model.topology import BROADCAST
 from retrysim.model.workload import messages_np
 from retrysim.scenario.spec import Group, Scenario
 
@@ -123,6 +124,8 @@ def refuse_unsupported(scenario: Scenario, group: Group, spec: KeySpec) -> None:
 
 
 def _refuse_4x(scenario: Scenario, group: Group, policy: Policy) -> str | None:
+    if policy.topology.balancing == BROADCAST and policy.topology.instances > 1:
+        return "broadcasting: retrysim simulates one instance's view; give one instance"
     if policy.timeout_ms is not None and policy.timeout_ms % 60_000:
         return "consume_timeout: the 4.x client takes whole minutes"
     if any(ms % 1_000 for ms in scenario.broker.message_delay_level):
@@ -138,6 +141,13 @@ def _refuse_5x(scenario: Scenario, group: Group, policy: Policy) -> str | None:
     if any(ms % 1_000 or ms <= 0 for ms in policy.intervals_ms):
         return "retry_policy: the harness gives the group its intervals in whole seconds"
     return None
+
+
+def _model(policy: Policy) -> str:
+    """The 4.x harness's listener: concurrently, orderly (blocking) or broadcasting."""
+    if policy.topology.balancing == BROADCAST:
+        return "broadcasting"
+    return "orderly" if policy.blocking else "concurrently"
 
 
 def _consumer(policy: Policy) -> str:
@@ -156,9 +166,12 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
 
     listen = Listener(spec.behavior, spec.seed, spec.group)
     poisoned = listen.poisoned(msg_ids)
+    # no more than fit before the horizon (an orderly group retries without end by default)
+    shortest = max(min(spec.policy.intervals_ms, default=1), 1)
+    deliveries = min(spec.policy.max_retries + 1, spec.horizon_ms // shortest + 1)
     rows = []
     for msg_id, poison in zip(msg_ids.tolist(), poisoned.tolist(), strict=True):
-        for delivery in range(1, spec.policy.max_retries + 2):
+        for delivery in range(1, deliveries + 1):
             outcome, processing, _ = listen(msg_id, delivery, 0, poison)
             rows.append((msg_id, delivery, outcome, processing))
     return pd.DataFrame(rows, columns=["msg_id", "delivery", "outcome", "processing_ms"])
@@ -178,6 +191,7 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
         f"max_reconsume_times={policy.max_retries}", f"consume_timeout_minutes={timeout_minutes}",
         f"delay_level_when_next_consume={group.delay_level_when_next_consume}",
         f"consumer={_consumer(policy)}", f"invisible_duration_ms={group.invisible_duration}",
+        f"model={_model(policy)}", f"suspend_ms={group.suspend_current_queue_time}",
         f"await_ms={AWAIT_MS}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
         f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",

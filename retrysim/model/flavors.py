@@ -354,6 +354,7 @@ CATALOGUE: tuple[Flavor, ...] = (
         _orderly,
         reads=frozenset({"suspend_current_queue_time"}),
         timeout_key="none: the orderly service never expires a message",
+        harness="broker4",
         blocking=True,
         uses_delay_table=True,  # an exhausted message's dead letter waits in it (4.9.7)
         balancing=BY_QUEUE,
@@ -366,6 +367,7 @@ CATALOGUE: tuple[Flavor, ...] = (
         uses_delay_table=True,  # an expired message waits in it (level 3)
         has_dlq=False,
         balancing=BROADCAST,
+        harness="broker4",
     ),
     Flavor(
         "http.unordered",

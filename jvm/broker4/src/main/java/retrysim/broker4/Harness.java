@@ -21,7 +21,9 @@ import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
+import org.apache.rocketmq.client.consumer.listener.ConsumeOrderlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
+import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
 import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.client.impl.factory.MQClientInstance;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
@@ -32,6 +34,7 @@ import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageConst;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
+import org.apache.rocketmq.common.protocol.heartbeat.MessageModel;
 import org.apache.rocketmq.common.topic.TopicValidator;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 
@@ -76,6 +79,7 @@ public final class Harness {
   private final Path out;
   private final String topic;
   private final String group;
+  private final String model; // concurrently, orderly or broadcasting
   private final ConcurrentLinkedQueue<String> deliveries = new ConcurrentLinkedQueue<>();
   private final Map<Long, AtomicInteger> seen = new ConcurrentHashMap<>();
   private final Map<String, String[]> outcomes = new HashMap<>();
@@ -89,6 +93,7 @@ public final class Harness {
     this.out = out;
     this.topic = p.getProperty("topic");
     this.group = p.getProperty(GROUP_KEY);
+    this.model = p.getProperty("model", "concurrently");
   }
 
   private int integer(String key) {
@@ -126,6 +131,8 @@ public final class Harness {
     }
     home = Files.createTempDirectory("retrysim-broker4-");
     Runtime.getRuntime().addShutdownHook(new Thread(this::stopChildren, "retrysim-stop"));
+    // a broadcasting consumer keeps its offsets in a local file: in the run's folder
+    System.setProperty("rocketmq.client.localOffsetStoreDir", home.resolve("offsets").toString());
     Files.createDirectories(home.resolve("conf"));
     for (String name : new String[] {"namesrv", "broker"}) { // the official mains read these
       try (InputStream config = Harness.class.getResourceAsStream("/logback.xml")) {
@@ -262,40 +269,56 @@ public final class Harness {
     // delivery from its start)
     consumer.setAwaitTerminationMillisWhenShutdown(Long.parseLong(p.getProperty("await_ms")));
     consumer.subscribe(topic, "*");
-    int levelWhenNext = integer("delay_level_when_next_consume");
-    MessageListenerConcurrently listener =
-        (msgs, context) -> {
+    switch (model) {
+      case "orderly" -> {
+        long suspend = Long.parseLong(p.getProperty("suspend_ms"));
+        consumer.registerMessageListener((MessageListenerOrderly) (msgs, context) -> {
+          context.setSuspendCurrentQueueTimeMillis(suspend);
+          return switch (listen(msgs.get(0), instance)) {
+            case "CONSUME_SUCCESS" -> ConsumeOrderlyStatus.SUCCESS;
+            case "EXCEPTION" -> throw new IllegalStateException("the scenario's listener throws");
+            case "NULL_RETURN" -> null;
+            default -> ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT;
+          };
+        });
+      }
+      default -> {
+        if (model.equals("broadcasting")) {
+          consumer.setMessageModel(MessageModel.BROADCASTING);
+        }
+        int levelWhenNext = integer("delay_level_when_next_consume");
+        consumer.registerMessageListener((MessageListenerConcurrently) (msgs, context) -> {
           context.setDelayLevelWhenNextConsume(levelWhenNext);
-          MessageExt msg = msgs.get(0);
-          long msgId = Long.parseLong(msg.getKeys());
-          int delivery = seen.computeIfAbsent(msgId, id -> new AtomicInteger()).incrementAndGet();
-          String[] outcome = outcomes.get(msgId + "/" + delivery);
-          String kind = outcome == null ? "CONSUME_SUCCESS" : outcome[2];
-          long processing = outcome == null ? 0 : Long.parseLong(outcome[3]);
-          long start = System.currentTimeMillis() - t0;
-          sleep(processing);
-          // a retry is read from %RETRY%<group>; the client gives it back its own topic
-          boolean retried = msg.getProperty(MessageConst.PROPERTY_RETRY_TOPIC) != null;
-          deliveries.add(String.join(",", String.valueOf(msgId), String.valueOf(delivery),
-              String.valueOf(msg.getReconsumeTimes()), retried ? MixAll.getRetryTopic(group) : topic,
-              String.valueOf(msg.getQueueId()), String.valueOf(instance),
-              Thread.currentThread().getName(), String.valueOf(msg.getStoreTimestamp() - t0),
-              String.valueOf(start),
-              String.valueOf(System.currentTimeMillis() - t0), kind));
-          switch (kind) {
-            case "CONSUME_SUCCESS":
-              return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
-            case "EXCEPTION":
-              throw new IllegalStateException("the scenario's listener throws");
-            case "NULL_RETURN":
-              return null;
-            default:
-              return ConsumeConcurrentlyStatus.RECONSUME_LATER;
-          }
-        };
-    consumer.registerMessageListener(listener);
+          return switch (listen(msgs.get(0), instance)) {
+            case "CONSUME_SUCCESS" -> ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+            case "EXCEPTION" -> throw new IllegalStateException("the scenario's listener throws");
+            case "NULL_RETURN" -> null;
+            default -> ConsumeConcurrentlyStatus.RECONSUME_LATER;
+          };
+        });
+      }
+    }
     consumer.start();
     return consumer;
+  }
+
+  /** One delivery: the scenario's outcome for it, after its processing time, recorded. */
+  private String listen(MessageExt msg, int instance) {
+    long msgId = Long.parseLong(msg.getKeys());
+    int delivery = seen.computeIfAbsent(msgId, id -> new AtomicInteger()).incrementAndGet();
+    String[] outcome = outcomes.get(msgId + "/" + delivery);
+    String kind = outcome == null ? "CONSUME_SUCCESS" : outcome[2];
+    long processing = outcome == null ? 0 : Long.parseLong(outcome[3]);
+    long start = System.currentTimeMillis() - t0;
+    sleep(processing);
+    // a retry is read from %RETRY%<group>; the client gives it back its own topic
+    boolean retried = msg.getProperty(MessageConst.PROPERTY_RETRY_TOPIC) != null;
+    deliveries.add(String.join(",", String.valueOf(msgId), String.valueOf(delivery),
+        String.valueOf(msg.getReconsumeTimes()), retried ? MixAll.getRetryTopic(group) : topic,
+        String.valueOf(msg.getQueueId()), String.valueOf(instance),
+        Thread.currentThread().getName(), String.valueOf(msg.getStoreTimestamp() - t0),
+        String.valueOf(start), String.valueOf(System.currentTimeMillis() - t0), kind));
+    return kind;
   }
 
   private static void sleep(long ms) {
@@ -316,10 +339,15 @@ public final class Harness {
     while (System.currentTimeMillis() < deadline) {
       int held = 0;
       for (DefaultMQPushConsumer consumer : consumers) {
-        held += consumer.getDefaultMQPushConsumerImpl().getRebalanceImpl()
-            .getProcessQueueTable().size();
+        // an orderly consumer holds a queue once the broker has locked it for it
+        held += (int) consumer.getDefaultMQPushConsumerImpl().getRebalanceImpl()
+            .getProcessQueueTable().values().stream()
+            .filter(queue -> !model.equals("orderly") || queue.isLocked()).count();
       }
-      if (held == queues + 1) { // the topic's queues and %RETRY%<group>'s one
+      // the topic's queues and %RETRY%<group>'s one (a broadcasting consumer reads no retry
+      // topic; each of its instances holds every queue)
+      boolean broadcasting = model.equals("broadcasting");
+      if (held == (broadcasting ? queues * consumers.size() : queues + 1)) {
         return;
       }
       for (DefaultMQPushConsumer consumer : consumers) {
