@@ -111,7 +111,10 @@ def test_every_conformance_scenario_agrees_on_every_message(tmp_path, scenario):
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"flavor": "http.ordered"}, "flavor http.ordered: the broker harness runs"),
+        (
+            {"flavor": "exponential", "retry_policy": {"kind": "exponential"}},
+            "flavor exponential: the broker harness runs",
+        ),
         ({"flavor": "rocketmq5.push", "deployment": "apsaramq"}, "deployment: apsaramq is a"),
         ({"consumers": "unlimited"}, "consumers: unlimited has no real pool"),
         ({"behavior": {"send_back_failure_probability": 0.1}}, "send-back failures cannot"),
