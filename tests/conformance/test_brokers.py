@@ -100,8 +100,24 @@ def test_a_saturated_4x_pool_agrees_on_every_message(tmp_path):
     assert mine > 4_000 and within, figures["peak Ready backlog"]
 
 
+# what a real broker does that the model does not yet (docs/conformance.md, what the brokers
+# showed): strict, so that the fix shows
+KNOWN = {
+    "timeout-4x": "the 4.9.7 client sends a timed-out message back again when its listener "
+    "then fails: a second copy retrysim does not make",
+}
+
+
 @pytest.mark.conformance_suite
-@pytest.mark.parametrize("scenario", sorted(SUITE.glob("*.yaml")), ids=lambda path: path.stem)
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=KNOWN[path.stem]))
+        if path.stem in KNOWN else path
+        for path in sorted(SUITE.glob("*.yaml"))
+    ],
+    ids=lambda path: path.stem,
+)  # fmt: skip
 def test_every_conformance_scenario_agrees_on_every_message(tmp_path, scenario):
     done = conformance(tmp_path, scenario)
     assert done.returncode in (EXIT_OK, EXIT_FAILED), done.stderr
