@@ -233,8 +233,14 @@ def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRu
         said = [line for line in lines if line.startswith(f"retrysim {harness}:")]
         raise HarnessError((said or lines or ["the harness failed"])[-1])
     out = folder / "out"
+    # what happened before the horizon, as retrysim counts it (the consumers' shutdown lets
+    # the deliveries already queued run)
+    horizon = spec.horizon_ms
     deliveries = _read(out / "deliveries.csv", list(DELIVERIES))
+    deliveries = deliveries[deliveries["start_ms"] < horizon].reset_index(drop=True)
     dead = _read(out / "dlq.csv", ["msg_id", "dlq_at_ms"])
+    dead = dead[dead["dlq_at_ms"] < horizon].reset_index(drop=True)
+    messages = messages[messages["born_ms"] < horizon].reset_index(drop=True)
     puts = _read(out / "puts.csv", ["topic", "puts"])
     return BrokerRun(
         messages, deliveries, dead, dict(zip(puts["topic"], puts["puts"], strict=True))

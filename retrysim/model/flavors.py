@@ -230,7 +230,7 @@ def _five_intervals(group: Group, default: str) -> tuple[int, ...]:
         cap = policy.max if policy else limits.EXPONENTIAL_MAX_MS
         multiplier = policy.multiplier if policy else limits.EXPONENTIAL_MULTIPLIER
         return exponential_intervals(initial, cap, multiplier, max_retries)
-    if kind == "customized" and policy is not None:
+    if kind == "customized" and policy is not None and policy.intervals is not None:
         return tuple(policy.intervals)
     if kind == "grpc_client":
         return parse_delay_levels(limits.GRPC_CLIENT_INTERVALS)

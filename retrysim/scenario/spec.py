@@ -385,13 +385,17 @@ class ExponentialPolicy(_Model):
 
 
 class CustomizedPolicy(_Model):
-    """RocketMQ 5 CustomizedRetryPolicy: retry n waits ``intervals[min(n, len) - 1]``."""
+    """RocketMQ 5 CustomizedRetryPolicy: retry n waits ``intervals[min(n, len) - 1]``;
+    without ``intervals``, the group's deployment's list (docs/flavors.md)."""
 
     kind: Literal["customized"]
-    intervals: Annotated[
-        tuple[Annotated[Duration, in_range(0, limits.MAX_INVISIBLE_MS, duration=True)], ...],
-        Field(min_length=1, max_length=limits.MAX_CUSTOM_INTERVALS),
-    ] = tuple(parse_delay_levels(limits.APSARAMQ_PUSH_INTERVALS))
+    intervals: (
+        Annotated[
+            tuple[Annotated[Duration, in_range(0, limits.MAX_INVISIBLE_MS, duration=True)], ...],
+            Field(min_length=1, max_length=limits.MAX_CUSTOM_INTERVALS),
+        ]
+        | None
+    ) = None
 
 
 class GrpcClientPolicy(_Model):

@@ -70,7 +70,8 @@ def figures_of(done: subprocess.CompletedProcess[str]) -> dict[str, tuple[float,
 
 def assert_exact_figures_agree(figures: dict[str, tuple[float, float, bool]]) -> None:
     exact = {name: row for name, row in figures.items() if name.startswith(EXACT)}
-    assert len(exact) >= 7 and all(within for _, _, within in exact.values()), exact
+    # the messages, four per-message figures and at least the topic's puts
+    assert len(exact) >= 6 and all(within for _, _, within in exact.values()), exact
 
 
 @pytest.mark.broker

@@ -425,7 +425,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         receive_invisible = None if apsaramq else 60_000
         if flavor == "rocketmq5.push" and g.get("ordered"):
             kind, blocking = "local", True
-            interval_of = _push_interval(policy or {"kind": "grpc_client"})
+            interval_of = _push_interval(policy or {"kind": "grpc_client"}, GRPC_CLIENT_INTERVALS)
         else:
             if flavor != "rocketmq5.push":
                 policy = {**policy, "kind": flavor}

@@ -138,8 +138,13 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
     if flavor == "exponential":
         g["retry_policy"] = {"kind": "exponential", "initial": "1s", "max": "20s"}
     if flavor == "customized":
-        # 0 and 1 s: a nack's checkpoint already due is written once, not through the timer
-        g["retry_policy"] = {"kind": "customized", "intervals": ["0ms", "1s", "3s"]}
+        # 0 and 1 s: a nack's checkpoint already due is written once, not through the timer;
+        # without intervals, the deployment's list
+        g["retry_policy"] = draw(
+            st.sampled_from(
+                [{"kind": "customized", "intervals": ["0ms", "1s", "3s"]}, {"kind": "customized"}]
+            )
+        )
     if flavor == "rocketmq5.push" and draw(st.booleans()):
         g["retry_policy"] = {"kind": "grpc_client"}
     if flavor.startswith(("rocketmq5", "exponential", "customized")):
