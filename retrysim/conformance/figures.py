@@ -195,23 +195,25 @@ def _settle_times(staged: pd.DataFrame, state: str) -> pd.DataFrame:
                         index=rows["msg_id"].to_numpy())  # fmt: skip
 
 
-def _broker_commits(run: BrokerRun) -> pd.DataFrame:
-    rows = run.deliveries[run.deliveries["outcome"] == CONSUME_SUCCESS]
+def _broker_ages(run: BrokerRun, rows: pd.DataFrame, at: str) -> pd.Series:
+    """Each of the broker's ``rows``' time from its message's send to its ``at`` column, by
+    msg_id."""
     born = run.messages.set_index("msg_id")["born_ms"]
-    return pd.DataFrame({"age": (rows["end_ms"] - born.loc[rows["msg_id"]].to_numpy()).to_numpy(
-        float)}, index=rows["msg_id"].to_numpy())  # fmt: skip
+    ages = rows[at].to_numpy(float) - born.loc[rows["msg_id"]].to_numpy(float)
+    return pd.Series(ages, index=rows["msg_id"].to_numpy())
 
 
 def _time_to_commit(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
     """p50 and p99 of the committed messages' time from their send to their commit."""
-    mine, theirs = _settle_times(staged, COMMITTED), _broker_commits(run)
+    commits = run.deliveries[run.deliveries["outcome"] == CONSUME_SUCCESS]
+    mine, theirs = _settle_times(staged, COMMITTED), _broker_ages(run, commits, "end_ms")
     if mine.empty or theirs.empty:
         return [Figure("committed messages", len(mine), len(theirs))]
     late = _late_by(int(mine["deliveries"].max()))
     figures = []
     for q in (50, 99):
         mine_q = float(np.percentile(mine["age"], q, method="lower"))
-        theirs_q = float(np.percentile(theirs["age"], q, method="lower"))
+        theirs_q = float(np.percentile(theirs, q, method="lower"))
         figures.append(Figure(f"p{q} time to commit (ms)", mine_q, theirs_q,
                               _capped(late, mine_q)))  # fmt: skip
     return figures
@@ -220,10 +222,7 @@ def _time_to_commit(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
 def _dlq_times(staged: pd.DataFrame, run: BrokerRun) -> Figure:
     """Each dead letter's time from its send to the DLQ, the worst difference."""
     mine = _settle_times(staged, DEAD)
-    born = run.messages.set_index("msg_id")["born_ms"]
-    dead = run.dead_letters
-    theirs = pd.Series((dead["dlq_at_ms"] - born.loc[dead["msg_id"]].to_numpy()).to_numpy(float),
-                       index=dead["msg_id"].to_numpy())  # fmt: skip
+    theirs = _broker_ages(run, run.dead_letters, "dlq_at_ms")
     youngest = float(mine["age"].min()) if len(mine) else 0.0
     late = _late_by(int(mine["deliveries"].max())) if len(mine) else 0.0
     return Figure("DLQ time, worst difference (ms)", 0, _worst(mine["age"], theirs),
