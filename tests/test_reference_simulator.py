@@ -324,10 +324,14 @@ def test_push_grpc_client_index(config):
     r = run(**{"flavor": "rocketmq5.push", **config}, workload=one(), behavior=ALWAYS_FAIL,
             horizon="4h")  # fmt: skip
     rows = attempts(r)
-    assert [a["start_ms"] for a in rows[:6]] == [0, 1 * S, 6 * S, 16 * S, 46 * S, 106 * S]
+    # each retry written by the open-source reviver 3 s after it is due
+    lag = 3 * S
+    assert [a["start_ms"] for a in rows[:6]] == [
+        0, 1 * S + lag, 6 * S + 2 * lag, 16 * S + 3 * lag, 46 * S + 4 * lag, 106 * S + 5 * lag
+    ]  # fmt: skip
     assert rows[-1]["delivery"] == 17
-    assert rows[-1]["start_ms"] == HOUR + 45 * MIN + 46 * S
-    assert rows[-1]["settled_ms"] == 2 * HOUR + 45 * MIN + 46 * S
+    assert rows[-1]["start_ms"] == HOUR + 45 * MIN + 46 * S + 16 * lag
+    assert rows[-1]["settled_ms"] == 2 * HOUR + 45 * MIN + 46 * S + 17 * lag
 
 
 def test_push_timeout_is_one_minute_on_apsaramq():
@@ -347,12 +351,13 @@ def test_push_timeout_is_one_minute_on_apsaramq():
 
 def test_open_source_push_times_out_when_the_proxy_stops_renewing():
     """60 s, then renewals 10 s ahead by 1, 3, 5, 10, 30 and 60 minutes: the one due after
-    3 h (at 13,710 s) nacks instead, and the retry waits the client's first interval."""
+    3 h (at 13,710 s) nacks instead, and the retry waits the client's first interval and the
+    reviver's 3 s."""
     r = run(flavor="rocketmq5.push", max_reconsume_times=1, workload=one(),
             behavior={"processing_time": "4h"}, horizon="9h")  # fmt: skip
     rows = attempts(r)
     assert (rows[0]["outcome"], rows[0]["end_ms"]) == ("TIMEOUT", 13_710 * S)
-    assert rows[1]["start_ms"] == 13_711 * S
+    assert rows[1]["start_ms"] == 13_714 * S
 
 
 def test_push_ordered_blocks_and_leaves_at_failure():
@@ -414,18 +419,20 @@ def test_simple_invisible_duration():
         behavior={"processing_time": "10s", "fail_first": 1},
     )
     # the 5.x seed's simple mode has no WaitingRetry: a message not acknowledged stays
-    # Inflight (invisible) until its invisible duration ends, then it is Ready again
+    # Inflight (invisible) until its invisible duration ends and the open-source reviver
+    # writes it back, 3 s later; then it is Ready again
+    back = 33 * S
     assert path(r) == [
         (1, "Ready", 0),
         (2, "Inflight", 0),
-        (5, "Ready", 30 * S),
-        (6, "Inflight", 30 * S),
-        (7, "Commit", 40 * S),
+        (5, "Ready", back),
+        (6, "Inflight", back),
+        (7, "Commit", back + 10 * S),
     ]
     assert trans(r)[2]["topic"] == "%RETRY%g_g"
     first = attempts(r)[0]
     assert (first["result_state"], first["end_ms"], first["next_ready_ms"]) == (
-        "Inflight", 30 * S, 30 * S,
+        "Inflight", back, back,
     )  # fmt: skip
     r = run(
         flavor="rocketmq5.simple",
@@ -436,15 +443,25 @@ def test_simple_invisible_duration():
     )
     rows = attempts(r)
     assert [(a["start_ms"], a["end_ms"], a["outcome"]) for a in rows] == [
-        (0, 30 * S, "TIMEOUT"),
-        (30 * S, 60 * S, "TIMEOUT"),
-        (60 * S, None, None),
+        (0, back, "TIMEOUT"),
+        (back, 2 * back, "TIMEOUT"),
+        (2 * back, None, None),
     ]
-    assert rows[0]["next_ready_ms"] == 30 * S  # 0 ms after the timeout
+    assert rows[0]["next_ready_ms"] == back  # 0 ms after it was revived
     assert [a["result_state"] for a in rows] == ["Inflight"] * 3  # the last at the horizon
-    # out of retries: the DLQ when the invisible duration ends, not a backoff later
+    # out of retries: the DLQ when the reviver takes it back, not a backoff later
     r = run(
         flavor="rocketmq5.simple",
+        invisible_duration="30s",
+        max_reconsume_times=1,
+        workload=one(),
+        behavior=ALWAYS_FAIL,
+    )
+    assert path(r)[-3:] == [(5, "Ready", back), (6, "Inflight", back), (7, "DLQ", 2 * back)]
+    # ApsaraMQ's service: no reviver's lag
+    r = run(
+        flavor="rocketmq5.simple",
+        deployment="apsaramq",
         invisible_duration="30s",
         max_reconsume_times=1,
         workload=one(),
@@ -853,6 +870,9 @@ def test_pubsub_defaults():
 
 
 def test_exponential_and_customized_policies():
+    def revived(seconds):  # each retry written by the open-source reviver 3 s after it is due
+        return [s * S + i * 3 * S for i, s in enumerate(seconds)]
+
     r = run(
         flavor="rocketmq5.push",
         max_reconsume_times=8,
@@ -860,8 +880,8 @@ def test_exponential_and_customized_policies():
         retry_policy={"kind": "exponential", "initial": "1s", "max": "60s", "multiplier": 2},
         behavior=ALWAYS_FAIL,
     )
-    assert starts(r) == [s * S for s in (0, 1, 3, 7, 15, 31, 63, 123, 183)]
-    assert attempts(r)[-1]["settled_ms"] == 243 * S
+    assert starts(r) == revived((0, 1, 3, 7, 15, 31, 63, 123, 183))
+    assert attempts(r)[-1]["settled_ms"] == revived((0,) * 9 + (243,))[-1]
     r = run(
         flavor="rocketmq5.push",
         max_reconsume_times=4,
@@ -869,16 +889,17 @@ def test_exponential_and_customized_policies():
         retry_policy={"kind": "customized", "intervals": ["1s", "5s", "30s"]},
         behavior=ALWAYS_FAIL,
     )
-    assert starts(r) == [s * S for s in (0, 1, 6, 36, 66)]
-    assert attempts(r)[-1]["settled_ms"] == 96 * S
+    assert starts(r) == revived((0, 1, 6, 36, 66))
+    assert attempts(r)[-1]["settled_ms"] == 96 * S + 5 * 3 * S
     r = run(
         flavor="rocketmq5.push",
+        deployment="apsaramq",
         max_reconsume_times=3,
         workload=one(),
         retry_policy={"kind": "exponential", "initial": "1s", "max": "1h", "multiplier": 1.5},
         behavior=ALWAYS_FAIL,
     )
-    assert starts(r) == [0, 1000, 2500, 4750]  # 1 s, 1.5 s, 2.25 s
+    assert starts(r) == [0, 1000, 2500, 4750]  # 1 s, 1.5 s, 2.25 s (no reviver's lag)
     assert attempts(r)[-1]["settled_ms"] == 4750 + 3375
 
 

@@ -136,9 +136,10 @@ def derived_digest(
     return _digest(steps, [F.col(name) for name in hashed_names], "derived", *counted)
 
 
-POP_COLUMNS = ("pop_invisible_ms", "pop_nacks")
+POP_COLUMNS = ("pop_invisible_ms", "pop_nacks", "pop_nack_delays")
 _POP_GROUPS = (
-    "run_id string, group string, pop_invisible_ms long, pop_nacks boolean, horizon_ms long"
+    "run_id string, group string, pop_invisible_ms long, pop_nacks boolean,"
+    " pop_nack_delays array<long>, horizon_ms long"
 )
 
 
@@ -160,7 +161,8 @@ def pop_rows(configs: Iterable[tuple[str, str | None]]) -> list[tuple]:
         except ScenarioError:
             continue  # no scenario, no pops: what the tables count is checked as it is
         for group, settings in pop_settings(scenario).items():
-            rows.append((run, group, *settings, scenario.horizon))
+            invisible, nacks, delays = settings
+            rows.append((run, group, invisible, nacks, list(delays), scenario.horizon))
     return rows
 
 
@@ -178,7 +180,10 @@ def _pop_writes() -> list[Column]:
         c("t_end_ms"),
         committed=end == code[COMMIT],
         nacked=c("pop_nacks") & (end == code[WAITING_RETRY]) & (c("outcome") != TIMEOUT),
-        retry_due=F.coalesce(c("a_next_ready_ms"), c("t_leave_ms")),
+        nack_delay=F.element_at(
+            c("pop_nack_delays"),
+            F.least(c("a_broker_reconsume_times") + 1, F.size(c("pop_nack_delays"))).cast("int"),
+        ),
         left_at=F.when(leave.isin(*gone), c("t_leave_ms")).when(end.isin(*gone), c("t_end_ms")),
     )
     return before(times, c("horizon_ms"))

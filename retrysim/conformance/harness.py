@@ -1,14 +1,14 @@
 """A scenario's group on a real RocketMQ broker: its inputs, the run, its records.
 
 Each major has its harness (a Maven module under jvm/): ``broker4`` runs the clients of
-4.9.7 and starts its namesrv and broker as child JVMs; ``broker5`` runs a 5.5.0 namesrv,
-broker and proxy in local mode in its own JVM, with the gRPC push or simple consumer. A
-harness starts its broker on loopback with the scenario's delay table (5.x: the group's retry
-policy as a customized list), creates the topic with its queues, starts the group's
-instances x threads consumers and, once they hold their queues, publishes the scenario's
-messages at their born times. Its listener does what retrysim draws for each message and
-delivery (:func:`outcomes`): both sides see the same listener and differ only in what the
-broker and the client do.
+4.9.7 and starts its namesrv and broker as child JVMs; ``broker5`` runs the gRPC push or
+simple consumer and starts a 5.5.0 namesrv and proxy in local mode (which hosts the broker)
+as child JVMs. A harness starts its broker on loopback with the scenario's delay table (5.x:
+the group's retry policy as a customized list), creates the topic with its queues, starts the
+group's instances x threads consumers and, once they hold their queues, publishes the
+scenario's messages at their born times. Its listener does what retrysim draws for each
+message and delivery (:func:`outcomes`): both sides see the same listener and differ only in
+what the broker and the client do.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ JAVA_17_FLAGS = (
 )
 # jvm/<module>: what each runs
 HARNESSES = {"broker4": "RocketMQ 4.9.7", "broker5": "RocketMQ 5.5.0 (proxy in local mode)"}
-# the harness JVM's heap: broker4's holds the clients, broker5's the broker and proxy too
+# the harness JVM's heap: its clients and records (the brokers are its child JVMs)
 HEAPS = {"broker4": "256m", "broker5": "512m"}
 AWAIT_MS = 60_000  # at the horizon, how long the listeners still running may finish
 DELIVERIES = ("msg_id", "delivery", "reconsume_times", "topic", "queue_id", "instance",

@@ -65,7 +65,7 @@ def compare_group(scenario: Scenario, name: str, folder: str) -> GroupFigures:
     _, spec = group_spec(scenario, name)
     rows = simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed))
     staged = pa.Table.from_batches(list(rows), schema=STAGE_ARROW).to_pandas()
-    figures = [*exact_figures(staged, run, spec.policy), *timed_figures(staged, run)]
+    figures = [*exact_figures(staged, run, spec.policy), *timed_figures(staged, run, spec.policy)]
     return GroupFigures(name, figures, run)
 
 

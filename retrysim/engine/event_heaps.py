@@ -151,3 +151,19 @@ def _head_pop(heads, size):
         for column in range(4):
             heads[i, column], heads[child, column] = heads[child, column], heads[i, column]
         i = child
+
+
+# --------------------------------------------------------------------------- FIFOs
+
+
+@njit(cache=True)
+def _fifo_push(fifo, head, tail, value):
+    """Append ``value`` to the FIFO held in ``fifo[head:tail]``; returns (fifo, head, tail),
+    the array compacted to its front, or grown, when its end is reached."""
+    if tail == len(fifo):
+        live = tail - head
+        bigger = np.empty(2 * len(fifo) if 2 * live > len(fifo) else len(fifo), np.int64)
+        bigger[:live] = fifo[head:tail]
+        fifo, head, tail = bigger, 0, live
+    fifo[tail] = value
+    return fifo, head, tail + 1

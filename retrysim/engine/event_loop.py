@@ -33,6 +33,7 @@ from retrysim.engine.event_heaps import (
     _before,
     _event_pop,
     _event_push,
+    _fifo_push,
     _grow,
     _head_pop,
     _head_push,
@@ -41,6 +42,7 @@ from retrysim.engine.event_heaps import (
 )
 from retrysim.engine.event_rules import (
     _FIXED_ROW,
+    _SEND_BACK_FAILED,
     _WIDTH,
     CHUNK_ROWS,
     D_CAPACITY,
@@ -53,11 +55,14 @@ from retrysim.engine.event_rules import (
     K_ACK_INDEX,
     K_HORIZON,
     K_INSTANCES,
+    K_PULL_THRESHOLD,
+    K_QUEUES,
     K_REPLAY_AT,
     K_REPLAY_FIXED,
     K_REPLAY_QUEUES,
     K_SIZE,
     K_THREADS,
+    LOCAL_RETRY,
     NULL,
     PUBLISHED,
     READY,
@@ -79,6 +84,7 @@ from retrysim.engine.event_rules import (
     SUCCESS,
     T_SCHEDULE,
     T_SOURCE,
+    TIMEOUT,
     WAITING_RETRY,
     _base_conditions,
     _committed,
@@ -86,14 +92,17 @@ from retrysim.engine.event_rules import (
     _consume_result,
     _eligible,
     _instance,
+    _lane,
     _listen,
     _settled_step,
+    lanes,
 )
 from retrysim.numba_cache import cache_by_source
 
 cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 
 _TURNS_PER_LOOK = 1 << 15  # loop turns between reports to the heartbeat
+_DELIVERIES = 1 << 21  # above any message's deliveries: (msg_id, delivery) as one key
 
 # --------------------------------------------------------------------------- the loop
 
@@ -270,6 +279,17 @@ def _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps,
 
 
 @njit(cache=True)
+def _pending_first(out, rows, k, born, scratch, position, msg_ids, queue_ids, eligible):
+    """Row ``rows`` (``out`` grown if full): the first delivery of ``position``, Ready at the
+    horizon. Returns (out, rows + 1)."""
+    if rows == out.shape[1]:
+        out = _wider(out)
+    _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible[position])
+    _row(out, rows, k, born, scratch, 0, NULL, NULL, NULL, NULL, _PENDING, NULL)
+    return out, rows + 1
+
+
+@njit(cache=True)
 def _replay_order(now, dead, dead_count):
     """docs/model.md §8: the dead letters a replay at ``now`` re-publishes, those already in
     the DLQ, in the order they reached it (then by msg_id), as columns of ``dead``."""
@@ -353,7 +373,8 @@ def _release(k, now, lane, cursor, queue_end, by_queue, eligible_of, msg_ids, qu
 def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_levels,
            resend_intervals, msg_ids, queue_ids, born, poisoned, count, member, eligible,
            first_instance, order, taken, arrived, free, busy, touched, touched_list, heaps,
-           sizes, slots, spare, event_keys, event_values, out, state, dead):  # fmt: skip
+           sizes, slots, spare, event_keys, event_values, out, state, dead, cached, overflow,
+           fifo_ends, lane_pos, lane_wait, lane_next, entered, ring, entry, held):  # fmt: skip
     """:func:`_run`'s turns, until a chunk is full, every so many turns, the end, or a turn
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
@@ -365,7 +386,19 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     grows the arrays on _ROOM and calls again; ``state`` holds the scalars between calls
     (:data:`_STATE`); ``busy`` the calls in flight per instance and in all (the last),
     counted for a downstream that answers to load; ``dead`` the moves to the DLQ before the
-    replay (docs/model.md §8), as (reaches the DLQ, msg_id, position, delivery) columns."""
+    replay (docs/model.md §8), as (reaches the DLQ, msg_id, position, delivery) columns.
+
+    With a pull threshold (``K_PULL_THRESHOLD``), ``cached`` counts each process queue's
+    deliveries pulled and not yet done (:func:`_lane`); a delivery eligible while its queue
+    holds the threshold waits on the broker until one of them is done, and enters its
+    instance's order then. A first delivery waits in its queue's run of ``lane_pos`` (the
+    positions by queue, in publish order: those from ``lane_wait`` to ``lane_next``, the
+    queue's next arrival), and enters its instance's FIFO, a ring in ``entered`` (``ring``:
+    each one's offset, size, head and length, :data:`_RING`); a retry waits in its queue's
+    FIFO of ``overflow`` (``fifo_ends``), and enters the heap. ``entry`` holds a first
+    delivery's moment of entry (NULL: at its eligible moment, -1: still waiting). ``held``
+    (as long as the event heap) takes the deliveries eligible at one moment, so that where
+    a queue has room for only some of them, the lowest (msg_id, delivery) take it."""
     n = NULL
     k = to_fixed_tuple(k_array, K_SIZE)
     d = to_fixed_tuple(d_array, D_SIZE)
@@ -374,6 +407,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     threads = k[K_THREADS]
     ack_index = k[K_ACK_INDEX]
     acked_later = ack_index != n and ack_index < 0  # a success is retried (docs/model.md §7)
+    threshold = k[K_PULL_THRESHOLD]
+    capped = threshold != n
     base = _base_conditions(d)
     loaded = d[D_CAPACITY] > 0
     per_group = d[D_PER_GROUP] > 0
@@ -421,8 +456,47 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             break
         conditions = base if windows.shape[0] == 0 else _conditions(windows, d, now)
         while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
-            instance = _event_pop(event_keys, event_values, events)
+            value = _event_pop(event_keys, event_values, events)
             events -= 1
+            instance, lane = value % everyone, value // everyone - 1
+            if lane >= 0:  # its process queue has room: the next delivery waiting enters
+                cached[lane] -= 1
+                while cached[lane] < threshold:
+                    position = (
+                        lane_pos[lane_wait[lane]] if lane_wait[lane] < lane_next[lane] else -1
+                    )
+                    slot = overflow[lane][fifo_ends[0, lane]] if (
+                        fifo_ends[0, lane] < fifo_ends[1, lane]) else -1  # fmt: skip
+                    if position < 0 and slot < 0:
+                        break
+                    cached[lane] += 1
+                    # in queue order: a first delivery before a retry eligible with it
+                    if position >= 0 and (
+                        slot < 0 or eligible[position] <= slots[S_ELIGIBLE, slot]
+                    ):
+                        lane_wait[lane] += 1
+                        entry[position] = now
+                        offset, size = ring[_OFFSET, instance], ring[_SIZE, instance]
+                        j = ring[_HEAD, instance] + ring[_LENGTH, instance]
+                        j = offset + (j if j < size else j - size)
+                        entered[j] = position
+                        ring[_LENGTH, instance] += 1
+                        # those entering together go by msg_id
+                        for _ in range(ring[_LENGTH, instance] - 1):
+                            before = j - 1 if j > offset else offset + size - 1
+                            if entry[entered[before]] != now or (
+                                    msg_ids[entered[before]] < msg_ids[entered[j]]):  # fmt: skip
+                                break
+                            entered[before], entered[j] = entered[j], entered[before]
+                            j = before
+                    else:
+                        fifo_ends[0, lane] += 1
+                        slots[S_ELIGIBLE, slot] = now
+                        heaps[instance] = _wait_push(
+                            heaps[instance], sizes[instance], slot, slots[S_ELIGIBLE],
+                            slots[S_MSG_ID], slots[S_DELIVERY],
+                        )  # fmt: skip
+                        sizes[instance] += 1
             if threads != n:
                 free[instance] += 1
             if loaded:
@@ -433,21 +507,49 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 touched_list[touched_count] = instance
                 touched_count += 1
         while next_arrival < count and eligible[next_arrival] == now:
-            instance = first_instance[next_arrival]
+            position = next_arrival
+            instance = first_instance[position]
             next_arrival += 1
             if member[instance] != MEMBER:
                 continue  # another unit's
             arrived[instance] += 1
+            if capped:
+                lane = queue_ids[position]
+                lane_next[lane] += 1
+                if cached[lane] < threshold:
+                    cached[lane] += 1
+                    lane_wait[lane] = lane_next[lane]
+                else:  # its queue's cache is full: it waits on the broker
+                    entry[position] = -1
             if not touched[instance]:
                 touched[instance] = True
                 touched_list[touched_count] = instance
                 touched_count += 1
         for again in range(2):  # again: the replayed deliveries eligible at once
+            eligible_now = 0
             while events > 0 and event_keys[0] == 2 * now + _ELIGIBLE_PHASE:
-                slot = _event_pop(event_keys, event_values, events)
+                held[eligible_now] = _event_pop(event_keys, event_values, events)
                 events -= 1
+                eligible_now += 1
+            if capped and eligible_now > 1:  # who takes a queue's last room: by message
+                ids = (
+                    slots[S_MSG_ID, held[:eligible_now]] * _DELIVERIES
+                    + slots[S_DELIVERY, held[:eligible_now]]
+                )
+                held[:eligible_now] = held[:eligible_now][np.argsort(ids)]
+            for e in range(eligible_now):
+                slot = held[e]
                 instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
                                      slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
+                # a local resubmit never left its process queue
+                if capped and slots[S_REASON, slot] != LOCAL_RETRY:
+                    lane = _lane(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot])
+                    if cached[lane] >= threshold:  # it waits on the broker
+                        overflow[lane], fifo_ends[0, lane], fifo_ends[1, lane] = _fifo_push(
+                            overflow[lane], fifo_ends[0, lane], fifo_ends[1, lane], slot
+                        )
+                        continue
+                    cached[lane] += 1
                 heaps[instance] = _wait_push(
                     heaps[instance], sizes[instance], slot, slots[S_ELIGIBLE], slots[S_MSG_ID],
                     slots[S_DELIVERY],
@@ -474,23 +576,42 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
         for t in range(touched_count):
             instance = touched_list[t]
             touched[instance] = False
-            heap = heaps[instance]
             while free[instance] > 0:
-                queued = taken[instance] < arrived[instance]
-                if not queued and sizes[instance] == 0:
+                # the first delivery due: the queue's head, or (capped) the FIFO's of those
+                # that waited on the broker; those that wait are skipped in the queue
+                position, at, late = -1, n, False
+                if capped:
+                    while (
+                        taken[instance] < arrived[instance] and entry[order[taken[instance]]] != n
+                    ):
+                        taken[instance] += 1
+                if taken[instance] < arrived[instance]:
+                    position = order[taken[instance]]
+                    at = eligible[position]
+                if capped and ring[_LENGTH, instance] > 0:
+                    other = entered[ring[_OFFSET, instance] + ring[_HEAD, instance]]
+                    if position < 0 or entry[other] < at or (
+                            entry[other] == at and msg_ids[other] < msg_ids[position]):  # fmt: skip
+                        position, at, late = other, entry[other], True
+                if position < 0 and sizes[instance] == 0:
                     break
+                heap = heaps[instance]
+                queued = position >= 0
                 if queued and sizes[instance] > 0:
-                    position, top = order[taken[instance]], heap[0]
-                    queued = eligible[position] < slots[S_ELIGIBLE, top] or (
-                        eligible[position] == slots[S_ELIGIBLE, top]
-                        and msg_ids[position] < slots[S_MSG_ID, top]
+                    top = heap[0]
+                    queued = at < slots[S_ELIGIBLE, top] or (
+                        at == slots[S_ELIGIBLE, top] and msg_ids[position] < slots[S_MSG_ID, top]
                     )  # fmt: skip
                 if queued:
-                    position = order[taken[instance]]
-                    taken[instance] += 1
+                    if late:
+                        ring[_HEAD, instance] += 1
+                        ring[_LENGTH, instance] -= 1
+                        if ring[_HEAD, instance] == ring[_SIZE, instance]:
+                            ring[_HEAD, instance] = 0
+                    else:
+                        taken[instance] += 1
                     spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
-                    _first_delivery(slots, slot, position, msg_ids, queue_ids, born,
-                                    eligible[position])  # fmt: skip
+                    _first_delivery(slots, slot, position, msg_ids, queue_ids, born, at)
                 else:
                     slot = _wait_pop(heap, sizes[instance], slots[S_ELIGIBLE], slots[S_MSG_ID],
                                      slots[S_DELIVERY])  # fmt: skip
@@ -518,12 +639,19 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     busy[instance] += 1
                     busy[everyone] += 1
                 if threads != n or loaded:
+                    # the thread frees, and (capped) the delivery leaves its process queue
+                    # unless a failed send-back resubmits it there
+                    lane = -1
+                    failed = outcome != SUCCESS or acked_later
+                    kept = failed and outcome != TIMEOUT and send_back == _SEND_BACK_FAILED
+                    if capped and not kept:
+                        lane = _lane(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot])
                     _event_push(
                         event_keys,
                         event_values,
                         events,
                         2 * (now + processing) + _FREE_PHASE,
-                        instance,
+                        instance + everyone * (lane + 1),
                     )
                     events += 1
                 if end >= horizon:
@@ -577,6 +705,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
 (_NEXT_ARRIVAL, _DELIVERIES, _FIRST, _TURNS, _EVENTS, _SPARE_COUNT, _USED, _ROWS, _MOST,
  _DEAD, _REPLAYED, _STATE) = range(12)  # fmt: skip
 _CHUNK, _DONE, _ROOM = range(3)
+# an instance's ring of first deliveries that entered late: its offset, size, head, length
+_OFFSET, _SIZE, _HEAD, _LENGTH, _RING = range(5)
 
 
 @njit(cache=True)
@@ -621,6 +751,32 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
         events = _push_eligible(event_keys, event_values, events, slots, slot)
     state = np.zeros(_STATE, np.int64)
     state[_EVENTS], state[_SPARE_COUNT], state[_USED] = events, spare_count, used
+    # the client's process queues, where a pull threshold applies (_turns' docstring)
+    capped = k[K_PULL_THRESHOLD] != n
+    queues = lanes(k) if capped else 0
+    cached = np.zeros(queues, np.int64)
+    overflow = List()
+    for _ in range(queues):
+        overflow.append(np.empty(16, np.int64))
+    fifo_ends = np.zeros((2, queues), np.int64)
+    lane_pos = np.argsort(queue_ids[:count], kind="mergesort") if capped else np.empty(0, np.int64)
+    lane_wait = np.full(queues, count, np.int64)  # a retry queue has no first deliveries
+    lane_wait[: k[K_QUEUES] if capped else 0] = np.searchsorted(
+        queue_ids[:count][lane_pos], np.arange(k[K_QUEUES] if capped else 0)
+    )
+    lane_next = lane_wait.copy()
+    # each instance's FIFO of first deliveries that entered late: at most its queues' caches,
+    # and at most its messages
+    ring = np.zeros((_RING, instances), np.int64)
+    if capped:
+        for q in range(k[K_QUEUES]):
+            ring[_SIZE, _instance(k, T_SOURCE, q, 0, 1)] += k[K_PULL_THRESHOLD]
+        for i in range(instances):
+            ring[_SIZE, i] = min(ring[_SIZE, i], starts[i + 1] - starts[i]) + 1
+        ring[_OFFSET, 1:] = np.cumsum(ring[_SIZE])[:-1]
+    entered = np.empty(ring[_SIZE].sum(), np.int64)
+    entry = np.full(count if capped else 0, n, np.int64)
+    held = np.empty(len(event_keys), np.int64)
     # a message reaches the DLQ at most once before the replay, which is the only one
     dead = np.empty((4, len(msg_ids) if k[K_REPLAY_AT] != n else 0), np.int64)
     while True:
@@ -628,7 +784,8 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
             k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals,
             msg_ids, queue_ids, born, poisoned, count, member, eligible, first_instance, order,
             taken, arrived, free, busy, touched, touched_list, heaps, sizes, slots, spare,
-            event_keys, event_values, out, state, dead,
+            event_keys, event_values, out, state, dead, cached, overflow, fifo_ends, lane_pos,
+            lane_wait, lane_next, entered, ring, entry, held,
         )  # fmt: skip
         if status == _DONE:
             break
@@ -640,6 +797,8 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                 slots, spare = _grow_slots(slots), _grow(spare)
             while state[_EVENTS] + 2 * most > len(event_keys):
                 event_keys, event_values = _grow(event_keys), _grow(event_values)
+            if len(held) < len(event_keys):
+                held = np.empty(len(event_keys), np.int64)
             continue
         yield out, state[_ROWS], now, state[_DELIVERIES], state[_FIRST]
         state[_ROWS] = 0
@@ -648,11 +807,30 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     # what is Ready before the horizon and never started (docs/model.md §7)
     out, rows = _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps, sizes)
     scratch = np.empty((S_FIELDS, 1), np.int64)
+    for lane in range(queues):  # and those waiting on the broker for their process queue
+        for f in range(fifo_ends[0, lane], fifo_ends[1, lane]):
+            if rows == out.shape[1]:
+                out = _wider(out)
+            _row(out, rows, k, born, slots, overflow[lane][f], n, n, n, n, _PENDING, n)
+            rows += 1
+    # and the first deliveries that waited on the broker, or entered their instance's FIFO
+    for lane in range(queues):
+        for w in range(lane_wait[lane], lane_next[lane]):
+            out, rows = _pending_first(out, rows, k, born, scratch, lane_pos[w], msg_ids,
+                                       queue_ids, eligible)  # fmt: skip
+    for instance in range(instances if capped else 0):
+        for w in range(ring[_LENGTH, instance]):
+            at = (ring[_HEAD, instance] + w) % ring[_SIZE, instance]
+            out, rows = _pending_first(out, rows, k, born, scratch,
+                                       entered[ring[_OFFSET, instance] + at], msg_ids, queue_ids,
+                                       eligible)  # fmt: skip
     for instance in range(instances):
         if member[instance] != MEMBER:
             continue
         for j in range(taken[instance], starts[instance + 1]):
             position = order[j]
+            if capped and entry[position] != n:
+                continue  # it waited on the broker: started since, or written above
             _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible[position])
             if rows == out.shape[1]:
                 out = _wider(out)

@@ -63,8 +63,8 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
  K_TIMEOUT_INTERVAL, K_DLQ_NOW, K_INVISIBLE, K_DLQ_ENABLED, K_HAS_LEVELS, K_HAS_RESEND,
  K_ACK_INDEX, K_PULL, K_READY_WAIT, K_BALANCING, K_INSTANCES, K_THREADS, K_QUEUES, K_BROKERS,
  K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
- K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_NULL_DLQ,
- K_SIZE) = range(32)  # fmt: skip
+ K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_NULL_DLQ, K_REVIVE_LAG,
+ K_PULL_THRESHOLD, K_SIZE) = range(34)  # fmt: skip
 # The listener's doubles: base probability, kind and send-back thresholds, base distribution.
 # A downstream that answers to load: its capacity (0: none), whether the group's instances
 # share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
@@ -127,6 +127,22 @@ def _instance(k, topic, queue_id, msg_id, delivery):
     if k[K_BALANCING] == 1:
         return (msg_id + delivery - 1) % k[K_INSTANCES]
     return 0
+
+
+@njit(cache=True, inline="always")
+def _lane(k, topic, queue_id):
+    """The client's process queue a delivery is pulled into, counted against the pull
+    threshold (docs/model.md §5): its source queue, or ``K_QUEUES`` + its %RETRY% queue."""
+    if _on_topology_retry(k, topic):
+        return k[K_QUEUES] + queue_id
+    return queue_id
+
+
+@njit(cache=True)
+def lanes(k):
+    """How many process queues :func:`_lane` numbers."""
+    retry = k[K_BROKERS] * k[K_RETRY_QUEUE_NUMS] if k[K_HAS_TOPOLOGY_RETRY] == 1 else 0
+    return k[K_QUEUES] + retry
 
 
 @njit(cache=True, inline="always")
@@ -247,10 +263,13 @@ def _consume_result(k, start, processing, outcome):
             leave = timeout * ((start + timeout) // timeout + 1) if timeout else start
         else:
             leave = start + timeout
+        if k[K_INVISIBLE] == 1:  # a copy not acked in time stays invisible until revived
+            if start + processing > leave:
+                return TIMEOUT, leave + k[K_REVIVE_LAG]
+            if outcome != SUCCESS:
+                return outcome, leave + k[K_REVIVE_LAG]
         if start + processing > leave:
             return TIMEOUT, leave
-        if k[K_INVISIBLE] == 1 and outcome != SUCCESS:
-            return outcome, leave
     return outcome, start + processing
 
 
@@ -303,7 +322,8 @@ def _next_step(k, intervals, levels, resend_levels, resend_intervals, rt, broker
     else:
         interval = intervals[min(broker_rt + 1, len(intervals)) - 1]
         level = levels[min(broker_rt + 1, len(levels)) - 1] if k[K_HAS_LEVELS] == 1 else n
-    due = (start if k[K_FROM_START] == 1 else end) + interval
+    # a 5.x reviver writes the retry (or the copy it dead-letters) after its revive time
+    due = (start if k[K_FROM_START] == 1 else end) + interval + k[K_REVIVE_LAG]
     nulled = k[K_NULL_DLQ] == 1 and outcome == NULL_RETURN
     negative = (k[K_DLQ_NOW] == 1 or nulled) and not timed_out and not fallback
     if exhausted or negative:
@@ -424,6 +444,10 @@ def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:
     k[K_DLQ_NOW] = policy.dlq_now
     k[K_NULL_DLQ] = policy.null_dead_letters
     k[K_INVISIBLE] = policy.invisible_until_retry
+    k[K_REVIVE_LAG] = policy.revive_lag_ms
+    # the client's cache per queue binds only where deliveries can wait for a thread
+    capped = policy.pull_threshold is not None and topology.threads is not None
+    k[K_PULL_THRESHOLD] = policy.pull_threshold if capped else NULL
     k[K_DLQ_ENABLED] = policy.dlq_enabled
     k[K_HAS_LEVELS] = policy.levels is not None
     k[K_HAS_RESEND] = policy.resend_levels is not None

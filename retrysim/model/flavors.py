@@ -38,6 +38,7 @@ class Group(Protocol):
     consume_timeout: int | None
     suspend_current_queue_time: int
     invisible_duration: int
+    pull_threshold_for_queue: int
     retry_policy: Any  # the scenario's RetryPolicy, or None
     behavior: _Behavior
 
@@ -55,6 +56,7 @@ FLAVOR_KEYS = (
     "consume_message_batch_max_size",
     "ack_index",
     "pull_interval",
+    "pull_threshold_for_queue",
     "suspend_current_queue_time",
     "invisible_duration",
     "ordered",
@@ -146,6 +148,8 @@ def policy_fields(**overrides: object) -> dict[str, object]:
         "resend_levels": None,
         "resend_intervals_ms": None,
         "receive_invisible_ms": None,
+        "revive_lag_ms": 0,
+        "pull_threshold": None,
     }
     base.update(overrides)
     return base
@@ -168,6 +172,7 @@ def _concurrently(group: Group, table: tuple[int, ...]) -> dict[str, object]:
         timeout_level=timeout_level,
         timeout_interval_ms=table[timeout_level - 1],
         dlq_now=asked < 0,
+        pull_threshold=group.pull_threshold_for_queue,
         **(_resends(table) if falls_back else {}),
     )
 
@@ -205,6 +210,7 @@ def _broadcasting(group: Group, table: tuple[int, ...]) -> dict[str, object]:
         # cleanExpiredMsg sends an expired message back, to a retry topic nobody reads
         timeout_level=timeout_level,
         timeout_interval_ms=table[timeout_level - 1],
+        pull_threshold=group.pull_threshold_for_queue,
     )
 
 
@@ -254,6 +260,13 @@ def _five_defaults(group: Group) -> dict[str, object]:
             "receive_invisible_ms": limits.APACHE_POP_INVISIBLE_MS}  # fmt: skip
 
 
+def _revive_lag(group: Group) -> int:
+    """How long after a retry is due the deployment's reviver writes it: the open-source
+    broker's ``PopReviveService`` (limits.APACHE_REVIVE_LAG_MS, measured on 5.5.0); none
+    for ApsaraMQ, whose service documents its intervals as the delays."""
+    return limits.APACHE_REVIVE_LAG_MS if group.deployment == "apache" else 0
+
+
 def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
     defaults = _five_defaults(group)
     return policy_fields(
@@ -262,6 +275,7 @@ def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
         intervals_ms=_five_intervals(group, default=defaults["intervals"]),
         timeout_ms=group.consume_timeout or defaults["timeout_ms"],
         receive_invisible_ms=defaults["receive_invisible_ms"],
+        revive_lag_ms=_revive_lag(group),
     )
 
 
@@ -293,6 +307,7 @@ def _simple(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
         leave_after_backoff=False,
         invisible_until_retry=True,
         timeout_ms=group.invisible_duration,
+        revive_lag_ms=_revive_lag(group),
     )
 
 
@@ -340,6 +355,7 @@ CATALOGUE: tuple[Flavor, ...] = (
                 "consume_message_batch_max_size",
                 "ack_index",
                 "pull_interval",
+                "pull_threshold_for_queue",
                 "consume_timeout",
                 "behavior.send_back_failure_probability",
                 "behavior.send_back_fallback_probability",
@@ -362,7 +378,7 @@ CATALOGUE: tuple[Flavor, ...] = (
     Flavor(
         "rocketmq4.broadcasting",
         _broadcasting,
-        reads=frozenset({"consume_timeout_check", "consume_timeout"}),
+        reads=frozenset({"consume_timeout_check", "consume_timeout", "pull_threshold_for_queue"}),
         fixed_max_retries="broadcasting consumption never retries",
         uses_delay_table=True,  # an expired message waits in it (level 3)
         has_dlq=False,

@@ -106,6 +106,10 @@ class Policy:
     # a 5.x push pop's invisible time when it is not the consume timeout (open-source:
     # the proxy's 60 s, renewed)
     receive_invisible_ms: int | None
+    # how long after its revive time the 5.x reviver writes a retry (open-source: 3 s)
+    revive_lag_ms: int
+    # a 4.x push client's pullThresholdForQueue: the most deliveries of a queue it caches
+    pull_threshold: int | None
     batch_size: int
     ack_index: int | None
     pull_interval_ms: int
@@ -129,8 +133,15 @@ class Policy:
     @property
     def sequential(self) -> bool:
         """Whether this group needs the sequential engine from the start (not just on
-        saturation): ordered queues and batches are decided by dispatch order."""
-        return self.blocking or self.batch_size > 1
+        saturation): ordered queues and batches are decided by dispatch order, and so is a
+        pool whose threads could fill a queue's cache (the pull threshold) before the pool."""
+        threads = self.topology.threads
+        small_cache = (
+            self.pull_threshold is not None
+            and threads is not None
+            and self.pull_threshold < threads
+        )
+        return self.blocking or self.batch_size > 1 or small_cache
 
     @property
     def falls_back(self) -> bool:
@@ -179,9 +190,12 @@ class Policy:
         else:
             leave = start + timeout
         timed_out = start + processing > leave
-        end = F.when(timed_out, leave)
-        if self.invisible_until_retry:
-            end = end.when(F.col("listener_outcome") != F.lit(CONSUME_SUCCESS), leave)
+        if self.invisible_until_retry:  # a copy not acked in time stays invisible until revived
+            revived = leave + F.lit(self.revive_lag_ms)
+            failed = F.col("listener_outcome") != F.lit(CONSUME_SUCCESS)
+            end = F.when(timed_out | failed, revived)
+        else:
+            end = F.when(timed_out, leave)
         return {
             "outcome": F.when(timed_out, F.lit(TIMEOUT)).otherwise(F.col("listener_outcome")),
             "end_ms": end.otherwise(start + processing),
@@ -243,7 +257,7 @@ class Policy:
         cases = {
             "_case": case,
             "_level": level.cast("int"),
-            "_due": (origin + interval).cast("long"),
+            "_due": (origin + interval + F.lit(self.revive_lag_ms)).cast("long"),
             "_leave_reason": F.when(exhausted, F.lit(REASON_MAX_RECONSUME))
             .when(nulled, F.lit(REASON_NULL_RESULT))
             .otherwise(F.lit(REASON_NEGATIVE_LEVEL)),

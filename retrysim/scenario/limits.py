@@ -38,6 +38,9 @@ RETRY_QUEUE_ID = 0
 DLQ_QUEUE_ID = 0
 DEFAULT_BROKERS, MAX_BROKERS = 1, 1_024
 DEFAULT_RETRY_QUEUE_NUMS, MAX_RETRY_QUEUE_NUMS = 1, 1_024
+# DefaultMQPushConsumer.pullThresholdForQueue: a 4.x push client pulls a queue only while it
+# caches at most this many of its messages (checkConfig's range 1 .. 65535).
+DEFAULT_PULL_THRESHOLD_FOR_QUEUE, MAX_PULL_THRESHOLD_FOR_QUEUE = 1_000, 65_535
 
 # ApsaraMQ 5.x (the consumption-retry document, docs/flavors.md): push-consumer retry intervals for
 # unordered messages, 2 h after the 16th; default 16 and at most 1000 retries; the push
@@ -60,6 +63,16 @@ APACHE_POP_INVISIBLE_MS = MINUTE_MS
 APACHE_RENEW_STEPS_MS = tuple(m * MINUTE_MS for m in (1, 3, 5, 10, 30, 60))
 APACHE_RENEW_AHEAD_MS = 10 * SECOND_MS
 APACHE_RENEW_MAX_MS = 3 * HOUR_MS
+# The open-source broker's reviver writes a retry (or the copy it then dead-letters) after its
+# checkpoint's revive time: PopReviveService.mergeAndRevive revives a checkpoint once the scan
+# has read past reviveTime + ackTimeInterval + SECOND (2 s), and the scan thread comes round
+# every reviveInterval (1 s), resting up to reviveMaxSlow (3) intervals when quiet
+# (rocketmq-all-5.3.3 PopReviveService lines 307-439, 470-525, 627-684; BrokerConfig). retrysim
+# puts the write at 2 s plus one interval; the brokers measured 2.0 to 5.0 s (docs/flavors.md).
+REVIVE_ACK_WINDOW_MS = 2 * SECOND_MS
+REVIVE_INTERVAL_MS = SECOND_MS
+REVIVE_MAX_SLOW = 3
+APACHE_REVIVE_LAG_MS = REVIVE_ACK_WINDOW_MS + REVIVE_INTERVAL_MS
 
 
 def apache_renewal_stop_ms() -> int:

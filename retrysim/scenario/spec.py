@@ -498,6 +498,9 @@ class Group(_Model):
     consume_message_batch_max_size: Annotated[StrictInt, in_range(1, limits.MAX_CONSUME_BATCH)] = 1
     ack_index: Annotated[StrictInt, in_range(0, limits.MAX_CONSUME_BATCH - 1)] | None = None
     pull_interval: Annotated[Duration, in_range(0, limits.HOUR_MS, duration=True)] = 0
+    pull_threshold_for_queue: Annotated[
+        StrictInt, in_range(1, limits.MAX_PULL_THRESHOLD_FOR_QUEUE)
+    ] = limits.DEFAULT_PULL_THRESHOLD_FOR_QUEUE
     brokers: Annotated[StrictInt, in_range(1, limits.MAX_BROKERS)] = limits.DEFAULT_BROKERS
     retry_queue_nums: Annotated[StrictInt, in_range(1, limits.MAX_RETRY_QUEUE_NUMS)] = (
         limits.DEFAULT_RETRY_QUEUE_NUMS

@@ -35,17 +35,21 @@ from retrysim.tables.transitions import lands_unread
 ACK_TIME_INTERVAL_MS = 1_000
 
 
-def pops_of(policy: Policy) -> tuple[int, bool] | None:
+PopSettings = tuple[int, bool, tuple[int, ...]]
+
+
+def pops_of(policy: Policy) -> PopSettings | None:
     """A group's pop settings, if its deliveries are 5.x pops
-    (:attr:`Policy.pop_invisible_ms`): its invisible time, and whether a failed delivery is
+    (:attr:`Policy.pop_invisible_ms`): its invisible time, whether a failed delivery is
     nacked by ``changeInvisibleDuration``, as the push consumer does, rather than left to
-    become visible, as the simple consumer's."""
+    become visible, as the simple consumer's, and the nack's delays (retry n's is the n-th,
+    the last after that)."""
     if policy.pop_invisible_ms is None:
         return None
-    return policy.pop_invisible_ms, not policy.invisible_until_retry
+    return policy.pop_invisible_ms, not policy.invisible_until_retry, policy.intervals_ms
 
 
-def pop_settings(scenario: Scenario) -> dict[str, tuple[int, bool]]:
+def pop_settings(scenario: Scenario) -> dict[str, PopSettings]:
     """The groups that pop (:func:`pops_of`): name -> their settings."""
     table = scenario.broker.message_delay_level
     settings = {group.name: pops_of(policy_for(group, table)) for group in scenario.groups}
@@ -58,7 +62,7 @@ def pop_write_times(
     end: Column,
     committed: Column,
     nacked: Column,
-    retry_due: Column,
+    nack_delay: Column,
     left_at: Column,
 ) -> Column:
     """The commit-log writes of one 5.x pop delivery (a column per possible write, null where
@@ -72,7 +76,8 @@ def pop_write_times(
       invisible``);
     * ``committed``: the ack, due at the same moment;
     * ``nacked`` (the push consumer's failure): ``changeInvisibleDuration`` writes a new
-      checkpoint, due when the retry is (``retry_due``), and acks the original;
+      checkpoint, due ``nack_delay`` after the end (when the retry is due; the reviver
+      writes the retry itself later), and acks the original;
     * ``left_at`` (the message dead-lettered or discarded then): the reviver's copy, and the
       pop that finds it over the limit, with its checkpoint and its ack.
 
@@ -84,6 +89,7 @@ def pop_write_times(
     committed, nacked = pops & committed, pops & nacked
     leaves = pops & left_at.isNotNull()
     early = F.lit(ACK_TIME_INTERVAL_MS)
+    retry_due = end + nack_delay
     writes = [
         *_timer_put(started, start, visible_again, visible_again - early),  # the checkpoint
         *_timer_put(committed, end, visible_again, visible_again),  # the ack
@@ -104,11 +110,23 @@ def _timer_put(
     return (when, now), (when & (due > now), at)
 
 
-def _per_group(settings: dict[str, tuple[int, bool]], index: int, dtype: str) -> Column:
+def _per_group(settings: dict[str, PopSettings], index: int, dtype: str) -> Column:
     """One of the groups' pop settings as a column (null for a group that does not pop)."""
     column = F.lit(None).cast(dtype)
     for name, values in settings.items():
         column = F.when(F.col("group") == F.lit(name), F.lit(values[index])).otherwise(column)
+    return column
+
+
+def nack_delays(settings: dict[str, PopSettings]) -> Column:
+    """Each row's nack delay (:func:`pop_write_times`): its group's entry for its retry, the
+    delivery's ``broker_reconsume_times`` + 1 (null for a group that does not pop)."""
+    column = F.lit(None).cast("long")
+    retry = F.col("broker_reconsume_times") + F.lit(1)
+    for name, (_, _, delays) in settings.items():
+        table = F.array(*[F.lit(delay).cast("long") for delay in delays])
+        delay = F.element_at(table, F.least(retry, F.lit(len(delays))).cast("int"))
+        column = F.when(F.col("group") == F.lit(name), delay).otherwise(column)
     return column
 
 
@@ -145,7 +163,7 @@ def write_times(scenario: Scenario) -> list[Column]:
             nacked=nacks
             & (c("end_state") == F.lit(WAITING_RETRY))
             & (c("outcome") != F.lit(TIMEOUT)),
-            retry_due=F.coalesce(c("next_ready_ms"), c("settled_ms")),
+            nack_delay=nack_delays(settings),
             left_at=F.when(state.isin(DLQ, DISCARD), c("settled_ms")),
         )
     return before(times, scenario.horizon)

@@ -166,7 +166,9 @@ class Attempts:
             times += self._pop_write_times(*pop)
         return [np.where((t != NULL) & (t < horizon), t, NULL) for t in times]
 
-    def _pop_write_times(self, invisible: int, nacks: bool) -> list[np.ndarray]:
+    def _pop_write_times(
+        self, invisible: int, nacks: bool, delays: tuple[int, ...]
+    ) -> list[np.ndarray]:
         """:func:`retrysim.tables.commitlog_writes.pop_write_times` of a group that pops."""
         columns, start, end = self.columns, self.start, self.end
         committed = columns.isin("end_state", COMMIT) == 1
@@ -175,7 +177,8 @@ class Attempts:
         left_at = np.where(columns.isin("result_state", DLQ, DISCARD) == 1, self.settled, NULL)
         leaves = left_at != NULL
         visible_again = np.where(start != NULL, start + invisible, NULL)
-        retry_due = self.waited_until
+        retry = np.minimum(self.columns.longs("broker_reconsume_times") + 1, len(delays)) - 1
+        retry_due = np.where(end != NULL, end + np.asarray(delays, np.int64)[retry], NULL)
         early = ACK_TIME_INTERVAL_MS
 
         def minus(at: np.ndarray, by: int) -> np.ndarray:

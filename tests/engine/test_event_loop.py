@@ -127,6 +127,21 @@ def test_a_pool_that_stays_full_gives_the_references_rows():
     assert (rows["result_state"] == "Ready").any()  # still waiting at the horizon
 
 
+def test_a_small_cache_per_queue_gives_the_references_rows():
+    """A 4.x client that caches 50 messages a queue (pullThresholdForQueue): what its
+    queues hold beyond that waits on the broker, so a retry due on %RETRY% overtakes first
+    deliveries that a bigger cache would have taken before it."""
+    small = loop_rows_are_the_references(with_group(pull_threshold_for_queue=50))
+    big = loop_rows_are_the_references(with_group(pull_threshold_for_queue=65_535))
+    key = ["msg_id", "delivery"]
+    both = small.merge(big, on=key, suffixes=("_small", "_big"))
+    started = both.dropna(subset=["start_ms_small", "start_ms_big"])
+    retries = started[started["delivery"] > 1]
+    firsts = started[started["delivery"] == 1]
+    assert (retries["start_ms_small"] < retries["start_ms_big"]).mean() > 0.5
+    assert (firsts["start_ms_small"] > firsts["start_ms_big"]).any()
+
+
 def test_an_unlimited_pool_gives_the_references_rows():
     rows = loop_rows_are_the_references(with_group(consumers="unlimited"))
     waited = rows["start_ms"] - rows["ready_ms"]

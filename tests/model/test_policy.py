@@ -194,17 +194,18 @@ def test_after_backoff_leave_waits_one_more_interval():
 
 def test_simple_stays_inflight_until_visible_again():
     """The 5.x seed names no WaitingRetry for simple consumers: a message not acknowledged
-    is invisible (Inflight) until start + invisible_duration, then Ready or gone."""
+    is invisible (Inflight) until start + invisible_duration and the open-source reviver's
+    3 s, then Ready or gone."""
     simple = _policy("simple")  # invisible 30 s, no DLQ
-    assert result_of(simple, 1_000, 200, EXCEPTION) == (EXCEPTION, 31_000)
+    assert result_of(simple, 1_000, 200, EXCEPTION) == (EXCEPTION, 34_000)
     assert result_of(simple, 1_000, 200, CONSUME_SUCCESS) == (CONSUME_SUCCESS, 1_200)
-    assert result_of(simple, 1_000, 40_000, CONSUME_SUCCESS) == (TIMEOUT, 31_000)
-    step = step_of(simple, 3, 3, EXCEPTION, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 4)
+    assert result_of(simple, 1_000, 40_000, CONSUME_SUCCESS) == (TIMEOUT, 34_000)
+    step = step_of(simple, 3, 3, EXCEPTION, 1_000, 34_000, SEND_BACK_DONE, "t", 0, 0, 4)
     assert (step.result_state, step.end_state, step.next_ready_ms, step.next_reason) == (
-        "Inflight", None, 31_000, "retry_due",
+        "Inflight", None, 34_000, "retry_due",
     )  # fmt: skip
-    step = step_of(simple, 16, 16, TIMEOUT, 1_000, 31_000, SEND_BACK_DONE, "t", 0, 0, 17)
-    assert (step.result_state, step.end_state, step.settled_ms) == ("Discard", "Discard", 31_000)
+    step = step_of(simple, 16, 16, TIMEOUT, 1_000, 34_000, SEND_BACK_DONE, "t", 0, 0, 17)
+    assert (step.result_state, step.end_state, step.settled_ms) == ("Discard", "Discard", 34_000)
 
 
 def test_exponential_intervals_round_half_up_and_cap():

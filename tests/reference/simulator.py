@@ -113,6 +113,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -131,6 +132,10 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 APSARA_PUSH_INTERVALS = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 # RocketMQ's default CustomizedRetryPolicy list (indexed from its first entry by gRPC clients).
 GRPC_CLIENT_INTERVALS = DEFAULT_DELAY_LEVELS
+# The open-source 5.x reviver: a checkpoint is revived once the scan has read 2 s
+# (ackTimeInterval + SECOND) past its revive time, the scan thread coming round every
+# reviveInterval, 1 s (PopReviveService.mergeAndRevive, run); measured 2.0-5.0 s on 5.5.0.
+OPEN_SOURCE_REVIVE_LAG = 2_000 + 1_000
 Z99 = 2.3263478740408408
 SUCCESS = "CONSUME_SUCCESS"
 TIMEOUT = "TIMEOUT"
@@ -269,6 +274,10 @@ class _Group:
     timeout: int | None  # T
     # a 5.x pop's invisible time when it is not T: the open-source proxy's 60 s, renewed
     receive_invisible: int | None
+    # how long after its revive time the 5.x reviver writes a retry
+    revive_lag: int
+    # a 4.x push client's pullThresholdForQueue (None: no such cache)
+    pull_threshold: int | None
     periodic: bool
     dlq_enabled: bool
     # 4.x concurrently
@@ -393,7 +402,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
     suspend = parse_duration_ms(suspend_raw if suspend_raw is not None else "1s")
 
     kind, blocking, periodic = "after_backoff", False, False
-    receive_invisible = None
+    receive_invisible, revive_lag = None, 0
     path, from_start, interval_of = "revive", False, None
     max_retries: float = 16
     timeout: int | None = None
@@ -423,6 +432,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         )
         listed = APSARA_PUSH_INTERVALS if apsaramq else GRPC_CLIENT_INTERVALS
         receive_invisible = None if apsaramq else 60_000
+        revive_lag = 0 if apsaramq else OPEN_SOURCE_REVIVE_LAG
         if flavor == "rocketmq5.push" and g.get("ordered"):
             kind, blocking = "local", True
             interval_of = _push_interval(policy or {"kind": "grpc_client"}, GRPC_CLIENT_INTERVALS)
@@ -435,6 +445,8 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         max_retries, timeout, from_start = _max_retries(mrt, 16), inv, True
         interval_of = lambda n, inv=inv: inv  # noqa: E731
         kind = "invisible"
+        if g.get("deployment", "apache") == "apache":
+            revive_lag = OPEN_SOURCE_REVIVE_LAG
     elif flavor == "sqs":
         vt = parse_duration_ms(policy.get("visibility_timeout", "30s"))
         path, from_start, timeout = "visible", True, vt
@@ -489,6 +501,12 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         max_retries=max_retries,
         timeout=timeout,
         receive_invisible=receive_invisible,
+        revive_lag=revive_lag,
+        pull_threshold=(
+            int(g.get("pull_threshold_for_queue", 1000))
+            if kind in ("concurrently", "broadcasting")
+            else None
+        ),
         periodic=periodic,
         dlq_enabled=bool(g.get("dlq_enabled", True)),
         levels=levels,
@@ -662,6 +680,13 @@ class _GroupSim:
                     )
                 )
         self.lane_waiting: dict[tuple[str, int], list] = {}
+        # the 4.x push client's process queues: deliveries cached, and those held back
+        self.capped = (
+            cfg.pull_threshold is not None and cfg.threads != INF and cfg.batch == 1
+            and not cfg.blocking
+        )  # fmt: skip
+        self.cached: dict[tuple[str, int], int] = {}
+        self.held: dict[tuple[str, int], deque] = {}
         self.lanes: dict[tuple[str, int], _Lane] = {}
         self.touched: set[tuple[str, int]] = set()
         self.deliveries: list[_Delivery] = []
@@ -730,15 +755,32 @@ class _GroupSim:
                     _, _, _, kind, obj = heapq.heappop(events)
                     getattr(self, "on_" + kind)(t, obj)
                 self.choose_heads(t)
+                now = []
                 while events and events[0][0] == t and events[0][1] == 1:
-                    _, _, _, _, dv = heapq.heappop(events)
+                    now.append(heapq.heappop(events)[4])
+                # where a process queue has room for only some: first deliveries in publish
+                # order, then the others by message
+                now.sort(key=lambda dv: (dv.d > 1, dv.msg.born_ms if dv.d == 1 else 0,
+                                         dv.msg.msg_id, dv.d))  # fmt: skip
+                for dv in now:
                     self.make_waiting(t, dv)
                 self.dispatch(t)
 
     # -- phase 0
-    def on_free(self, t: int, instance: int) -> None:
+    def on_free(self, t: int, obj: tuple[int, list[_Delivery]]) -> None:
+        instance, members = obj
         self.free[instance] += 1
         self.calls[instance] -= 1
+        dv = members[0]
+        # the client removes a consumed message from its process queue, but keeps one whose
+        # send-back failed (submitConsumeRequestLater)
+        if self.capped and not (dv.ends and dv.ends[-1][6] == "send_back_failed"):
+            self.cached[dv.lane] -= 1
+            held = self.held.get(dv.lane)
+            while held and self.cached[dv.lane] < self.cfg.pull_threshold:
+                other = held.popleft()
+                self.cached[dv.lane] += 1
+                heapq.heappush(self.waiting[other.instance], (t, other.msg.msg_id, other.d, other))
 
     def on_ready(self, t: int, spec: tuple) -> None:
         msg, d, rt, topic, queue, reason, brt = spec
@@ -822,6 +864,8 @@ class _GroupSim:
         else:  # after backoff: the interval of retry n = rt + 1
             base = dv.start_ms if cfg.from_start else t
             due = base + cfg.interval_of(rt + 1)
+            if cfg.path == "revive":  # the reviver writes it after its revive time
+                due += cfg.revive_lag
             if rt >= cfg.max_retries:
                 dv.result_state = "WaitingRetry"
                 dv.ends.append((3, "WaitingRetry", t, dv.topic, dv.queue, None, why))
@@ -977,6 +1021,13 @@ class _GroupSim:
     # -- phase 1 and dispatch
     def make_waiting(self, t: int, dv: _Delivery) -> None:
         dv.instance = self.instance_of(dv)
+        # a 4.x push client pulls a queue only while it caches fewer than its threshold: the
+        # rest waits on the broker, and enters in queue order as cached ones are consumed
+        if self.capped and dv.reason != "local_retry":
+            if self.cached.get(dv.lane, 0) >= self.cfg.pull_threshold:
+                self.held.setdefault(dv.lane, deque()).append(dv)
+                return
+            self.cached[dv.lane] = self.cached.get(dv.lane, 0) + 1
         entry = (t, dv.msg.msg_id, dv.d, dv)
         heapq.heappush(self.waiting[dv.instance], entry)
         if self.cfg.batch > 1:
@@ -1028,15 +1079,16 @@ class _GroupSim:
                 if t + total > check:
                     outcome, end = TIMEOUT, check
         if cfg.kind == "invisible" and outcome != SUCCESS:
-            end = t + cfg.timeout  # not acknowledged: invisible until its duration ends
+            # not acknowledged: invisible until its duration ends and the reviver takes it
+            end = t + cfg.timeout + cfg.revive_lag
         for dv in members:
             dv.start_ms, dv.processing_ms, dv.batch_size = t, total, len(members)
             dv.result_state = "Inflight"
         self.free[instance] -= 1
         self.calls[instance] += 1
-        self.push(t + total, 0, "free", instance)
-        if end < cfg.horizon:
+        if end < cfg.horizon:  # before the free at the same moment: it decides the cache
             self.push(end, 0, "end", (members, outcome))
+        self.push(t + total, 0, "free", (instance, members))
 
     def listen(self, msg: _Msg, d: int, start: int, load: int) -> tuple[str, int]:
         """model.md §3: the listener's result kind and processing_ms for delivery d at start,

@@ -121,6 +121,8 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
         behavior["send_back_fallback_probability"] = draw(st.sampled_from([0.0, 0.3]))
     if flavor.startswith(("rocketmq4.c", "rocketmq4.b")):
         g["consume_timeout"] = draw(st.sampled_from(["15m", "1s", "10s"]))
+        # a cache of a few messages per queue: the pull threshold binds in small scenarios
+        g["pull_threshold_for_queue"] = draw(st.sampled_from([1_000, 2, 5]))
     if flavor == "rocketmq5.simple":
         g["invisible_duration"] = draw(st.sampled_from(["10s", "30s"]))
     if flavor == "sqs":
