@@ -103,6 +103,7 @@ cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=
 
 _TURNS_PER_LOOK = 1 << 15  # loop turns between reports to the heartbeat
 _DELIVERIES = 1 << 21  # above any message's deliveries: (msg_id, delivery) as one key
+_PULL_BATCH = 32  # DefaultMQPushConsumer.pullBatchSize
 
 # --------------------------------------------------------------------------- the loop
 
@@ -390,8 +391,9 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
 
     With a pull threshold (``K_PULL_THRESHOLD``), ``cached`` counts each process queue's
     deliveries pulled and not yet done (:func:`_lane`); a delivery eligible while its queue
-    holds the threshold waits on the broker until one of them is done, and enters its
-    instance's order then. A first delivery waits in its queue's run of ``lane_pos`` (the
+    holds more than the threshold waits on the broker until, one of them done, the queue
+    holds no more than that, and then enters its instance's order with up to 31 more of the
+    queue's waiting (a pull's batch). A first delivery waits in its queue's run of ``lane_pos`` (the
     positions by queue, in publish order: those from ``lane_wait`` to ``lane_next``, the
     queue's next arrival), and enters its instance's FIFO, a ring in ``entered`` (``ring``:
     each one's offset, size, head and length, :data:`_RING`); a retry waits in its queue's
@@ -461,7 +463,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             instance, lane = value % everyone, value // everyone - 1
             if lane >= 0:  # its process queue has room: the next delivery waiting enters
                 cached[lane] -= 1
-                while cached[lane] < threshold:
+                pulled = _PULL_BATCH  # a pull takes up to 32, while the queue caches <= T
+                while cached[lane] <= threshold or pulled < _PULL_BATCH:
                     position = (
                         lane_pos[lane_wait[lane]] if lane_wait[lane] < lane_next[lane] else -1
                     )
@@ -469,6 +472,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                         fifo_ends[0, lane] < fifo_ends[1, lane]) else -1  # fmt: skip
                     if position < 0 and slot < 0:
                         break
+                    pulled = 1 if pulled == _PULL_BATCH else pulled + 1
                     cached[lane] += 1
                     # in queue order: a first delivery before a retry eligible with it
                     if position >= 0 and (
@@ -516,7 +520,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             if capped:
                 lane = queue_ids[position]
                 lane_next[lane] += 1
-                if cached[lane] < threshold:
+                if cached[lane] <= threshold:
                     cached[lane] += 1
                     lane_wait[lane] = lane_next[lane]
                 else:  # its queue's cache is full: it waits on the broker
@@ -544,7 +548,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 # a local resubmit never left its process queue
                 if capped and slots[S_REASON, slot] != LOCAL_RETRY:
                     lane = _lane(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot])
-                    if cached[lane] >= threshold:  # it waits on the broker
+                    if cached[lane] > threshold:  # it waits on the broker
                         overflow[lane], fifo_ends[0, lane], fifo_ends[1, lane] = _fifo_push(
                             overflow[lane], fifo_ends[0, lane], fifo_ends[1, lane], slot
                         )
@@ -765,12 +769,12 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
         queue_ids[:count][lane_pos], np.arange(k[K_QUEUES] if capped else 0)
     )
     lane_next = lane_wait.copy()
-    # each instance's FIFO of first deliveries that entered late: at most its queues' caches,
-    # and at most its messages
+    # each instance's FIFO of first deliveries that entered late: at most its queues' caches
+    # (a pull may take a queue past its threshold by a batch), and at most its messages
     ring = np.zeros((_RING, instances), np.int64)
     if capped:
         for q in range(k[K_QUEUES]):
-            ring[_SIZE, _instance(k, T_SOURCE, q, 0, 1)] += k[K_PULL_THRESHOLD]
+            ring[_SIZE, _instance(k, T_SOURCE, q, 0, 1)] += k[K_PULL_THRESHOLD] + _PULL_BATCH
         for i in range(instances):
             ring[_SIZE, i] = min(ring[_SIZE, i], starts[i + 1] - starts[i]) + 1
         ring[_OFFSET, 1:] = np.cumsum(ring[_SIZE])[:-1]

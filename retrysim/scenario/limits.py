@@ -39,7 +39,8 @@ DLQ_QUEUE_ID = 0
 DEFAULT_BROKERS, MAX_BROKERS = 1, 1_024
 DEFAULT_RETRY_QUEUE_NUMS, MAX_RETRY_QUEUE_NUMS = 1, 1_024
 # DefaultMQPushConsumer.pullThresholdForQueue: a 4.x push client pulls a queue only while it
-# caches at most this many of its messages (checkConfig's range 1 .. 65535).
+# caches at most this many of its messages, pullBatchSize (32) a pull (checkConfig's range
+# 1 .. 65535).
 DEFAULT_PULL_THRESHOLD_FOR_QUEUE, MAX_PULL_THRESHOLD_FOR_QUEUE = 1_000, 65_535
 
 # ApsaraMQ 5.x (the consumption-retry document, docs/flavors.md): push-consumer retry intervals for

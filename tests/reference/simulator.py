@@ -777,10 +777,14 @@ class _GroupSim:
         if self.capped and not (dv.ends and dv.ends[-1][6] == "send_back_failed"):
             self.cached[dv.lane] -= 1
             held = self.held.get(dv.lane)
-            while held and self.cached[dv.lane] < self.cfg.pull_threshold:
-                other = held.popleft()
-                self.cached[dv.lane] += 1
-                heapq.heappush(self.waiting[other.instance], (t, other.msg.msg_id, other.d, other))
+            # DefaultMQPushConsumerImpl.pullMessage: the queue is pulled again once it caches
+            # no more than pullThresholdForQueue, up to pullBatchSize (32) a pull
+            while held and self.cached[dv.lane] <= self.cfg.pull_threshold:
+                for _ in range(min(32, len(held))):
+                    other = held.popleft()
+                    self.cached[dv.lane] += 1
+                    entry = (t, other.msg.msg_id, other.d, other)
+                    heapq.heappush(self.waiting[other.instance], entry)
 
     def on_ready(self, t: int, spec: tuple) -> None:
         msg, d, rt, topic, queue, reason, brt = spec
@@ -1021,10 +1025,10 @@ class _GroupSim:
     # -- phase 1 and dispatch
     def make_waiting(self, t: int, dv: _Delivery) -> None:
         dv.instance = self.instance_of(dv)
-        # a 4.x push client pulls a queue only while it caches fewer than its threshold: the
+        # a 4.x push client pulls a queue only while it caches no more than its threshold: the
         # rest waits on the broker, and enters in queue order as cached ones are consumed
         if self.capped and dv.reason != "local_retry":
-            if self.cached.get(dv.lane, 0) >= self.cfg.pull_threshold:
+            if self.cached.get(dv.lane, 0) > self.cfg.pull_threshold:
                 self.held.setdefault(dv.lane, deque()).append(dv)
                 return
             self.cached[dv.lane] = self.cached.get(dv.lane, 0) + 1

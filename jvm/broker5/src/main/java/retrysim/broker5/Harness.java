@@ -3,34 +3,32 @@ package retrysim.broker5;
 import java.io.FileReader;
 import java.io.IOException;
 import java.io.InputStream;
-import java.io.PrintWriter;
+import java.lang.management.ManagementFactory;
 import java.lang.reflect.InvocationTargetException;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
 import java.net.ServerSocket;
 import java.net.URL;
 import java.net.URLClassLoader;
-import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayDeque;
 import java.util.ArrayList;
-import java.util.Deque;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.TreeMap;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.BooleanSupplier;
 import java.util.function.Function;
-import org.apache.rocketmq.auth.config.AuthConfig;
-import org.apache.rocketmq.broker.BrokerController;
-import org.apache.rocketmq.broker.processor.PopReviveService;
+import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
+import org.apache.rocketmq.client.consumer.PullResult;
+import org.apache.rocketmq.client.consumer.PullStatus;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
-import org.apache.rocketmq.common.BrokerConfig;
 import org.apache.rocketmq.common.MixAll;
 import org.apache.rocketmq.common.TopicAttributes;
 import org.apache.rocketmq.common.TopicConfig;
@@ -40,31 +38,14 @@ import org.apache.rocketmq.common.consumer.ReceiptHandle;
 import org.apache.rocketmq.common.message.Message;
 import org.apache.rocketmq.common.message.MessageAccessor;
 import org.apache.rocketmq.common.message.MessageConst;
-import org.apache.rocketmq.common.message.MessageDecoder;
 import org.apache.rocketmq.common.message.MessageExt;
 import org.apache.rocketmq.common.message.MessageQueue;
-import org.apache.rocketmq.common.namesrv.NamesrvConfig;
-import org.apache.rocketmq.namesrv.NamesrvController;
-import org.apache.rocketmq.proxy.ProxyStartup;
-import org.apache.rocketmq.proxy.config.Configuration;
-import org.apache.rocketmq.proxy.config.ConfigurationManager;
-import org.apache.rocketmq.proxy.grpc.GrpcServer;
-import org.apache.rocketmq.proxy.grpc.GrpcServerBuilder;
-import org.apache.rocketmq.proxy.grpc.v2.GrpcMessagingApplication;
-import org.apache.rocketmq.proxy.metrics.ProxyMetricsManager;
-import org.apache.rocketmq.proxy.processor.DefaultMessagingProcessor;
-import org.apache.rocketmq.proxy.processor.MessagingProcessor;
-import org.apache.rocketmq.proxy.service.cert.TlsCertificateManager;
-import org.apache.rocketmq.remoting.netty.NettyClientConfig;
-import org.apache.rocketmq.remoting.netty.NettyServerConfig;
+import org.apache.rocketmq.remoting.protocol.admin.TopicOffset;
 import org.apache.rocketmq.remoting.protocol.subscription.CustomizedRetryPolicy;
 import org.apache.rocketmq.remoting.protocol.subscription.GroupRetryPolicy;
 import org.apache.rocketmq.remoting.protocol.subscription.GroupRetryPolicyType;
 import org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfig;
-import org.apache.rocketmq.store.DefaultMessageStore;
-import org.apache.rocketmq.store.GetMessageResult;
-import org.apache.rocketmq.store.MessageStore;
-import org.apache.rocketmq.store.config.MessageStoreConfig;
+import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
 
 /**
  * One scenario on a real 5.x namesrv and broker behind the 5.x proxy in local mode, consumed by
@@ -74,16 +55,24 @@ import org.apache.rocketmq.store.config.MessageStoreConfig;
  * <p>Args and files as retrysim.broker4.Harness: a properties file and an output folder; the
  * messages (msg_id, queue_id, born_ms) and each delivery's outcome and processing time are CSV
  * files it names; every delivery goes to deliveries.csv, the DLQ's messages to dlq.csv and the
- * store's puts per topic to puts.csv. The group's retry policy is explicit: CUSTOMIZED, its list
- * the message_delay_level table, retryMaxTimes = max_reconsume_times (so max_reconsume_times + 1
- * delivery attempts).
+ * store's puts per topic to puts.csv. The namesrv and the proxy in local mode (which hosts the
+ * broker) are two child JVMs on loopback (their output in namesrv.log and proxy.log), so that
+ * only the clients share this JVM; the topics and groups are made, and the store read back,
+ * through the remoting admin API and a pull consumer. The group's retry policy is explicit:
+ * CUSTOMIZED, its list the message_delay_level table, retryMaxTimes = max_reconsume_times (so
+ * max_reconsume_times + 1 delivery attempts).
  *
- * <p>The client's classes live in a class loader of their own ({@link Consumers}); the two sides
- * speak through JDK types only.
+ * <p>The gRPC client's classes live in a class loader of their own ({@link Consumers}): the
+ * class path, shared with the children, holds the proxy's copy of the protocol's classes. The
+ * two sides speak through JDK types only.
  */
 public final class Harness {
+  private static final String WARM_UP = "retrysim-warm-up";
   private static final String BROKER = "broker-a";
   private static final String CLIENT_JAR = "rocketmq-client-java.jar";
+  private static final long MIN_INVISIBLE_MS = 10_000; // the proxy's default, given explicitly
+  private static final long START_MS = 30_000; // how long a child may take to come up
+  private static final long STOP_MS = 5_000; // how long a child may take to stop when asked
 
   public static void main(String[] args) {
     int status = 1;
@@ -101,21 +90,26 @@ public final class Harness {
       String said = cause.getMessage() == null ? cause.toString() : cause.getMessage();
       System.err.println("retrysim broker5: " + said.lines().findFirst().orElse(said));
     } finally {
-      System.exit(status); // the clients', the proxy's and the broker's non-daemon threads
+      System.exit(status); // the clients' non-daemon threads; the hook stops the children
     }
   }
+
+  /** A delivery as recorded; cells[7], the store time of the copy delivered, comes last. */
+  private record Delivery(MessageQueue copy, long offset, String[] cells) {}
 
   private final Properties p;
   private final Path out;
   private final String topic;
   private final String group;
   private final String kind;
-  private final ConcurrentLinkedQueue<String> deliveries = new ConcurrentLinkedQueue<>();
+  private final ConcurrentLinkedQueue<Delivery> deliveries = new ConcurrentLinkedQueue<>();
   private final Map<Long, AtomicInteger> seen = new ConcurrentHashMap<>();
   private final Map<String, String[]> outcomes = new HashMap<>();
-  private final Deque<AutoCloseable> running = new ArrayDeque<>(); // stopped in reverse
   private volatile long t0 = Long.MAX_VALUE;
-  private volatile MessageStore messageStore; // each delivered copy's store time
+  private final List<Process> children = new ArrayList<>(); // guarded by itself
+  private boolean stopping; // guarded by children
+  private Path home; // the children's ROCKETMQ_HOME, their store under it
+  private ClassLoader clientLoader;
 
   private Harness(Properties p, Path out) {
     this.p = p;
@@ -157,162 +151,193 @@ public final class Harness {
       String[] cells = line.split(",");
       outcomes.put(cells[0] + "/" + cells[1], cells);
     }
-    Path store = Files.createTempDirectory("retrysim-broker5-");
-    // what the broker and its RocksDB logs keep under the user's home goes to the store too
-    System.setProperty("user.home", store.toString());
-    try {
-      run(store);
-    } finally {
-      while (!running.isEmpty()) {
-        try {
-          running.pop().close();
-        } catch (Exception ignored) {
-          // stopping on the way out: the first failure is the one reported
-        }
-      }
-      deleteTree(store);
+    check(!kind.equals("simple")
+        || Long.parseLong(p.getProperty("invisible_duration_ms", "0")) >= MIN_INVISIBLE_MS,
+        "invisible_duration_ms: the proxy takes " + MIN_INVISIBLE_MS + " ms at least");
+    home = Files.createTempDirectory("retrysim-broker5-");
+    Runtime.getRuntime().addShutdownHook(new Thread(this::stopChildren, "retrysim-stop"));
+    // what the clients keep under the user's home goes to the run's folder (the children's too)
+    System.setProperty("user.home", home.toString());
+    int namesrvPort = freePort();
+    String namesrvAddr = "127.0.0.1:" + namesrvPort;
+    start("namesrv", "256m", "boot success", "org.apache.rocketmq.namesrv.NamesrvStartup", "-c",
+        write("namesrv.conf", "listenPort=" + namesrvPort, "bindAddress=127.0.0.1",
+            "kvConfigPath=" + home.resolve("kvConfig.json")).toString());
+    int brokerPort = freeBrokerPort();
+    Path store = home.resolve("store");
+    Path brokerConf = write("broker.conf", "brokerName=" + BROKER, "brokerIP1=127.0.0.1",
+        "brokerIP2=127.0.0.1", "bindAddress=127.0.0.1", "listenPort=" + brokerPort,
+        "haListenPort=" + freePort(), // else listenPort + 1, which may be taken
+        "storePathRootDir=" + store, "storePathCommitLog=" + store.resolve("commitlog"),
+        "mappedFileSizeCommitLog=" + (64 << 20), "mappedFileSizeConsumeQueue=" + 300_000 * 20,
+        "mappedFileSizeTimerLog=" + (16 << 20), "maxHashSlotNum=100000", "maxIndexNum=400000",
+        "messageDelayLevel=" + p.getProperty("message_delay_level"));
+    int grpcPort = freePort();
+    // ProxyStartup in local mode builds the broker from broker.conf (BrokerStartup's way)
+    start("proxy", "512m", "startup successfully", "org.apache.rocketmq.proxy.ProxyStartup",
+        "-pc", write("rmq-proxy.json", "{", "\"proxyMode\": \"LOCAL\",",
+            "\"brokerConfigPath\": \"" + brokerConf + "\",",
+            "\"namesrvAddr\": \"" + namesrvAddr + "\",",
+            "\"localServeAddr\": \"127.0.0.1\",",
+            "\"grpcServerPort\": " + grpcPort + ",",
+            "\"remotingListenPort\": " + freePort() + ",", // not the fixed 8080
+            "\"grpcShutdownTimeSeconds\": 1,",
+            "\"minInvisibleTimeMillsForRecv\": " + MIN_INVISIBLE_MS + ",",
+            "\"enablePrintJstack\": false", "}").toString());
+    p.setProperty("endpoint", "127.0.0.1:" + grpcPort);
+    DefaultMQAdminExt admin = new DefaultMQAdminExt();
+    admin.setNamesrvAddr(namesrvAddr);
+    admin.setInstanceName("retrysim-admin");
+    admin.start();
+    String brokerAddr = "127.0.0.1:" + brokerPort;
+    // the broker's first registration is skipped if its client has not reached the namesrv yet
+    // (the next is 10 s later), and the namesrv takes no topic of a broker it does not know:
+    // setting the broker's permission (to what it is) registers it at once
+    Properties readWrite = new Properties();
+    readWrite.setProperty(
+        "brokerPermission", String.valueOf(PermName.PERM_READ | PermName.PERM_WRITE));
+    long deadline = System.currentTimeMillis() + START_MS;
+    while (!admin.examineBrokerClusterInfo().getBrokerAddrTable().containsKey(BROKER)) {
+      check(System.currentTimeMillis() < deadline, "the broker did not register with the namesrv");
+      admin.updateBrokerConfig(brokerAddr, readWrite);
+      Thread.sleep(100);
     }
-  }
-
-  private void run(Path store) throws Exception {
-    long began = System.currentTimeMillis();
-    String namesrvAddr = startNamesrv(store);
-    BrokerController broker = startBrokerAndProxy(store, namesrvAddr);
-    messageStore = broker.getMessageStore();
+    System.out.printf("broker5: the namesrv and the proxy with its broker were up %d ms after"
+        + " this JVM started%n", uptime());
     int queues = integer("queues");
     boolean fifo = kind.equals("push_fifo");
-    TopicConfig topicConfig =
-        new TopicConfig(topic, queues, queues, PermName.PERM_READ | PermName.PERM_WRITE);
-    // a new topic takes added ("+") attributes only
-    String type = (fifo ? TopicMessageType.FIFO : TopicMessageType.NORMAL).getValue();
-    topicConfig.setAttributes(
-        new HashMap<>(Map.of("+" + TopicAttributes.TOPIC_MESSAGE_TYPE_ATTRIBUTE.getName(), type)));
-    broker.getTopicConfigManager().updateTopicConfig(topicConfig);
-    broker.getSubscriptionGroupManager().updateSubscriptionGroupConfig(groupConfig(fifo));
-    for (int queue = 0; queue < queues; queue++) { // from the first message, whenever the first pop
-      broker.getConsumerOffsetManager().commitOffset("retrysim", group, topic, queue, 0);
-    }
-    broker.registerBrokerAll(true, false, true);
-    System.out.println("broker5: namesrv, broker and proxy up in "
-        + (System.currentTimeMillis() - began) + " ms");
-
+    // the broker registers a new topic with the namesrv before it answers
+    createTopic(admin, brokerAddr, topic, queues,
+        fifo ? TopicMessageType.FIFO : TopicMessageType.NORMAL);
+    createGroup(admin, brokerAddr, groupConfig(fifo), topic, queues);
     DefaultMQProducer producer = new DefaultMQProducer(group + "-producer");
     producer.setNamesrvAddr(namesrvAddr);
     producer.start();
-    running.push(producer::shutdown);
-    Object consumers = startConsumers(store, queues);
-    BooleanSupplier ready = (BooleanSupplier) consumers;
-    long deadline = System.currentTimeMillis() + 60_000;
-    while (!ready.getAsBoolean()) {
-      check(System.currentTimeMillis() < deadline, "the consumers were not ready in 60 s");
-      Thread.sleep(100);
-    }
-    System.out.println("broker5: consumers ready "
-        + (System.currentTimeMillis() - began) + " ms after the start");
+    warmUp(admin, brokerAddr, producer, queues);
+    AutoCloseable consumers = startConsumers(settings(Map.of()), this::deliver);
+    awaitReady(consumers, "the consumers were not ready in 60 s");
+    System.out.printf("broker5: consumers ready %d ms after this JVM started%n", uptime());
+    Map<String, Long> before = puts(admin, brokerAddr);
     produce(producer, fifo);
     long horizon = Long.parseLong(p.getProperty("horizon_ms"));
     Thread.sleep(Math.max(0, t0 + horizon - System.currentTimeMillis()));
-    running.remove(consumers);
-    ((AutoCloseable) consumers).close();
-    Files.write(out.resolve("deliveries.csv"), deliveries);
-    writeDeadLetters(broker.getMessageStore());
-    writePuts((DefaultMessageStore) broker.getMessageStore());
+    consumers.close();
+    DefaultMQPullConsumer reader = new DefaultMQPullConsumer(group + "-reader");
+    reader.setNamesrvAddr(namesrvAddr);
+    reader.start();
+    writeDeliveries(reader);
+    Map<String, Long> puts = puts(admin, brokerAddr);
+    writeDeadLetters(reader, puts.getOrDefault(MixAll.getDLQTopic(group), 0L) > 0);
+    writePuts(before, puts);
+    reader.shutdown();
+    producer.shutdown();
+    admin.shutdown();
+    stopChildren();
   }
 
-  private String startNamesrv(Path store) throws Exception {
-    NamesrvConfig config = new NamesrvConfig();
-    config.setKvConfigPath(store.resolve("namesrv/kvConfig.json").toString());
-    config.setConfigStorePath(store.resolve("namesrv/namesrv.properties").toString());
-    NettyServerConfig netty = new NettyServerConfig();
-    netty.setBindAddress("127.0.0.1");
-    netty.setListenPort(freePort());
-    NamesrvController namesrv = new NamesrvController(config, netty, new NettyClientConfig());
-    check(namesrv.initialize(), "the namesrv did not initialize");
-    namesrv.start();
-    running.push(namesrv::shutdown);
-    return "127.0.0.1:" + netty.getListenPort();
+  private static long uptime() {
+    return System.currentTimeMillis() - ManagementFactory.getRuntimeMXBean().getStartTime();
   }
 
-  /** The broker and, in front of it, the proxy in local mode, as ProxyStartup builds them. */
-  private BrokerController startBrokerAndProxy(Path store, String namesrvAddr) throws Exception {
-    BrokerConfig brokerConfig = new BrokerConfig();
-    brokerConfig.setBrokerName(BROKER);
-    brokerConfig.setBrokerIP1("127.0.0.1");
-    brokerConfig.setBrokerIP2("127.0.0.1");
-    brokerConfig.setNamesrvAddr(namesrvAddr);
-    NettyServerConfig netty = new NettyServerConfig();
-    netty.setBindAddress("127.0.0.1");
-    netty.setListenPort(freeBrokerPort());
-    brokerConfig.setListenPort(netty.getListenPort());
-    MessageStoreConfig storeConfig = new MessageStoreConfig();
-    Path root = store.resolve("broker");
-    storeConfig.setStorePathRootDir(root.toString());
-    storeConfig.setStorePathCommitLog(root.resolve("commitlog").toString());
-    storeConfig.setMappedFileSizeCommitLog(64 << 20);
-    storeConfig.setMappedFileSizeConsumeQueue(300_000 * 20);
-    storeConfig.setMappedFileSizeTimerLog(16 << 20);
-    storeConfig.setMaxHashSlotNum(100_000);
-    storeConfig.setMaxIndexNum(400_000);
-    storeConfig.setMessageDelayLevel(p.getProperty("message_delay_level"));
-    storeConfig.setHaListenPort(freePort()); // not the fixed 10912: runs side by side
-    AuthConfig authConfig = new AuthConfig();
-    authConfig.setConfigName(BROKER);
-    authConfig.setClusterName(brokerConfig.getBrokerClusterName());
-    authConfig.setAuthConfigPath(root.resolve("config").toString());
-    BrokerController broker =
-        new BrokerController(brokerConfig, netty, new NettyClientConfig(), storeConfig, authConfig);
-    check(broker.initialize(), "the broker did not initialize (store " + root + ")");
+  /** A file of the children's folder with these lines. */
+  private Path write(String name, String... lines) throws IOException {
+    return Files.write(home.resolve(name), List.of(lines));
+  }
 
-    int grpcPort = freePort();
-    Path proxyJson = store.resolve("rmq-proxy.json");
-    Files.writeString(proxyJson, String.join("\n", "{",
-        "\"proxyMode\": \"LOCAL\",",
-        "\"rocketMQClusterName\": \"" + brokerConfig.getBrokerClusterName() + "\",",
-        "\"namesrvAddr\": \"" + namesrvAddr + "\",",
-        "\"localServeAddr\": \"127.0.0.1\",",
-        "\"grpcServerPort\": " + grpcPort + ",",
-        "\"grpcShutdownTimeSeconds\": 1,",
-        "\"enablePrintJstack\": false",
-        "}"));
-    System.setProperty(ConfigurationManager.RMQ_PROXY_HOME, store.toString());
-    System.setProperty(Configuration.CONFIG_PATH_PROPERTY, proxyJson.toString());
-    ConfigurationManager.initEnv();
-    ConfigurationManager.initConfig();
-    long minInvisible = ConfigurationManager.getProxyConfig().getMinInvisibleTimeMillsForRecv();
-    check(!kind.equals("simple")
-        || Long.parseLong(p.getProperty("invisible_duration_ms", "0")) >= minInvisible,
-        "invisible_duration_ms: the proxy takes " + minInvisible + " ms at least");
-    ProxyMetricsManager.initLocalMode(
-        broker.getBrokerMetricsManager(), ConfigurationManager.getProxyConfig());
-    MessagingProcessor processor = DefaultMessagingProcessor.createForLocalMode(broker);
-    TlsCertificateManager tls = new TlsCertificateManager();
-    GrpcMessagingApplication application = GrpcMessagingApplication.create(processor);
-    GrpcServer grpc = GrpcServerBuilder
-        .newBuilder(ProxyStartup.createServerExecutor(), grpcPort, tls)
-        .addService(application)
-        .configInterceptor()
-        .shutdownTime(1, TimeUnit.SECONDS)
-        .build();
-    broker.start();
-    running.push(() -> {
-      // the broker joins its 8 revive threads one by one, each up to 4 s into a scan: stop them
-      // all at once first
-      for (PopReviveService revive : broker.getAckMessageProcessor().getPopReviveServices()) {
-        revive.makeStop();
-        revive.wakeup();
+  /**
+   * A child JVM (this java, class path and module flags; a small heap) running {@code main}
+   * with {@code args}, its output in {@code <name>.log}; back once that says {@code up}.
+   */
+  private void start(String name, String heap, String up, String main, String... args)
+      throws Exception {
+    List<String> command = new ArrayList<>(List.of(
+        ProcessHandle.current().info().command().orElseThrow(), "-Xmx" + heap,
+        "-XX:+UseSerialGC", "-Duser.home=" + home));
+    for (String flag : ManagementFactory.getRuntimeMXBean().getInputArguments()) {
+      if (flag.startsWith("--add-opens") || flag.startsWith("--add-exports")) {
+        command.add(flag); // what the store reaches into on Java 17, as in this JVM
       }
-      broker.shutdown();
-    });
-    processor.start();
-    running.push(processor::shutdown);
-    tls.start();
-    running.push(tls::shutdown);
-    application.start();
-    running.push(application::shutdown);
-    grpc.start();
-    running.push(grpc::shutdown);
-    p.setProperty("endpoint", "127.0.0.1:" + grpcPort);
-    return broker;
+    }
+    command.addAll(List.of("-cp", System.getProperty("java.class.path"),
+        Child.class.getName(), main));
+    command.addAll(List.of(args));
+    Path log = out.resolve(name + ".log");
+    ProcessBuilder builder = new ProcessBuilder(command).redirectErrorStream(true)
+        .redirectOutput(log.toFile());
+    builder.environment().put("ROCKETMQ_HOME", home.toString());
+    Process child;
+    synchronized (children) {
+      check(!stopping, "stopped");
+      child = builder.start();
+      children.add(child);
+    }
+    long deadline = System.currentTimeMillis() + START_MS;
+    while (!Files.readString(log).contains(up)) {
+      if (!child.isAlive() || System.currentTimeMillis() > deadline) {
+        // the official mains print their exception's stack trace: its first line says why
+        String why = Files.readAllLines(log).stream()
+            .filter(line -> line.matches("^[\\w.$]+(Exception|Error)(: .*)?$"))
+            .findFirst().map(line -> " (" + line + ")")
+            .orElse(child.isAlive() ? " in " + START_MS / 1000 + " s" : "");
+        throw new IllegalStateException(
+            "the " + name + " did not start" + why + "; see " + log);
+      }
+      Thread.sleep(50);
+    }
+  }
+
+  /** Every child asked to stop, the last started first, then killed; their files deleted. */
+  private void stopChildren() {
+    List<Process> started;
+    synchronized (children) {
+      if (stopping) {
+        return;
+      }
+      stopping = true;
+      started = new ArrayList<>(children);
+    }
+    try {
+      for (int i = started.size() - 1; i >= 0; i--) {
+        Process child = started.get(i);
+        child.destroy();
+        if (!child.waitFor(STOP_MS, TimeUnit.MILLISECONDS)) {
+          child.destroyForcibly().waitFor(STOP_MS, TimeUnit.MILLISECONDS);
+        }
+      }
+      if (home != null) {
+        deleteTree(home);
+      }
+    } catch (IOException | InterruptedException e) {
+      System.err.println("broker5: stopping the children: " + e);
+    }
+  }
+
+  private static void deleteTree(Path root) throws IOException {
+    try (var paths = Files.walk(root)) {
+      for (Path path : paths.sorted(java.util.Comparator.reverseOrder()).toList()) {
+        Files.deleteIfExists(path);
+      }
+    }
+  }
+
+  /** The topic with its queues and message type (a new topic takes added, "+", attributes). */
+  private static void createTopic(DefaultMQAdminExt admin, String brokerAddr, String name,
+      int queues, TopicMessageType type) throws Exception {
+    TopicConfig config =
+        new TopicConfig(name, queues, queues, PermName.PERM_READ | PermName.PERM_WRITE);
+    config.setAttributes(
+        Map.of("+" + TopicAttributes.TOPIC_MESSAGE_TYPE_ATTRIBUTE.getName(), type.getValue()));
+    admin.createAndUpdateTopicConfig(brokerAddr, config);
+  }
+
+  /** The group, its offsets committed at 0: from the first message, whenever the first pop. */
+  private static void createGroup(DefaultMQAdminExt admin, String brokerAddr,
+      SubscriptionGroupConfig config, String topic, int queues) throws Exception {
+    admin.createAndUpdateSubscriptionGroupConfig(brokerAddr, config);
+    for (int queue = 0; queue < queues; queue++) {
+      admin.updateConsumeOffset(
+          brokerAddr, config.getGroupName(), new MessageQueue(topic, BROKER, queue), 0);
+    }
   }
 
   /**
@@ -352,44 +377,91 @@ public final class Harness {
   }
 
   /**
-   * The client's jar, out of the harness's own jar, in a class loader of its own beside the
-   * harness's classes (Consumers); the client logs WARN and above, on stdout and under the store.
+   * A round trip on a topic and group of their own before the scenario's consumers start, so
+   * that its first messages do not pay for the class loading and compilation of the first
+   * send, pop and ack in the three JVMs: the figures are the steady ones. Its puts happen
+   * before production, so none is counted.
    */
-  private Object startConsumers(Path store, int queues) throws Exception {
-    Path jar = store.resolve(CLIENT_JAR);
-    try (InputStream in = Harness.class.getResourceAsStream(CLIENT_JAR)) {
-      check(in != null, "no " + CLIENT_JAR + " inside the harness's jar");
-      Files.copy(in, jar);
+  private void warmUp(DefaultMQAdminExt admin, String brokerAddr, DefaultMQProducer producer,
+      int queues) throws Exception {
+    createTopic(admin, brokerAddr, WARM_UP, queues, TopicMessageType.NORMAL);
+    SubscriptionGroupConfig config = new SubscriptionGroupConfig();
+    config.setGroupName(WARM_UP);
+    createGroup(admin, brokerAddr, config, WARM_UP, queues);
+    int rounds = 5 * queues;
+    CountDownLatch consumed = new CountDownLatch(rounds);
+    AutoCloseable consumer = startConsumers(settings(Map.of("topic", WARM_UP, "group", WARM_UP,
+        "consumer", "push", "instances", "1", "threads", "1", "await_ms", "1000")),
+        delivered -> {
+          consumed.countDown();
+          return "CONSUME_SUCCESS";
+        });
+    awaitReady(consumer, "the warm-up consumer was not ready in 60 s");
+    for (int i = 0; i < rounds; i++) {
+      producer.send(new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
+          new MessageQueue(WARM_UP, BROKER, i % queues));
+      sleep(10);
     }
-    System.setProperty("rocketmq.log.root", store.resolve("client-logs").toString());
-    System.setProperty("rocketmq.log.level", "warn");
-    System.setProperty("mq.consoleAppender.enabled", "false");
-    URL self = Harness.class.getProtectionDomain().getCodeSource().getLocation();
-    URLClassLoader loader = new URLClassLoader(
-        new URL[] {jar.toUri().toURL(), self}, ClassLoader.getPlatformClassLoader());
-    // never closed: the client's threads load classes to the end (the JVM exits next)
+    check(consumed.await(60, TimeUnit.SECONDS),
+        "the warm-up messages were not consumed in 60 s");
+    consumer.close(); // its receives stop; 1 s for its acks to land
+  }
+
+  /** The scenario's settings for the client, with some of them replaced. */
+  private Map<String, String> settings(Map<String, String> replaced) {
     Map<String, String> settings = new HashMap<>();
     for (String key : p.stringPropertyNames()) {
       settings.put(key, p.getProperty(key));
     }
-    Function<String[], String> listener = this::deliver;
+    settings.putAll(replaced);
+    return settings;
+  }
+
+  /**
+   * Consumers on the gRPC client: its jar, out of the harness's own jar, in a class loader of
+   * its own beside the harness's classes (Consumers), made once; the client logs WARN and above,
+   * on stdout and under the children's folder.
+   */
+  private AutoCloseable startConsumers(Map<String, String> settings,
+      Function<String[], String> listener) throws Exception {
+    if (clientLoader == null) {
+      Path jar = home.resolve(CLIENT_JAR);
+      try (InputStream in = Harness.class.getResourceAsStream(CLIENT_JAR)) {
+        check(in != null, "no " + CLIENT_JAR + " inside the harness's jar");
+        Files.copy(in, jar);
+      }
+      System.setProperty("rocketmq.log.root", home.resolve("client-logs").toString());
+      System.setProperty("rocketmq.log.level", "warn");
+      System.setProperty("mq.consoleAppender.enabled", "false");
+      URL self = Harness.class.getProtectionDomain().getCodeSource().getLocation();
+      // never closed: the client's threads load classes to the end (the JVM exits next)
+      clientLoader = new URLClassLoader(
+          new URL[] {jar.toUri().toURL(), self}, ClassLoader.getPlatformClassLoader());
+    }
     Thread thread = Thread.currentThread();
     ClassLoader previous = thread.getContextClassLoader();
-    thread.setContextClassLoader(loader);
+    thread.setContextClassLoader(clientLoader);
     try {
-      Object consumers = loader.loadClass("retrysim.broker5.Consumers")
+      return (AutoCloseable) clientLoader.loadClass("retrysim.broker5.Consumers")
           .getConstructor(Map.class, Function.class).newInstance(settings, listener);
-      running.push((AutoCloseable) consumers);
-      return consumers;
     } finally {
       thread.setContextClassLoader(previous);
+    }
+  }
+
+  private static void awaitReady(AutoCloseable consumers, String otherwise) throws Exception {
+    long deadline = System.currentTimeMillis() + 60_000;
+    while (!((BooleanSupplier) consumers).getAsBoolean()) {
+      check(System.currentTimeMillis() < deadline, otherwise);
+      Thread.sleep(100);
     }
   }
 
   /**
    * One delivery, on the client's consumption thread: {msg key, deliveryAttempt, receipt handle,
    * instance} in, the scenario's outcome out (after its processing time), the row recorded. The
-   * receipt handle says which topic and queue the broker popped it from (%RETRY%... for a retry).
+   * receipt handle says which topic, queue and offset the broker popped it from (%RETRY%... for
+   * a retry).
    */
   private String deliver(String[] delivered) {
     long msgId = Long.parseLong(delivered[0]);
@@ -401,14 +473,12 @@ public final class Harness {
     sleep(processing);
     ReceiptHandle handle = ReceiptHandle.decode(delivered[2]);
     String read = handle.getRealTopic(topic, group);
-    // when the copy delivered was stored (a retry: the reviver's copy): when it became Ready
-    long stored = messageStore.getMessageStoreTimeStamp(read, handle.getQueueId(),
-        handle.getOffset()) - t0;
-    deliveries.add(String.join(",", String.valueOf(msgId), String.valueOf(delivery),
-        String.valueOf(Integer.parseInt(delivered[1]) - 1), read,
-        String.valueOf(handle.getQueueId()), delivered[3], Thread.currentThread().getName(),
-        String.valueOf(stored), String.valueOf(start),
-        String.valueOf(System.currentTimeMillis() - t0), result));
+    deliveries.add(new Delivery(new MessageQueue(read, BROKER, handle.getQueueId()),
+        handle.getOffset(), new String[] {String.valueOf(msgId), String.valueOf(delivery),
+            String.valueOf(Integer.parseInt(delivered[1]) - 1), read,
+            String.valueOf(handle.getQueueId()), delivered[3], Thread.currentThread().getName(),
+            null, String.valueOf(start), String.valueOf(System.currentTimeMillis() - t0),
+            result}));
     return result;
   }
 
@@ -441,38 +511,76 @@ public final class Harness {
     }
   }
 
-  /** %DLQ%<group>, read from the store itself. */
-  private void writeDeadLetters(MessageStore store) throws IOException {
+  /** Up to 32 messages of a queue from an offset on, as the broker stored them. */
+  private static List<MessageExt> pull(DefaultMQPullConsumer reader, MessageQueue queue,
+      long offset) throws Exception {
+    PullResult pulled = reader.pull(queue, "*", offset, 32);
+    return pulled.getPullStatus() == PullStatus.FOUND ? pulled.getMsgFoundList() : List.of();
+  }
+
+  /**
+   * Every delivery, with when the copy it delivered was stored (a retry: the reviver's copy,
+   * when it became Ready), read back from the broker by its queue and offset.
+   */
+  private void writeDeliveries(DefaultMQPullConsumer reader) throws Exception {
+    Map<String, Long> stored = new HashMap<>(); // by queue and offset
     List<String> rows = new ArrayList<>();
-    String dlq = MixAll.getDLQTopic(group);
-    for (long offset = 0; ; ) {
-      GetMessageResult result = store.getMessage(group + "-dlq-reader", dlq, 0, offset, 32, null);
-      if (result == null || result.getMessageBufferList().isEmpty()) {
-        break;
+    for (Delivery delivery : deliveries) {
+      String at = delivery.copy() + " offset " + delivery.offset();
+      if (!stored.containsKey(at)) {
+        for (MessageExt msg : pull(reader, delivery.copy(), delivery.offset())) {
+          stored.put(delivery.copy() + " offset " + msg.getQueueOffset(), msg.getStoreTimestamp());
+        }
       }
-      for (ByteBuffer buffer : result.getMessageBufferList()) {
-        MessageExt msg = MessageDecoder.decode(buffer);
+      check(stored.containsKey(at), "the broker has no message at " + at);
+      delivery.cells()[7] = String.valueOf(stored.get(at) - t0);
+      rows.add(String.join(",", delivery.cells()));
+    }
+    Files.write(out.resolve("deliveries.csv"), rows);
+  }
+
+  /** %DLQ%<group>'s messages (its one queue), if it has any (else it has no route). */
+  private void writeDeadLetters(DefaultMQPullConsumer reader, boolean any) throws Exception {
+    List<String> rows = new ArrayList<>();
+    MessageQueue dlq = new MessageQueue(MixAll.getDLQTopic(group), BROKER, 0);
+    // one row per message, so the rows so far are the next offset
+    for (List<MessageExt> batch; any && !(batch = pull(reader, dlq, rows.size())).isEmpty(); ) {
+      for (MessageExt msg : batch) {
         rows.add(msg.getKeys() + "," + (msg.getStoreTimestamp() - t0));
       }
-      offset = result.getNextBeginOffset();
-      result.release();
     }
     Files.write(out.resolve("dlq.csv"), rows);
   }
 
-  private void writePuts(DefaultMessageStore store) throws IOException {
-    try (PrintWriter puts = new PrintWriter(Files.newBufferedWriter(out.resolve("puts.csv")))) {
-      store.getStoreStatsService().getPutMessageTopicTimesTotal()
-          .forEach((name, count) -> puts.println(name + "," + count.sum()));
+  /**
+   * The store's puts per topic so far, the pop's bookkeeping in rmq_sys_* topics included: each
+   * put is one entry of a consume queue, so the sum of the topic's queues' max offsets.
+   */
+  private static Map<String, Long> puts(DefaultMQAdminExt admin, String brokerAddr)
+      throws Exception {
+    Map<String, Long> puts = new TreeMap<>();
+    for (String name : admin.getAllTopicConfig(brokerAddr, 10_000).getTopicConfigTable()
+        .keySet()) {
+      long count = 0;
+      for (TopicOffset queue : admin.examineTopicStats(brokerAddr, name).getOffsetTable()
+          .values()) {
+        count += queue.getMaxOffset();
+      }
+      puts.put(name, count);
     }
+    return puts;
   }
 
-  private static void deleteTree(Path root) throws IOException {
-    try (var paths = Files.walk(root)) {
-      for (Path path : paths.sorted(java.util.Comparator.reverseOrder()).toList()) {
-        Files.deleteIfExists(path);
+  /** The puts from production on: the warm-up's (its topic, its pops' bookkeeping) are not. */
+  private void writePuts(Map<String, Long> before, Map<String, Long> after) throws IOException {
+    List<String> rows = new ArrayList<>();
+    after.forEach((name, count) -> {
+      long since = count - before.getOrDefault(name, 0L);
+      if (since > 0 && !name.contains(WARM_UP)) {
+        rows.add(name + "," + since);
       }
-    }
+    });
+    Files.write(out.resolve("puts.csv"), rows);
   }
 
   private static void check(boolean ok, String what) {
