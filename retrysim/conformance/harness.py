@@ -28,6 +28,7 @@ from retrysim.model import flavors
 from retrysim.model.policy import Policy
 from retrysim.model.topology import BROADCAST
 from retrysim.model.workload import messages_np
+from retrysim.scenario import limits
 from retrysim.scenario.spec import Group, Scenario
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -130,6 +131,8 @@ def _refuse_4x(scenario: Scenario, group: Group, policy: Policy) -> str | None:
         return "consume_timeout: the 4.x client takes whole minutes"
     if any(ms % 1_000 for ms in scenario.broker.message_delay_level):
         return "message_delay_level: a broker's levels are whole seconds here"
+    if group.pull_threshold_for_queue != limits.DEFAULT_PULL_THRESHOLD_FOR_QUEUE:
+        return "pull_threshold_for_queue: the harness's client keeps its default, 1000"
     return None
 
 

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
-from retrysim.engine.event_loop import ELSEWHERE, EXPORTED, MEMBER, _run, _run_lanes
+from retrysim.engine.event_lanes import _run_lanes
+from retrysim.engine.event_loop import ELSEWHERE, EXPORTED, MEMBER, _run
 from retrysim.engine.event_rules import (
     _FIXED_ROW,
     _OUT,
