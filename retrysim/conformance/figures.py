@@ -37,10 +37,14 @@ SCHEDULE_POLL_MS = 100
 LOOPBACK_MS = 50
 RETRY_DELAY_TOLERANCE_MS = SCHEDULE_POLL_MS + LOOPBACK_MS
 # The open-source 5.x reviver writes a retry from 2 s after it is due (the scan's window) to
-# that plus the scan thread's longest rest, one interval and reviveMaxSlow more when quiet
-# (6 s): retrysim's lag (limits.APACHE_REVIVE_LAG_MS, 3 s) may be short by up to 3 s.
+# that plus the scan thread's longest rest, one interval and reviveMaxSlow more when quiet,
+# plus the timer wheel's precision (timerPrecisionMs, 1 s), which puts the checkpoint in the
+# revive topic (7 s): retrysim's lag (limits.APACHE_REVIVE_LAG_MS, 3 s) may be short by 4 s.
+TIMER_PRECISION_MS = 1_000
 REVIVE_LATEST_MS = (
-    limits.REVIVE_ACK_WINDOW_MS + (1 + limits.REVIVE_MAX_SLOW) * limits.REVIVE_INTERVAL_MS
+    limits.REVIVE_ACK_WINDOW_MS
+    + (1 + limits.REVIVE_MAX_SLOW) * limits.REVIVE_INTERVAL_MS
+    + TIMER_PRECISION_MS
 )
 REVIVE_TOLERANCE_MS = REVIVE_LATEST_MS - limits.APACHE_REVIVE_LAG_MS + LOOPBACK_MS
 # A listener's time on the broker may exceed the processing time by Thread.sleep's overshoot

@@ -11,8 +11,9 @@ It covers every group: every flavor's rules, every topology, outages, poison and
 a group's units (docs/model.md §5) and finishes a round run's frontier; ``_run_lanes``
 (:mod:`retrysim.engine.event_lanes`) takes batches of one lane and ordered queues, one
 message at a time per queue, where a replayed delivery waits for its queue and takes back a
-later first delivery the queue released but that is not eligible yet. A loop is a generator: a key's rows leave in chunks, and between
-chunks it reports how far it got for the heartbeat. numba caches the compiled code on disk,
+later first delivery the queue released but that is not eligible yet. A loop is a
+generator: a key's rows leave in chunks, and between chunks it reports how far it got for
+the heartbeat. numba caches the compiled code on disk,
 keyed by the source (:mod:`retrysim.numba_cache`), so only the first run on a machine pays
 the compilation (setup does it).
 

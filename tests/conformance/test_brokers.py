@@ -78,7 +78,7 @@ def assert_exact_figures_agree(figures: dict[str, tuple[float, float, bool]]) ->
 def test_5x_push_agrees_on_every_message_and_retries_after_the_revivers_lag(tmp_path):
     """conf/conformance/push-5x.yaml on a 5.5.0 broker and proxy with the gRPC push client:
     the same deliveries, states, DLQ and puts. The broker's reviver writes a retry's copy
-    2 s (ackTimeInterval + SECOND) to about 6 s after it is due, retrysim 3 s: every retry
+    2 s (ackTimeInterval + SECOND) to about 7 s after it is due, retrysim 3 s: every retry
     within the reviver's window, the DLQ times too."""
     done = conformance(tmp_path, SUITE / "push-5x.yaml")
     assert done.returncode in (EXIT_OK, EXIT_FAILED), done.stdout + done.stderr
@@ -86,7 +86,7 @@ def test_5x_push_agrees_on_every_message_and_retries_after_the_revivers_lag(tmp_
     assert_exact_figures_agree(figures)
     assert figures["puts to %RETRY%payments_orders"][1] > figures["puts to %DLQ%payments"][1]
     _, late, within = figures["retry delay, worst difference (ms)"]
-    assert within and late <= 3_050, late
+    assert within and late <= 4_050, late
     assert figures["DLQ time, worst difference (ms)"][2], figures
 
 
