@@ -26,13 +26,13 @@ from retrysim.engine.event_heaps import (
 from retrysim.engine.event_loop import (
     _ELIGIBLE_PHASE,
     _FREE_PHASE,
-    _PENDING,
     _TURNS_PER_LOOK,
     _buffers,
     _first_delivery,
     _grow_slots,
     _next_delivery,
     _pending,
+    _pending_first,
     _push_eligible,
     _replay,
     _replay_order,
@@ -473,21 +473,14 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     scratch = np.empty((S_FIELDS, 1), np.int64)
     for lane in range(len(queue_ids_used)):
         for j in range(cursor[lane], queue_end[lane]):
-            position = by_queue[j]
-            _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible_of[position])
-            if rows == out.shape[1]:
-                out = _wider(out)
-            _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
-            rows += 1
+            out, rows = _pending_first(out, rows, k, born, scratch, by_queue[j], msg_ids,
+                                       queue_ids, eligible_of)  # fmt: skip
             if rows >= CHUNK_ROWS:
                 yield out, rows, horizon, deliveries, first
                 rows = 0
     for position in range(next_arrival, count):
-        _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible_of[position])
-        if rows == out.shape[1]:
-            out = _wider(out)
-        _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
-        rows += 1
+        out, rows = _pending_first(out, rows, k, born, scratch, position, msg_ids, queue_ids,
+                                   eligible_of)  # fmt: skip
         if rows >= CHUNK_ROWS:
             yield out, rows, horizon, deliveries, first
             rows = 0

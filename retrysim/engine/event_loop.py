@@ -797,11 +797,8 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
             position = order[j]
             if capped and entry[position] != n:
                 continue  # it waited on the broker: started since, or written above
-            _first_delivery(scratch, 0, position, msg_ids, queue_ids, born, eligible[position])
-            if rows == out.shape[1]:
-                out = _wider(out)
-            _row(out, rows, k, born, scratch, 0, n, n, n, n, _PENDING, n)
-            rows += 1
+            out, rows = _pending_first(out, rows, k, born, scratch, position, msg_ids, queue_ids,
+                                       eligible)  # fmt: skip
             if rows >= CHUNK_ROWS:
                 yield out, rows, horizon, deliveries, first
                 rows = 0
