@@ -2,7 +2,7 @@
 # The RocketMQ conformance harness of one major (jvm/broker4: namesrv, broker and client at
 # 4.9.7; jvm/broker5: namesrv, broker and local-mode proxy at 5.5.0, gRPC client 5.2.0), built
 # once with Maven from jvm/<module>/pom.xml into build/jars/<module>/ with its dependencies, and
-# printed as a class path. A change to jvm/<module> builds it again.
+# printed as a class path. A change to jvm/<module> or jvm/common builds it again.
 #
 #   scripts/broker-jars.sh broker4     prints the class path, building it first if needed
 #   scripts/broker-jars.sh broker5     the same for the 5.x harness
@@ -16,7 +16,9 @@ CACHE="${RETRYSIM_JARS_DIR:-$ROOT/build/jars}"
 module="${1:?usage: scripts/broker-jars.sh broker4}"
 [ -f "$ROOT/jvm/$module/pom.xml" ] || { echo "retrysim: no harness jvm/$module" >&2; exit 1; }
 dir="$CACHE/$module"
-sources="$(cd "$ROOT/jvm/$module" && find pom.xml src -type f | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-12)"
+# the module's sources and jvm/common's, which its pom.xml compiles in
+sources="$(cd "$ROOT/jvm" && find "$module/pom.xml" "$module/src" common/src -type f | LC_ALL=C sort |
+  xargs sha1sum | sha1sum | cut -c1-12)"
 
 cached() { [ "$(cat "$dir/.complete" 2>/dev/null)" = "$sources" ]; }
 print_path() { echo "$dir/*"; }

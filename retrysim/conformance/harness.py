@@ -28,7 +28,6 @@ from retrysim.model import flavors
 from retrysim.model.policy import Policy
 from retrysim.model.topology import BROADCAST
 from retrysim.model.workload import messages_np
-from retrysim.scenario import limits
 from retrysim.scenario.spec import Group, Scenario
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -131,8 +130,6 @@ def _refuse_4x(scenario: Scenario, group: Group, policy: Policy) -> str | None:
         return "consume_timeout: the 4.x client takes whole minutes"
     if any(ms % 1_000 for ms in scenario.broker.message_delay_level):
         return "message_delay_level: a broker's levels are whole seconds here"
-    if group.pull_threshold_for_queue != limits.DEFAULT_PULL_THRESHOLD_FOR_QUEUE:
-        return "pull_threshold_for_queue: the harness's client keeps its default, 1000"
     return None
 
 
@@ -195,7 +192,7 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
         f"delay_level_when_next_consume={group.delay_level_when_next_consume}",
         f"consumer={_consumer(policy)}", f"invisible_duration_ms={group.invisible_duration}",
         f"model={_model(policy)}", f"suspend_ms={group.suspend_current_queue_time}",
-        f"await_ms={AWAIT_MS}",
+        f"await_ms={AWAIT_MS}", f"pull_threshold_for_queue={group.pull_threshold_for_queue}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
         f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",
     ])  # fmt: skip

@@ -139,7 +139,6 @@ def test_every_conformance_scenario_agrees_on_every_message(tmp_path, scenario):
         ({"behavior": {"send_back_failure_probability": 0.1}}, "send-back failures cannot"),
         ({"consume_timeout": "90s"}, "consume_timeout: the 4.x client takes whole minutes"),
         ({"retry_queue_nums": 2}, "retry_queue_nums"),
-        ({"pull_threshold_for_queue": 64}, "pull_threshold_for_queue: the harness's client"),
         ({"replay": {"at": "20s", "rate": "10/s"}}, "replay"),
     ],
 )

@@ -1,23 +1,18 @@
 package retrysim.broker4;
 
 import java.io.FileReader;
-import java.io.IOException;
 import java.io.InputStream;
 import java.lang.management.ManagementFactory;
-import java.net.ServerSocket;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.TreeSet;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
@@ -27,6 +22,8 @@ import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
 import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.client.impl.factory.MQClientInstance;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.SendCallback;
+import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.MixAll;
 import org.apache.rocketmq.common.TopicConfig;
 import org.apache.rocketmq.common.admin.TopicOffset;
@@ -37,6 +34,9 @@ import org.apache.rocketmq.common.message.MessageQueue;
 import org.apache.rocketmq.common.protocol.heartbeat.MessageModel;
 import org.apache.rocketmq.common.topic.TopicValidator;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
+import retrysim.harness.Children;
+import retrysim.harness.Listener;
+import retrysim.harness.Sends;
 
 /**
  * One scenario on a real 4.9.7 namesrv and broker, consumed by the official push consumer.
@@ -54,8 +54,6 @@ public final class Harness {
   private static final String GROUP_KEY = "group";
   private static final String WARM_UP = "retrysim-warm-up";
   private static final String BROKER = "broker-a";
-  private static final long START_MS = 30_000; // how long a child may take to come up
-  private static final long STOP_MS = 5_000; // how long a child may take to stop when asked
 
   public static void main(String[] args) throws Exception {
     Properties p = new Properties();
@@ -81,12 +79,10 @@ public final class Harness {
   private final String group;
   private final String model; // concurrently, orderly or broadcasting
   private final ConcurrentLinkedQueue<String> deliveries = new ConcurrentLinkedQueue<>();
-  private final Map<Long, AtomicInteger> seen = new ConcurrentHashMap<>();
-  private final Map<String, String[]> outcomes = new HashMap<>();
+  private Listener listener;
   private volatile long t0 = Long.MAX_VALUE;
-  private final List<Process> children = new ArrayList<>(); // guarded by itself
-  private boolean stopping; // guarded by children
-  private Path home; // the children's ROCKETMQ_HOME, their store under it
+  private final Sends sends = new Sends();
+  private Children children; // the namesrv and the broker
 
   private Harness(Properties p, Path out) {
     this.p = p;
@@ -100,37 +96,10 @@ public final class Harness {
     return Integer.parseInt(p.getProperty(key));
   }
 
-  private static int freePort() throws IOException {
-    try (ServerSocket socket = new ServerSocket(0)) {
-      return socket.getLocalPort();
-    }
-  }
-
-  private static boolean free(int port) {
-    try (ServerSocket socket = new ServerSocket(port)) {
-      return true;
-    } catch (IOException taken) {
-      return false;
-    }
-  }
-
-  /** A port p for the broker with p - 2 (its fast channel) and p + 1 (its HA) free too. */
-  private static int freeBrokerPort() throws IOException {
-    while (true) {
-      int port = freePort();
-      if (port > 1026 && port < 65535 && free(port - 2) && free(port + 1)) {
-        return port;
-      }
-    }
-  }
-
   private void run() throws Exception {
-    for (String line : Files.readAllLines(Path.of(p.getProperty("outcomes")))) {
-      String[] cells = line.split(",");
-      outcomes.put(cells[0] + "/" + cells[1], cells);
-    }
-    home = Files.createTempDirectory("retrysim-broker4-");
-    Runtime.getRuntime().addShutdownHook(new Thread(this::stopChildren, "retrysim-stop"));
+    listener = new Listener(Path.of(p.getProperty("outcomes")));
+    children = new Children("broker4", out);
+    Path home = children.home();
     // a broadcasting consumer keeps its offsets in a local file: in the run's folder
     System.setProperty("rocketmq.client.localOffsetStoreDir", home.resolve("offsets").toString());
     Files.createDirectories(home.resolve("conf"));
@@ -139,11 +108,11 @@ public final class Harness {
         Files.copy(config, home.resolve("conf/logback_" + name + ".xml"));
       }
     }
-    int namesrvPort = freePort();
+    int namesrvPort = Children.freePort();
     String namesrvAddr = "127.0.0.1:" + namesrvPort;
     start("namesrv", "256m", "org.apache.rocketmq.namesrv.NamesrvStartup",
         "listenPort=" + namesrvPort, "kvConfigPath=" + home.resolve("kvConfig.json"));
-    int brokerPort = freeBrokerPort();
+    int brokerPort = Children.freeBrokerPort();
     Path store = home.resolve("store");
     start("broker", "512m", "org.apache.rocketmq.broker.BrokerStartup",
         "brokerName=" + BROKER, "brokerIP1=127.0.0.1", "namesrvAddr=" + namesrvAddr,
@@ -174,6 +143,7 @@ public final class Harness {
     produce(producer, queues);
     long horizon = Long.parseLong(p.getProperty("horizon_ms"));
     Thread.sleep(Math.max(0, t0 + horizon - System.currentTimeMillis()));
+    sends.check();
     for (DefaultMQPushConsumer consumer : consumers) {
       consumer.shutdown();
     }
@@ -182,78 +152,17 @@ public final class Harness {
     writeDeadLetters(namesrvAddr);
     writePuts(admin);
     admin.shutdown();
-    stopChildren();
+    children.close();
   }
 
   /**
-   * A child JVM (this java, class path and module flags; a small heap) running {@code main}
-   * with a properties file of {@code settings} as its -c, its output in {@code <name>.log};
+   * A child JVM running {@code main} with a properties file of {@code settings} as its -c;
    * back once it says it booted.
    */
   private void start(String name, String heap, String main, String... settings)
       throws Exception {
-    Path config = home.resolve(name + ".conf");
-    Files.write(config, List.of(settings));
-    List<String> command = new ArrayList<>(List.of(
-        ProcessHandle.current().info().command().orElseThrow(), "-Xmx" + heap,
-        "-XX:+UseSerialGC"));
-    for (String flag : ManagementFactory.getRuntimeMXBean().getInputArguments()) {
-      if (flag.startsWith("--add-opens") || flag.startsWith("--add-exports")) {
-        command.add(flag); // what 4.9.7's store needs on Java 17
-      }
-    }
-    command.addAll(List.of("-cp", System.getProperty("java.class.path"),
-        Child.class.getName(), main, "-c", config.toString()));
-    Path log = out.resolve(name + ".log");
-    ProcessBuilder builder = new ProcessBuilder(command).redirectErrorStream(true)
-        .redirectOutput(log.toFile());
-    builder.environment().put("ROCKETMQ_HOME", home.toString());
-    Process child;
-    synchronized (children) {
-      check(!stopping, "stopped");
-      child = builder.start();
-      children.add(child);
-    }
-    long deadline = System.currentTimeMillis() + START_MS;
-    while (!Files.readString(log).contains("boot success")) { // what both mains print
-      check(child.isAlive() && System.currentTimeMillis() < deadline,
-          "the " + name + " did not start (see " + log + ")");
-      Thread.sleep(50);
-    }
-  }
-
-  /** Every child asked to stop, the last started first, then killed; their files deleted. */
-  private void stopChildren() {
-    List<Process> started;
-    synchronized (children) {
-      if (stopping) {
-        return;
-      }
-      stopping = true;
-      started = new ArrayList<>(children);
-    }
-    try {
-      for (int i = started.size() - 1; i >= 0; i--) {
-        Process child = started.get(i);
-        child.destroy();
-        if (!child.waitFor(STOP_MS, TimeUnit.MILLISECONDS)) {
-          child.destroyForcibly().waitFor(STOP_MS, TimeUnit.MILLISECONDS);
-        }
-      }
-      if (home != null) {
-        deleteTree(home);
-      }
-    } catch (IOException | InterruptedException e) {
-      System.err.println("broker4: stopping the children: " + e);
-    }
-  }
-
-  private static void deleteTree(Path root) throws IOException {
-    try (var paths = Files.walk(root)) {
-      for (Path path : paths.sorted(java.util.Comparator.reverseOrder()).toList()) {
-        Files.deleteIfExists(path);
-      }
-    }
+    Path config = children.write(name + ".conf", settings);
+    children.start(name, heap, "boot success", main, "-c", config.toString());
   }
 
   private DefaultMQPushConsumer consumer(String namesrvAddr, int instance) throws Exception {
@@ -265,6 +174,7 @@ public final class Harness {
     consumer.setConsumeThreadMax(integer("threads"));
     consumer.setMaxReconsumeTimes(integer("max_reconsume_times"));
     consumer.setConsumeTimeout(Long.parseLong(p.getProperty("consume_timeout_minutes")));
+    consumer.setPullThresholdForQueue(integer("pull_threshold_for_queue"));
     // at the horizon, the listeners still running finish and are recorded (retrysim counts a
     // delivery from its start)
     consumer.setAwaitTerminationMillisWhenShutdown(Long.parseLong(p.getProperty("await_ms")));
@@ -305,31 +215,16 @@ public final class Harness {
   /** One delivery: the scenario's outcome for it, after its processing time, recorded. */
   private String listen(MessageExt msg, int instance) {
     long msgId = Long.parseLong(msg.getKeys());
-    int delivery = seen.computeIfAbsent(msgId, id -> new AtomicInteger()).incrementAndGet();
-    String[] outcome = outcomes.get(msgId + "/" + delivery);
-    String kind = outcome == null ? "CONSUME_SUCCESS" : outcome[2];
-    long processing = outcome == null ? 0 : Long.parseLong(outcome[3]);
-    long start = System.currentTimeMillis() - t0;
-    sleep(processing);
+    Listener.Delivery delivery = listener.deliver(msgId, t0);
     // a retry is read from %RETRY%<group>; the client gives it back its own topic
     boolean retried = msg.getProperty(MessageConst.PROPERTY_RETRY_TOPIC) != null;
-    deliveries.add(String.join(",", String.valueOf(msgId), String.valueOf(delivery),
+    deliveries.add(String.join(",", String.valueOf(msgId), String.valueOf(delivery.number()),
         String.valueOf(msg.getReconsumeTimes()), retried ? MixAll.getRetryTopic(group) : topic,
         String.valueOf(msg.getQueueId()), String.valueOf(instance),
         Thread.currentThread().getName(), String.valueOf(msg.getStoreTimestamp() - t0),
-        String.valueOf(start), String.valueOf(System.currentTimeMillis() - t0), kind));
-    return kind;
-  }
-
-  private static void sleep(long ms) {
-    if (ms <= 0) {
-      return;
-    }
-    try {
-      Thread.sleep(ms);
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-    }
+        String.valueOf(delivery.startMs()), String.valueOf(System.currentTimeMillis() - t0),
+        delivery.outcome()));
+    return delivery.outcome();
   }
 
   /** Until every queue of the topic and of the group's retry topic has one holder. */
@@ -363,14 +258,14 @@ public final class Harness {
   }
 
   /**
-   * A round trip on a topic of its own before production, so that the first messages do not
+   * 2,000 messages through a topic and group of their own before production, so that the first
    * pay for the JVM's class loading and compilation: the figures are the steady ones.
    */
   private void warmUp(DefaultMQAdminExt admin, String brokerAddr, String namesrvAddr,
       DefaultMQProducer producer, int queues)
       throws Exception {
     admin.createAndUpdateTopicConfig(brokerAddr, new TopicConfig(WARM_UP, queues, queues, 6));
-    int rounds = 50;
+    int rounds = 2_000; // C1 compiles a method after 200 calls, C2 after 5,000 (a batch of 32)
     CountDownLatch consumed = new CountDownLatch(rounds);
     DefaultMQPushConsumer consumer = new DefaultMQPushConsumer(WARM_UP);
     consumer.setNamesrvAddr(namesrvAddr);
@@ -382,9 +277,11 @@ public final class Harness {
     });
     consumer.start();
     for (int i = 0; i < rounds; i++) {
-      producer.send(new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
+      send(producer, new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
           new MessageQueue(WARM_UP, BROKER, i % queues));
-      sleep(10);
+      if (i % 2 == 1) {
+        Listener.sleep(1); // two a millisecond, as a scenario's burst sends
+      }
     }
     check(consumed.await(60, TimeUnit.SECONDS),
         "the warm-up messages were not consumed in 60 s");
@@ -396,10 +293,27 @@ public final class Harness {
     t0 = System.currentTimeMillis();
     for (String line : messages) {
       String[] cells = line.split(",");
-      sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
+      Listener.sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
       Message message = new Message(topic, "", cells[0], new byte[] {1});
-      producer.send(message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])));
+      send(producer, message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])));
     }
+  }
+
+  /** An asynchronous send, counted in {@link #sends}. */
+  private void send(DefaultMQProducer producer, Message message, MessageQueue queue)
+      throws Exception {
+    sends.sending();
+    producer.send(message, queue, new SendCallback() {
+      @Override
+      public void onSuccess(SendResult result) {
+        sends.answered(null);
+      }
+
+      @Override
+      public void onException(Throwable error) {
+        sends.answered(error);
+      }
+    });
   }
 
   private void writeDeadLetters(String namesrvAddr) throws Exception {

@@ -5,9 +5,6 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.lang.management.ManagementFactory;
 import java.lang.reflect.InvocationTargetException;
-import java.net.InetAddress;
-import java.net.InetSocketAddress;
-import java.net.ServerSocket;
 import java.net.URL;
 import java.net.URLClassLoader;
 import java.nio.file.Files;
@@ -18,17 +15,17 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.TreeMap;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.BooleanSupplier;
 import java.util.function.Function;
 import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
 import org.apache.rocketmq.client.consumer.PullResult;
 import org.apache.rocketmq.client.consumer.PullStatus;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
+import org.apache.rocketmq.client.producer.SendCallback;
+import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.MixAll;
 import org.apache.rocketmq.common.TopicAttributes;
 import org.apache.rocketmq.common.TopicConfig;
@@ -46,6 +43,9 @@ import org.apache.rocketmq.remoting.protocol.subscription.GroupRetryPolicy;
 import org.apache.rocketmq.remoting.protocol.subscription.GroupRetryPolicyType;
 import org.apache.rocketmq.remoting.protocol.subscription.SubscriptionGroupConfig;
 import org.apache.rocketmq.tools.admin.DefaultMQAdminExt;
+import retrysim.harness.Children;
+import retrysim.harness.Listener;
+import retrysim.harness.Sends;
 
 /**
  * One scenario on a real 5.x namesrv and broker behind the 5.x proxy in local mode, consumed by
@@ -71,8 +71,7 @@ public final class Harness {
   private static final String BROKER = "broker-a";
   private static final String CLIENT_JAR = "rocketmq-client-java.jar";
   private static final long MIN_INVISIBLE_MS = 10_000; // the proxy's default, given explicitly
-  private static final long START_MS = 30_000; // how long a child may take to come up
-  private static final long STOP_MS = 5_000; // how long a child may take to stop when asked
+  private static final long START_MS = 30_000; // how long the broker may take to register
 
   public static void main(String[] args) {
     int status = 1;
@@ -103,11 +102,10 @@ public final class Harness {
   private final String group;
   private final String kind;
   private final ConcurrentLinkedQueue<Delivery> deliveries = new ConcurrentLinkedQueue<>();
-  private final Map<Long, AtomicInteger> seen = new ConcurrentHashMap<>();
-  private final Map<String, String[]> outcomes = new HashMap<>();
+  private Listener listener;
   private volatile long t0 = Long.MAX_VALUE;
-  private final List<Process> children = new ArrayList<>(); // guarded by itself
-  private boolean stopping; // guarded by children
+  private final Sends sends = new Sends();
+  private Children children; // the namesrv and the proxy with its broker
   private Path home; // the children's ROCKETMQ_HOME, their store under it
   private ClassLoader clientLoader;
 
@@ -125,62 +123,41 @@ public final class Harness {
     return Integer.parseInt(p.getProperty(key));
   }
 
-  private static int freePort() throws IOException {
-    try (ServerSocket socket = new ServerSocket(0, 50, InetAddress.getLoopbackAddress())) {
-      return socket.getLocalPort();
-    }
-  }
-
-  /** A free port whose port - 2 is free too: the broker's fast (VIP) server listens there. */
-  private static int freeBrokerPort() throws IOException {
-    for (int tries = 0; ; tries++) {
-      int port = freePort();
-      try (ServerSocket vip = new ServerSocket()) {
-        vip.bind(new InetSocketAddress("127.0.0.1", port - 2));
-        return port;
-      } catch (IOException taken) {
-        if (tries == 20) {
-          throw taken;
-        }
-      }
-    }
-  }
-
   private void run() throws Exception {
-    for (String line : Files.readAllLines(Path.of(p.getProperty("outcomes")))) {
-      String[] cells = line.split(",");
-      outcomes.put(cells[0] + "/" + cells[1], cells);
-    }
+    listener = new Listener(Path.of(p.getProperty("outcomes")));
     check(!kind.equals("simple")
         || Long.parseLong(p.getProperty("invisible_duration_ms", "0")) >= MIN_INVISIBLE_MS,
         "invisible_duration_ms: the proxy takes " + MIN_INVISIBLE_MS + " ms at least");
-    home = Files.createTempDirectory("retrysim-broker5-");
-    Runtime.getRuntime().addShutdownHook(new Thread(this::stopChildren, "retrysim-stop"));
+    children = new Children("broker5", out);
+    home = children.home();
     // what the clients keep under the user's home goes to the run's folder (the children's too)
     System.setProperty("user.home", home.toString());
-    int namesrvPort = freePort();
+    int namesrvPort = Children.freePort();
     String namesrvAddr = "127.0.0.1:" + namesrvPort;
-    start("namesrv", "256m", "boot success", "org.apache.rocketmq.namesrv.NamesrvStartup", "-c",
-        write("namesrv.conf", "listenPort=" + namesrvPort, "bindAddress=127.0.0.1",
+    children.start("namesrv", "256m", "boot success",
+        "org.apache.rocketmq.namesrv.NamesrvStartup", "-c",
+        children.write("namesrv.conf", "listenPort=" + namesrvPort, "bindAddress=127.0.0.1",
             "kvConfigPath=" + home.resolve("kvConfig.json")).toString());
-    int brokerPort = freeBrokerPort();
+    int brokerPort = Children.freeBrokerPort();
     Path store = home.resolve("store");
-    Path brokerConf = write("broker.conf", "brokerName=" + BROKER, "brokerIP1=127.0.0.1",
-        "brokerIP2=127.0.0.1", "bindAddress=127.0.0.1", "listenPort=" + brokerPort,
-        "haListenPort=" + freePort(), // else listenPort + 1, which may be taken
+    Path brokerConf = children.write("broker.conf", "brokerName=" + BROKER,
+        "brokerIP1=127.0.0.1", "brokerIP2=127.0.0.1", "bindAddress=127.0.0.1",
+        "listenPort=" + brokerPort,
+        "haListenPort=" + Children.freePort(), // else listenPort + 1, which may be taken
         "storePathRootDir=" + store, "storePathCommitLog=" + store.resolve("commitlog"),
         "mappedFileSizeCommitLog=" + (64 << 20), "mappedFileSizeConsumeQueue=" + 300_000 * 20,
         "mappedFileSizeTimerLog=" + (16 << 20), "maxHashSlotNum=100000", "maxIndexNum=400000",
         "messageDelayLevel=" + p.getProperty("message_delay_level"));
-    int grpcPort = freePort();
+    int grpcPort = Children.freePort();
     // ProxyStartup in local mode builds the broker from broker.conf (BrokerStartup's way)
-    start("proxy", "512m", "startup successfully", "org.apache.rocketmq.proxy.ProxyStartup",
-        "-pc", write("rmq-proxy.json", "{", "\"proxyMode\": \"LOCAL\",",
+    children.start("proxy", "512m", "startup successfully",
+        "org.apache.rocketmq.proxy.ProxyStartup",
+        "-pc", children.write("rmq-proxy.json", "{", "\"proxyMode\": \"LOCAL\",",
             "\"brokerConfigPath\": \"" + brokerConf + "\",",
             "\"namesrvAddr\": \"" + namesrvAddr + "\",",
             "\"localServeAddr\": \"127.0.0.1\",",
             "\"grpcServerPort\": " + grpcPort + ",",
-            "\"remotingListenPort\": " + freePort() + ",", // not the fixed 8080
+            "\"remotingListenPort\": " + Children.freePort() + ",", // not the fixed 8080
             "\"grpcShutdownTimeSeconds\": 1,",
             "\"minInvisibleTimeMillsForRecv\": " + MIN_INVISIBLE_MS + ",",
             "\"enablePrintJstack\": false", "}").toString());
@@ -221,6 +198,7 @@ public final class Harness {
     produce(producer, fifo);
     long horizon = Long.parseLong(p.getProperty("horizon_ms"));
     Thread.sleep(Math.max(0, t0 + horizon - System.currentTimeMillis()));
+    sends.check();
     consumers.close();
     DefaultMQPullConsumer reader = new DefaultMQPullConsumer(group + "-reader");
     reader.setNamesrvAddr(namesrvAddr);
@@ -232,92 +210,11 @@ public final class Harness {
     reader.shutdown();
     producer.shutdown();
     admin.shutdown();
-    stopChildren();
+    children.close();
   }
 
   private static long uptime() {
     return System.currentTimeMillis() - ManagementFactory.getRuntimeMXBean().getStartTime();
-  }
-
-  /** A file of the children's folder with these lines. */
-  private Path write(String name, String... lines) throws IOException {
-    return Files.write(home.resolve(name), List.of(lines));
-  }
-
-  /**
-   * A child JVM (this java, class path and module flags; a small heap) running {@code main}
-   * with {@code args}, its output in {@code <name>.log}; back once that says {@code up}.
-   */
-  private void start(String name, String heap, String up, String main, String... args)
-      throws Exception {
-    List<String> command = new ArrayList<>(List.of(
-        ProcessHandle.current().info().command().orElseThrow(), "-Xmx" + heap,
-        "-XX:+UseSerialGC", "-Duser.home=" + home));
-    for (String flag : ManagementFactory.getRuntimeMXBean().getInputArguments()) {
-      if (flag.startsWith("--add-opens") || flag.startsWith("--add-exports")) {
-        command.add(flag); // what the store reaches into on Java 17, as in this JVM
-      }
-    }
-    command.addAll(List.of("-cp", System.getProperty("java.class.path"),
-        Child.class.getName(), main));
-    command.addAll(List.of(args));
-    Path log = out.resolve(name + ".log");
-    ProcessBuilder builder = new ProcessBuilder(command).redirectErrorStream(true)
-        .redirectOutput(log.toFile());
-    builder.environment().put("ROCKETMQ_HOME", home.toString());
-    Process child;
-    synchronized (children) {
-      check(!stopping, "stopped");
-      child = builder.start();
-      children.add(child);
-    }
-    long deadline = System.currentTimeMillis() + START_MS;
-    while (!Files.readString(log).contains(up)) {
-      if (!child.isAlive() || System.currentTimeMillis() > deadline) {
-        // the official mains print their exception's stack trace: its first line says why
-        String why = Files.readAllLines(log).stream()
-            .filter(line -> line.matches("^[\\w.$]+(Exception|Error)(: .*)?$"))
-            .findFirst().map(line -> " (" + line + ")")
-            .orElse(child.isAlive() ? " in " + START_MS / 1000 + " s" : "");
-        throw new IllegalStateException(
-            "the " + name + " did not start" + why + "; see " + log);
-      }
-      Thread.sleep(50);
-    }
-  }
-
-  /** Every child asked to stop, the last started first, then killed; their files deleted. */
-  private void stopChildren() {
-    List<Process> started;
-    synchronized (children) {
-      if (stopping) {
-        return;
-      }
-      stopping = true;
-      started = new ArrayList<>(children);
-    }
-    try {
-      for (int i = started.size() - 1; i >= 0; i--) {
-        Process child = started.get(i);
-        child.destroy();
-        if (!child.waitFor(STOP_MS, TimeUnit.MILLISECONDS)) {
-          child.destroyForcibly().waitFor(STOP_MS, TimeUnit.MILLISECONDS);
-        }
-      }
-      if (home != null) {
-        deleteTree(home);
-      }
-    } catch (IOException | InterruptedException e) {
-      System.err.println("broker5: stopping the children: " + e);
-    }
-  }
-
-  private static void deleteTree(Path root) throws IOException {
-    try (var paths = Files.walk(root)) {
-      for (Path path : paths.sorted(java.util.Comparator.reverseOrder()).toList()) {
-        Files.deleteIfExists(path);
-      }
-    }
   }
 
   /** The topic with its queues and message type (a new topic takes added, "+", attributes). */
@@ -400,7 +297,7 @@ public final class Harness {
     for (int i = 0; i < rounds; i++) {
       producer.send(new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
           new MessageQueue(WARM_UP, BROKER, i % queues));
-      sleep(10);
+      Listener.sleep(10);
     }
     check(consumed.await(60, TimeUnit.SECONDS),
         "the warm-up messages were not consumed in 60 s");
@@ -423,7 +320,7 @@ public final class Harness {
    * on stdout and under the children's folder.
    */
   private AutoCloseable startConsumers(Map<String, String> settings,
-      Function<String[], String> listener) throws Exception {
+      Function<String[], String> onDelivery) throws Exception {
     if (clientLoader == null) {
       Path jar = home.resolve(CLIENT_JAR);
       try (InputStream in = Harness.class.getResourceAsStream(CLIENT_JAR)) {
@@ -443,7 +340,7 @@ public final class Harness {
     thread.setContextClassLoader(clientLoader);
     try {
       return (AutoCloseable) clientLoader.loadClass("retrysim.broker5.Consumers")
-          .getConstructor(Map.class, Function.class).newInstance(settings, listener);
+          .getConstructor(Map.class, Function.class).newInstance(settings, onDelivery);
     } finally {
       thread.setContextClassLoader(previous);
     }
@@ -465,32 +362,16 @@ public final class Harness {
    */
   private String deliver(String[] delivered) {
     long msgId = Long.parseLong(delivered[0]);
-    int delivery = seen.computeIfAbsent(msgId, id -> new AtomicInteger()).incrementAndGet();
-    String[] outcome = outcomes.get(msgId + "/" + delivery);
-    String result = outcome == null ? "CONSUME_SUCCESS" : outcome[2];
-    long processing = outcome == null ? 0 : Long.parseLong(outcome[3]);
-    long start = System.currentTimeMillis() - t0;
-    sleep(processing);
+    Listener.Delivery delivery = listener.deliver(msgId, t0);
     ReceiptHandle handle = ReceiptHandle.decode(delivered[2]);
     String read = handle.getRealTopic(topic, group);
     deliveries.add(new Delivery(new MessageQueue(read, BROKER, handle.getQueueId()),
-        handle.getOffset(), new String[] {String.valueOf(msgId), String.valueOf(delivery),
+        handle.getOffset(), new String[] {String.valueOf(msgId), String.valueOf(delivery.number()),
             String.valueOf(Integer.parseInt(delivered[1]) - 1), read,
             String.valueOf(handle.getQueueId()), delivered[3], Thread.currentThread().getName(),
-            null, String.valueOf(start), String.valueOf(System.currentTimeMillis() - t0),
-            result}));
-    return result;
-  }
-
-  private static void sleep(long ms) {
-    if (ms <= 0) {
-      return;
-    }
-    try {
-      Thread.sleep(ms);
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-    }
+            null, String.valueOf(delivery.startMs()),
+            String.valueOf(System.currentTimeMillis() - t0), delivery.outcome()}));
+    return delivery.outcome();
   }
 
   /**
@@ -502,12 +383,24 @@ public final class Harness {
     t0 = System.currentTimeMillis();
     for (String line : messages) {
       String[] cells = line.split(",");
-      sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
+      Listener.sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
       Message message = new Message(topic, "", cells[0], new byte[] {1});
       if (fifo) {
         MessageAccessor.putProperty(message, MessageConst.PROPERTY_SHARDING_KEY, cells[1]);
       }
-      producer.send(message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])));
+      sends.sending();
+      producer.send(message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])),
+          new SendCallback() {
+            @Override
+            public void onSuccess(SendResult result) {
+              sends.answered(null);
+            }
+
+            @Override
+            public void onException(Throwable error) {
+              sends.answered(error);
+            }
+          });
     }
   }
 

@@ -1,4 +1,4 @@
-package retrysim.broker5;
+package retrysim.harness;
 
 import java.io.IOException;
 import java.util.Arrays;
