@@ -258,8 +258,9 @@ public final class Harness {
   }
 
   /**
-   * 2,000 messages through a topic and group of their own before production, so that the first
-   * pay for the JVM's class loading and compilation: the figures are the steady ones.
+   * 2,000 messages through a topic and group of their own before production, so that the
+   * first messages do not pay for the JVMs' class loading and compilation: the figures are the
+   * steady ones.
    */
   private void warmUp(DefaultMQAdminExt admin, String brokerAddr, String namesrvAddr,
       DefaultMQProducer producer, int queues)
