@@ -31,7 +31,8 @@ from retrysim.scenario import limits
 
 COMMITTED, DEAD, DROPPED, PENDING = "commit", "dlq", "discard", "pending"
 # A retry's delay on the broker may exceed its level's by one pass of the schedule service's
-# timer over an empty level (ScheduleMessageService.DELAY_FOR_A_WHILE, 100 ms in 4.9.7), and
+# timer, which reads a level again 100 ms after it finds its head not yet due or the level
+# empty (ScheduleMessageService.DELAY_FOR_A_WHILE in 4.9.7), and
 # by the commit log's dispatch, the long poll's wake-up and the listener's call on loopback.
 SCHEDULE_POLL_MS = 100
 LOOPBACK_MS = 50

@@ -2,14 +2,16 @@
 against retrysim's event loop on the same messages and the same listener, through
 ``retrysim conformance``: every exact figure of docs/conformance.md must agree, the timed
 ones as docs/conformance.md records them, and the tables hold them. The tests that run a
-broker are marked ``broker`` (they start JVMs): the suite runs one 4.x scenario, one 5.x
-and the saturated one; ``-m conformance_suite`` runs every scenario of conf/conformance."""
+broker are marked ``broker`` (they start JVMs): the suite runs one 4.x scenario, one 5.x,
+the saturated one and the small cache; ``-m conformance_suite`` runs every scenario of
+conf/conformance."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -103,22 +105,48 @@ def test_a_saturated_4x_pool_agrees_on_every_message(tmp_path):
     assert mine > 4_000 and abs(theirs - mine) < 0.1 * mine, figures["peak Ready backlog"]
 
 
+@pytest.mark.broker
+def test_a_small_cache_per_queue_holds_a_retry_behind_the_caches_not_the_backlog(tmp_path):
+    """conf/conformance/cache-4x.yaml: the 4.x client given pull_threshold_for_queue 50 while
+    a backlog of 1,000 builds up. A retry waits behind two caches of about 50 (a third of a
+    second) on the broker as in retrysim; behind the backlog it would wait up to 2.5 s."""
+    done = conformance(tmp_path, SUITE / "cache-4x.yaml")
+    assert done.returncode in (EXIT_OK, EXIT_FAILED), done.stdout + done.stderr
+    figures = figures_of(done)
+    assert_exact_figures_agree(figures)
+    assert figures["puts to %RETRY%search"][1] > 300
+    _, late, _ = figures["retry delay, worst difference (ms)"]
+    assert late < 400, late  # the schedule service's 100 ms and the broker's slower pool
+    mine, _, within = figures["peak Ready backlog"]
+    assert within and mine > 900, figures["peak Ready backlog"]
+
+
 # what a real broker does that the model does not yet (docs/conformance.md, what the brokers
 # showed): strict, so that the fix shows
 KNOWN = {
     "timeout-4x": "the 4.9.7 client sends a timed-out message back again when its listener "
     "then fails: a second copy retrysim does not make",
 }
+# not strict: a message the broker dead-letters just after the horizon, and retrysim before it,
+# comes and goes with the broker's timing
+UNSTEADY = {
+    "saturated-5x": "a 5.x retry waits about 2 s on the broker (the pop's retry share, the "
+    "client's cache), behind the whole backlog in retrysim",
+}
+
+
+def _suite_param(path: Path) -> object:
+    if path.stem in KNOWN:
+        return pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=KNOWN[path.stem]))
+    if path.stem in UNSTEADY:
+        return pytest.param(path, marks=pytest.mark.xfail(reason=UNSTEADY[path.stem]))
+    return path
 
 
 @pytest.mark.conformance_suite
 @pytest.mark.parametrize(
     "scenario",
-    [
-        pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=KNOWN[path.stem]))
-        if path.stem in KNOWN else path
-        for path in sorted(SUITE.glob("*.yaml"))
-    ],
+    [_suite_param(path) for path in sorted(SUITE.glob("*.yaml"))],
     ids=lambda path: path.stem,
 )  # fmt: skip
 def test_every_conformance_scenario_agrees_on_every_message(tmp_path, scenario):
