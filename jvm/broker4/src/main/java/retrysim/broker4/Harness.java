@@ -22,8 +22,6 @@ import org.apache.rocketmq.client.consumer.listener.MessageListenerOrderly;
 import org.apache.rocketmq.client.exception.MQClientException;
 import org.apache.rocketmq.client.impl.factory.MQClientInstance;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
-import org.apache.rocketmq.client.producer.SendCallback;
-import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.MixAll;
 import org.apache.rocketmq.common.TopicConfig;
 import org.apache.rocketmq.common.admin.TopicOffset;
@@ -300,21 +298,18 @@ public final class Harness {
     }
   }
 
-  /** An asynchronous send, counted in {@link #sends}. */
+  /**
+   * An asynchronous send, counted in {@link #sends}; for an orderly group a synchronous one, as
+   * ordered messages are sent: two sends in flight could be stored in either order.
+   */
   private void send(DefaultMQProducer producer, Message message, MessageQueue queue)
       throws Exception {
+    if (model.equals("orderly")) {
+      producer.send(message, queue);
+      return;
+    }
     sends.sending();
-    producer.send(message, queue, new SendCallback() {
-      @Override
-      public void onSuccess(SendResult result) {
-        sends.answered(null);
-      }
-
-      @Override
-      public void onException(Throwable error) {
-        sends.answered(error);
-      }
-    });
+    producer.send(message, queue, sends);
   }
 
   private void writeDeadLetters(String namesrvAddr) throws Exception {

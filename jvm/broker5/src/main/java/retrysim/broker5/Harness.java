@@ -24,8 +24,6 @@ import org.apache.rocketmq.client.consumer.DefaultMQPullConsumer;
 import org.apache.rocketmq.client.consumer.PullResult;
 import org.apache.rocketmq.client.consumer.PullStatus;
 import org.apache.rocketmq.client.producer.DefaultMQProducer;
-import org.apache.rocketmq.client.producer.SendCallback;
-import org.apache.rocketmq.client.producer.SendResult;
 import org.apache.rocketmq.common.MixAll;
 import org.apache.rocketmq.common.TopicAttributes;
 import org.apache.rocketmq.common.TopicConfig;
@@ -385,22 +383,14 @@ public final class Harness {
       String[] cells = line.split(",");
       Listener.sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
       Message message = new Message(topic, "", cells[0], new byte[] {1});
-      if (fifo) {
+      MessageQueue queue = new MessageQueue(topic, BROKER, Integer.parseInt(cells[1]));
+      if (fifo) { // synchronously, as ordered messages are sent: two in flight may swap
         MessageAccessor.putProperty(message, MessageConst.PROPERTY_SHARDING_KEY, cells[1]);
+        producer.send(message, queue);
+      } else {
+        sends.sending();
+        producer.send(message, queue, sends);
       }
-      sends.sending();
-      producer.send(message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])),
-          new SendCallback() {
-            @Override
-            public void onSuccess(SendResult result) {
-              sends.answered(null);
-            }
-
-            @Override
-            public void onException(Throwable error) {
-              sends.answered(error);
-            }
-          });
     }
   }
 
