@@ -276,8 +276,8 @@ public final class Harness {
     });
     consumer.start();
     for (int i = 0; i < rounds; i++) {
-      send(producer, new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
-          new MessageQueue(WARM_UP, BROKER, i % queues));
+      sends.send(producer, new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
+          new MessageQueue(WARM_UP, BROKER, i % queues), model.equals("orderly"));
       if (i % 2 == 1) {
         Listener.sleep(1); // two a millisecond, as a scenario's burst sends
       }
@@ -294,22 +294,9 @@ public final class Harness {
       String[] cells = line.split(",");
       Listener.sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
       Message message = new Message(topic, "", cells[0], new byte[] {1});
-      send(producer, message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])));
+      sends.send(producer, message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])),
+          model.equals("orderly"));
     }
-  }
-
-  /**
-   * An asynchronous send, counted in {@link #sends}; for an orderly group a synchronous one, as
-   * ordered messages are sent: two sends in flight could be stored in either order.
-   */
-  private void send(DefaultMQProducer producer, Message message, MessageQueue queue)
-      throws Exception {
-    if (model.equals("orderly")) {
-      producer.send(message, queue);
-      return;
-    }
-    sends.sending();
-    producer.send(message, queue, sends);
   }
 
   private void writeDeadLetters(String namesrvAddr) throws Exception {

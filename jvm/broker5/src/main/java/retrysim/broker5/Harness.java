@@ -383,14 +383,11 @@ public final class Harness {
       String[] cells = line.split(",");
       Listener.sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
       Message message = new Message(topic, "", cells[0], new byte[] {1});
-      MessageQueue queue = new MessageQueue(topic, BROKER, Integer.parseInt(cells[1]));
-      if (fifo) { // synchronously, as ordered messages are sent: two in flight may swap
+      if (fifo) {
         MessageAccessor.putProperty(message, MessageConst.PROPERTY_SHARDING_KEY, cells[1]);
-        producer.send(message, queue);
-      } else {
-        sends.sending();
-        producer.send(message, queue, sends);
       }
+      sends.send(producer, message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])),
+          fifo);
     }
   }
 

@@ -2,22 +2,34 @@ package retrysim.harness;
 
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicReference;
+import org.apache.rocketmq.client.producer.DefaultMQProducer;
 import org.apache.rocketmq.client.producer.SendCallback;
 import org.apache.rocketmq.client.producer.SendResult;
+import org.apache.rocketmq.common.message.Message;
+import org.apache.rocketmq.common.message.MessageQueue;
 
 /**
  * The producer's asynchronous sends, each its callback: a message leaves at its born time
  * without waiting for the previous one's answer (a synchronous send, a round trip each, fell
  * 0.5 s behind 2,000 messages a second on two cores), and the run fails if one of them did.
- * Both majors' clients have this interface, and each harness compiles this against its own.
+ * Both majors' clients have these classes, and each harness compiles this against its own.
  */
 public final class Sends implements SendCallback {
   private final AtomicInteger out = new AtomicInteger();
   private final AtomicReference<Throwable> failed = new AtomicReference<>();
 
-  /** One more send on its way: call before {@code producer.send(message, queue, this)}. */
-  public void sending() {
+  /**
+   * {@code message} to {@code queue}: asynchronously, or synchronously when {@code ordered}, as
+   * ordered messages are sent, since two sends in flight may be stored in either order.
+   */
+  public void send(DefaultMQProducer producer, Message message, MessageQueue queue,
+      boolean ordered) throws Exception {
+    if (ordered) {
+      producer.send(message, queue);
+      return;
+    }
     out.incrementAndGet();
+    producer.send(message, queue, this);
   }
 
   @Override
