@@ -193,6 +193,7 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
         f"consumer={_consumer(policy)}", f"invisible_duration_ms={group.invisible_duration}",
         f"model={_model(policy)}", f"suspend_ms={group.suspend_current_queue_time}",
         f"await_ms={AWAIT_MS}", f"pull_threshold_for_queue={group.pull_threshold_for_queue}",
+        f"max_cache_message_count={group.max_cache_message_count}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
         f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",
     ])  # fmt: skip

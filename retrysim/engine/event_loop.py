@@ -53,6 +53,7 @@ from retrysim.engine.event_rules import (
     K_ACK_INDEX,
     K_HORIZON,
     K_INSTANCES,
+    K_POP_CACHE,
     K_PULL_THRESHOLD,
     K_QUEUES,
     K_REPLAY_AT,
@@ -94,7 +95,9 @@ from retrysim.engine.event_rules import (
     _settled_step,
     lanes,
 )
+from retrysim.model.xxh64 import uniform
 from retrysim.numba_cache import cache_by_source
+from retrysim.scenario.limits import CACHE_FULL_BACKOFF_MS, POP_BATCH, POP_FROM_RETRY_PROBABILITY
 
 cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 
@@ -332,12 +335,121 @@ def _replay(k, d, now, dead, dead_count, slots, spare, spare_count, used, event_
     return events, spare_count, used
 
 
+# --------------------------------------------------------------------------- 5.x receives
+# An instance's state under a 5.x push client's cache (docs/model.md §5), one column per
+# instance: its next receive (NULL: a long poll waits for the next delivery), receives so far,
+# the moment and start of the cache's run of deliveries the long poll answered together, its
+# cache's FIFO ends, and the instances whose receives are due this turn.
+(_RECEIVE_AT, _RECEIVES, _POLL_AT, _POLL_SINCE, _CACHE_HEAD, _CACHE_TAIL, _DUE,
+ _POP_FIELDS) = range(8)  # fmt: skip
+
+
+@njit(cache=True, inline="always")
+def _entry_key(value, msg_ids, slots):
+    """(msg_id, delivery) as one key of a cache entry: a first delivery's position, or -1 -
+    the slot of any other delivery."""
+    if value >= 0:
+        return msg_ids[value] * _DELIVERIES + 1
+    return slots[S_MSG_ID, -1 - value] * _DELIVERIES + slots[S_DELIVERY, -1 - value]
+
+
+@njit(cache=True)
+def _cache_push(caches, pop, instance, value, now, polled, msg_ids, slots):
+    """Append the entry ``value`` (:func:`_entry_key`) to ``instance``'s cache: a receive's
+    entries in the order it took them; those a long poll answered at one moment among
+    themselves by (msg_id, delivery), the order they became eligible in."""
+    head, tail = pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance]
+    fifo, moved, tail = _fifo_push(caches[instance], head, tail, value)
+    caches[instance] = fifo
+    pop[_POLL_SINCE, instance] -= head - moved
+    pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance] = moved, tail
+    if not polled:
+        pop[_POLL_AT, instance] = NULL
+        return
+    if pop[_POLL_AT, instance] != now:
+        pop[_POLL_AT, instance], pop[_POLL_SINCE, instance] = now, tail - 1
+    key = _entry_key(value, msg_ids, slots)
+    j = tail - 1
+    while (
+        j > max(pop[_POLL_SINCE, instance], moved) and _entry_key(fifo[j - 1], msg_ids, slots) > key
+    ):
+        fifo[j] = fifo[j - 1]
+        j -= 1
+    fifo[j] = value
+
+
+@njit(cache=True)
+def _backoff(k, pop, instance, now, cached, event_keys, event_values, events):
+    """``instance``'s receive after it found its cache full: a second later
+    (``ProcessQueueImpl.receiveMessage``). Returns the event heap's size."""
+    if cached[instance] < k[K_POP_CACHE]:
+        return events
+    at = now + CACHE_FULL_BACKOFF_MS
+    pop[_RECEIVE_AT, instance] = at
+    _event_push(event_keys, event_values, events, 2 * at + _FREE_PHASE, -1 - instance)
+    return events + 1
+
+
+@njit(cache=True)
+def _receive(k, prefix, instance, now, cached, pop, caches, overflow, fifo_ends, order, taken,
+             arrived, eligible, msg_ids, slots, event_keys, event_values, events):  # fmt: skip
+    """``instance``'s receives at ``now`` (docs/model.md §5): while its cache has room, a pop
+    of up to the batch, from the retry topic first one time in five and else from the topic
+    first; a pop that finds fewer leaves a long poll waiting; a full cache receives again a
+    second later. What waits on the broker: its first deliveries in ``order[taken:arrived]``,
+    its retries in ``overflow[2 * instance]`` and its other deliveries of the topic (a replay)
+    in ``overflow[2 * instance + 1]``. Returns the event heap's size."""
+    threshold = k[K_POP_CACHE]
+    while cached[instance] < threshold:
+        want = min(threshold - cached[instance], POP_BATCH)
+        draw = uniform(prefix, instance, pop[_RECEIVES, instance])
+        pop[_RECEIVES, instance] += 1
+        retry_first = draw < POP_FROM_RETRY_PROBABILITY
+        got = 0
+        for source in range(2):
+            retries = 2 * instance
+            topic = retries + 1
+            from_retry = (source == 0) == retry_first
+            while got < want:
+                if from_retry:
+                    if fifo_ends[0, retries] == fifo_ends[1, retries]:
+                        break
+                    value = -1 - overflow[retries][fifo_ends[0, retries]]
+                    fifo_ends[0, retries] += 1
+                else:  # the topic: its first deliveries and a replay's, in eligible order
+                    position = order[taken[instance]] if taken[instance] < arrived[instance] else -1
+                    slot = overflow[topic][fifo_ends[0, topic]] if (
+                        fifo_ends[0, topic] < fifo_ends[1, topic]) else -1  # fmt: skip
+                    if position < 0 and slot < 0:
+                        break
+                    first = position >= 0 and slot < 0
+                    if position >= 0 and slot >= 0:
+                        at, other = eligible[position], slots[S_ELIGIBLE, slot]
+                        first = at < other or (
+                            at == other and msg_ids[position] < slots[S_MSG_ID, slot]
+                        )  # fmt: skip
+                    if first:
+                        value = position
+                        taken[instance] += 1
+                    else:
+                        value = -1 - slot
+                        fifo_ends[0, topic] += 1
+                _cache_push(caches, pop, instance, value, now, False, msg_ids, slots)
+                cached[instance] += 1
+                got += 1
+        if got < want:  # the broker had no more: a long poll waits
+            pop[_RECEIVE_AT, instance] = NULL
+            return events
+    return _backoff(k, pop, instance, now, cached, event_keys, event_values, events)
+
+
 @njit(cache=True)
 def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_levels,
            resend_intervals, msg_ids, queue_ids, born, poisoned, count, member, eligible,
            first_instance, order, taken, arrived, free, busy, touched, touched_list, heaps,
            sizes, slots, spare, event_keys, event_values, out, state, dead, cached, overflow,
-           fifo_ends, lane_pos, lane_wait, lane_next, entered, ring, entry, held):  # fmt: skip
+           fifo_ends, lane_pos, lane_wait, lane_next, entered, ring, entry, held, pop,
+           caches):  # fmt: skip
     """:func:`_run`'s turns, until a chunk is full, every so many turns, the end, or a turn
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
@@ -362,17 +474,24 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     FIFO of ``overflow`` (``fifo_ends``), and enters the heap. ``entry`` holds a first
     delivery's moment of entry (NULL: at its eligible moment, -1: still waiting). ``held``
     (as long as the event heap) takes the deliveries eligible at one moment, so that where
-    a queue has room for only some of them, the lowest (msg_id, delivery) take it."""
+    a queue has room for only some of them, the lowest (msg_id, delivery) take it.
+
+    With a 5.x cache (``K_POP_CACHE``), ``cached`` counts each instance's deliveries
+    received and not yet done, ``caches`` holds each one's FIFO of them in the order they
+    start, and ``pop`` its receives (:data:`_RECEIVE_AT` ...); a delivery eligible while its
+    instance's long poll waits enters at once, else it waits on the broker (:func:`_receive`).
+    A receive due is an event of the free phase whose value is -1 - the instance."""
     n = NULL
     k = to_fixed_tuple(k_array, K_SIZE)
     d = to_fixed_tuple(d_array, D_SIZE)
-    prefixes = to_fixed_tuple(prefix_array, 5)
+    prefixes = to_fixed_tuple(prefix_array, 6)
     horizon = k[K_HORIZON]
     threads = k[K_THREADS]
     ack_index = k[K_ACK_INDEX]
     acked_later = ack_index != n and ack_index < 0  # a success is retried (docs/model.md §7)
     threshold = k[K_PULL_THRESHOLD]
     capped = threshold != n
+    popped = k[K_POP_CACHE] != n
     base = _base_conditions(d)
     loaded = d[D_CAPACITY] > 0
     per_group = d[D_PER_GROUP] > 0
@@ -413,17 +532,26 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             most = events - (busy[everyone] if loaded else 0) + p - next_arrival
         if replaying:  # each dead letter a slot and an event, and started this turn
             most += 2 * dead_count
+        if popped:  # each instance's receive an event
+            most += k[K_INSTANCES]
         if (rows + most > out.shape[1] or events + 2 * most > len(event_keys)
                 or spare_count + slots.shape[1] - used < most):  # fmt: skip
             status = _ROOM
             state[_MOST] = most
             break
         conditions = base if windows.shape[0] == 0 else _conditions(windows, d, now)
+        due = 0
         while events > 0 and event_keys[0] == 2 * now + _FREE_PHASE:
             value = _event_pop(event_keys, event_values, events)
             events -= 1
+            if value < 0:  # a receive, after the threads freed now
+                pop[_DUE, due] = -1 - value
+                due += 1
+                continue
             instance, lane = value % everyone, value // everyone - 1
-            if lane >= 0:  # its process queue has room: the next delivery waiting enters
+            if lane >= 0 and popped:  # it leaves its instance's cache
+                cached[lane] -= 1
+            elif lane >= 0:  # its process queue has room: the next delivery waiting enters
                 cached[lane] -= 1
                 pulled = _PULL_BATCH  # a pull takes up to 32, while the queue caches <= T
                 while cached[lane] <= threshold or pulled < _PULL_BATCH:
@@ -487,6 +615,11 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     lane_wait[lane] = lane_next[lane]
                 else:  # its queue's cache is full: it waits on the broker
                     entry[position] = -1
+            if popped and pop[_RECEIVE_AT, instance] == n:  # the long poll answers it
+                taken[instance] += 1
+                _cache_push(caches, pop, instance, position, now, True, msg_ids, slots)
+                cached[instance] += 1
+                events = _backoff(k, pop, instance, now, cached, event_keys, event_values, events)
             if not touched[instance]:
                 touched[instance] = True
                 touched_list[touched_count] = instance
@@ -497,7 +630,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 held[eligible_now] = _event_pop(event_keys, event_values, events)
                 events -= 1
                 eligible_now += 1
-            if capped and eligible_now > 1:  # who takes a queue's last room: by message
+            if (capped or popped) and eligible_now > 1:  # who takes the last room: by message
                 ids = (
                     slots[S_MSG_ID, held[:eligible_now]] * _DELIVERIES
                     + slots[S_DELIVERY, held[:eligible_now]]
@@ -507,6 +640,22 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 slot = held[e]
                 instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
                                      slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
+                if popped:  # the long poll answers it, or it waits on the broker
+                    if pop[_RECEIVE_AT, instance] == n:
+                        _cache_push(caches, pop, instance, -1 - slot, now, True, msg_ids, slots)
+                        cached[instance] += 1
+                        events = _backoff(k, pop, instance, now, cached, event_keys,
+                                          event_values, events)  # fmt: skip
+                    else:
+                        lane = 2 * instance + (slots[S_TOPIC, slot] == T_SOURCE)
+                        overflow[lane], fifo_ends[0, lane], fifo_ends[1, lane] = _fifo_push(
+                            overflow[lane], fifo_ends[0, lane], fifo_ends[1, lane], slot
+                        )
+                    if not touched[instance]:
+                        touched[instance] = True
+                        touched_list[touched_count] = instance
+                        touched_count += 1
+                    continue
                 # a local resubmit never left its process queue
                 if capped and slots[S_REASON, slot] != LOCAL_RETRY:
                     lane = _lane(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot])
@@ -533,6 +682,16 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             )  # fmt: skip
             dead_count, replay_at, replaying = 0, n, False
             state[_REPLAYED] = 1
+        for r in range(due):  # the receives due, after what became eligible now
+            instance = pop[_DUE, r]
+            events = _receive(
+                k, prefixes[5], instance, now, cached, pop, caches, overflow, fifo_ends, order,
+                taken, arrived, eligible, msg_ids, slots, event_keys, event_values, events,
+            )  # fmt: skip
+            if not touched[instance]:
+                touched[instance] = True
+                touched_list[touched_count] = instance
+                touched_count += 1
         # dispatch: each touched instance starts what waits while it has a free thread, in
         # (eligible_ms, msg_id, delivery) order over its queue of first deliveries and its
         # heap of retries; in instance order where they share a downstream (each call
@@ -543,45 +702,61 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             instance = touched_list[t]
             touched[instance] = False
             while free[instance] > 0:
-                # the first delivery due: the queue's head, or (capped) the FIFO's of those
-                # that waited on the broker; those that wait are skipped in the queue
-                position, at, late = -1, n, False
-                if capped:
-                    while (
-                        taken[instance] < arrived[instance] and entry[order[taken[instance]]] != n
-                    ):
-                        taken[instance] += 1
-                if taken[instance] < arrived[instance]:
-                    position = order[taken[instance]]
-                    at = eligible[position]
-                if capped and ring[_LENGTH, instance] > 0:
-                    other = entered[ring[_OFFSET, instance] + ring[_HEAD, instance]]
-                    if position < 0 or entry[other] < at or (
-                            entry[other] == at and msg_ids[other] < msg_ids[position]):  # fmt: skip
-                        position, at, late = other, entry[other], True
-                if position < 0 and sizes[instance] == 0:
-                    break
-                heap = heaps[instance]
-                queued = position >= 0
-                if queued and sizes[instance] > 0:
-                    top = heap[0]
-                    queued = at < slots[S_ELIGIBLE, top] or (
-                        at == slots[S_ELIGIBLE, top] and msg_ids[position] < slots[S_MSG_ID, top]
-                    )  # fmt: skip
-                if queued:
-                    if late:
-                        ring[_HEAD, instance] += 1
-                        ring[_LENGTH, instance] -= 1
-                        if ring[_HEAD, instance] == ring[_SIZE, instance]:
-                            ring[_HEAD, instance] = 0
+                if popped:  # the head of its cache
+                    head = pop[_CACHE_HEAD, instance]
+                    if head == pop[_CACHE_TAIL, instance]:
+                        break
+                    value = caches[instance][head]
+                    pop[_CACHE_HEAD, instance] = head + 1
+                    if value < 0:
+                        slot = -1 - value
                     else:
-                        taken[instance] += 1
-                    spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
-                    _first_delivery(slots, slot, position, msg_ids, queue_ids, born, at)
+                        spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+                        _first_delivery(slots, slot, value, msg_ids, queue_ids, born,
+                                        eligible[value])  # fmt: skip
                 else:
-                    slot = _wait_pop(heap, sizes[instance], slots[S_ELIGIBLE], slots[S_MSG_ID],
-                                     slots[S_DELIVERY])  # fmt: skip
-                    sizes[instance] -= 1
+                    # the first delivery due: the queue's head, or (capped) the FIFO's of those
+                    # that waited on the broker; those that wait are skipped in the queue
+                    position, at, late = -1, n, False
+                    if capped:
+                        while (
+                            taken[instance] < arrived[instance]
+                            and entry[order[taken[instance]]] != n
+                        ):
+                            taken[instance] += 1
+                    if taken[instance] < arrived[instance]:
+                        position = order[taken[instance]]
+                        at = eligible[position]
+                    if capped and ring[_LENGTH, instance] > 0:
+                        other = entered[ring[_OFFSET, instance] + ring[_HEAD, instance]]
+                        if position < 0 or entry[other] < at or (
+                            entry[other] == at and msg_ids[other] < msg_ids[position]
+                        ):  # fmt: skip
+                            position, at, late = other, entry[other], True
+                    if position < 0 and sizes[instance] == 0:
+                        break
+                    heap = heaps[instance]
+                    queued = position >= 0
+                    if queued and sizes[instance] > 0:
+                        top = heap[0]
+                        queued = at < slots[S_ELIGIBLE, top] or (
+                            at == slots[S_ELIGIBLE, top]
+                            and msg_ids[position] < slots[S_MSG_ID, top]
+                        )  # fmt: skip
+                    if queued:
+                        if late:
+                            ring[_HEAD, instance] += 1
+                            ring[_LENGTH, instance] -= 1
+                            if ring[_HEAD, instance] == ring[_SIZE, instance]:
+                                ring[_HEAD, instance] = 0
+                        else:
+                            taken[instance] += 1
+                        spare_count, used, slot = _take_slot(slots, spare, spare_count, used)
+                        _first_delivery(slots, slot, position, msg_ids, queue_ids, born, at)
+                    else:
+                        slot = _wait_pop(heap, sizes[instance], slots[S_ELIGIBLE], slots[S_MSG_ID],
+                                         slots[S_DELIVERY])  # fmt: skip
+                        sizes[instance] -= 1
                 index = slots[S_INDEX, slot]
                 msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
                 concurrency = (busy[everyone] if per_group else busy[instance]) + 1
@@ -612,6 +787,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     kept = failed and outcome != TIMEOUT and send_back == _SEND_BACK_FAILED
                     if capped and not kept:
                         lane = _lane(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot])
+                    elif popped:
+                        lane = instance
                     _event_push(
                         event_keys,
                         event_values,
@@ -743,6 +920,19 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     entered = np.empty(ring[_SIZE].sum(), np.int64)
     entry = np.full(count if capped else 0, n, np.int64)
     held = np.empty(len(event_keys), np.int64)
+    # a 5.x client's cache per instance, where it applies (_turns' docstring): each instance
+    # counts in ``cached``, and waits on the broker in two FIFOs of ``overflow``
+    popped = k[K_POP_CACHE] != n
+    pop = np.zeros((_POP_FIELDS, instances if popped else 0), np.int64)
+    pop[_RECEIVE_AT], pop[_POLL_AT] = n, n
+    caches = List()
+    for _ in range(instances if popped else 0):
+        caches.append(np.empty(16, np.int64))
+    if popped:
+        cached = np.zeros(instances, np.int64)
+        for _ in range(2 * instances):
+            overflow.append(np.empty(16, np.int64))
+        fifo_ends = np.zeros((2, 2 * instances), np.int64)
     # a message reaches the DLQ at most once before the replay, which is the only one
     dead = np.empty((4, len(msg_ids) if k[K_REPLAY_AT] != n else 0), np.int64)
     while True:
@@ -751,7 +941,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
             msg_ids, queue_ids, born, poisoned, count, member, eligible, first_instance, order,
             taken, arrived, free, busy, touched, touched_list, heaps, sizes, slots, spare,
             event_keys, event_values, out, state, dead, cached, overflow, fifo_ends, lane_pos,
-            lane_wait, lane_next, entered, ring, entry, held,
+            lane_wait, lane_next, entered, ring, entry, held, pop, caches,
         )  # fmt: skip
         if status == _DONE:
             break
@@ -784,6 +974,23 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
         for w in range(lane_wait[lane], lane_next[lane]):
             out, rows = _pending_first(out, rows, k, born, scratch, lane_pos[w], msg_ids,
                                        queue_ids, eligible)  # fmt: skip
+    for instance in range(instances if popped else 0):  # and those in a 5.x cache
+        fifo = caches[instance]
+        for w in range(pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance]):
+            if fifo[w] >= 0:
+                out, rows = _pending_first(out, rows, k, born, scratch, fifo[w], msg_ids,
+                                           queue_ids, eligible)  # fmt: skip
+                continue
+            if rows == out.shape[1]:
+                out = _wider(out)
+            _row(out, rows, k, born, slots, -1 - fifo[w], n, n, n, n, _PENDING, n)
+            rows += 1
+        for lane in range(2 * instance, 2 * instance + 2):  # and on the broker
+            for f in range(fifo_ends[0, lane], fifo_ends[1, lane]):
+                if rows == out.shape[1]:
+                    out = _wider(out)
+                _row(out, rows, k, born, slots, overflow[lane][f], n, n, n, n, _PENDING, n)
+                rows += 1
     for instance in range(instances if capped else 0):
         for w in range(ring[_LENGTH, instance]):
             at = (ring[_HEAD, instance] + w) % ring[_SIZE, instance]

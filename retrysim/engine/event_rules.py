@@ -64,7 +64,7 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
  K_ACK_INDEX, K_PULL, K_READY_WAIT, K_BALANCING, K_INSTANCES, K_THREADS, K_QUEUES, K_BROKERS,
  K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
  K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_NULL_DLQ, K_REVIVE_LAG,
- K_PULL_THRESHOLD, K_SIZE) = range(34)  # fmt: skip
+ K_PULL_THRESHOLD, K_POP_CACHE, K_SIZE) = range(35)  # fmt: skip
 # The listener's doubles: base probability, kind and send-back thresholds, base distribution.
 # A downstream that answers to load: its capacity (0: none), whether the group's instances
 # share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
@@ -390,12 +390,16 @@ def key_names(policy: Policy) -> list[str]:
             policy.topology.retry_topic]  # fmt: skip
 
 
+# The stream of a 5.x instance's receives: whether the broker's pop reads the retry topic
+# first, drawn over (instance, receive number) (docs/model.md §5).
+POP_STREAM = "pop_receive"
+
+
 def key_prefixes(seed: int, group: str) -> np.ndarray:
     """The hashed draws' key prefixes of a group's delivery streams (DELIVERY_STREAMS order),
-    as :func:`_listen` takes them."""
-    return np.array(
-        [rng.key_prefix(seed, group, s) for s in listener.DELIVERY_STREAMS], dtype=np.uint64
-    )
+    as :func:`_listen` takes them, then the receives' (:data:`POP_STREAM`)."""
+    streams = (*listener.DELIVERY_STREAMS, POP_STREAM)
+    return np.array([rng.key_prefix(seed, group, s) for s in streams], dtype=np.uint64)
 
 
 class Listener:
@@ -448,6 +452,8 @@ def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:
     # the client's cache per queue binds only where deliveries can wait for a thread
     capped = policy.pull_threshold is not None and topology.threads is not None
     k[K_PULL_THRESHOLD] = policy.pull_threshold if capped else NULL
+    popped = policy.pop_cache is not None and topology.threads is not None
+    k[K_POP_CACHE] = policy.pop_cache if popped else NULL
     k[K_DLQ_ENABLED] = policy.dlq_enabled
     k[K_HAS_LEVELS] = policy.levels is not None
     k[K_HAS_RESEND] = policy.resend_levels is not None

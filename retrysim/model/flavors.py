@@ -39,6 +39,7 @@ class Group(Protocol):
     suspend_current_queue_time: int
     invisible_duration: int
     pull_threshold_for_queue: int
+    max_cache_message_count: int
     retry_policy: Any  # the scenario's RetryPolicy, or None
     behavior: _Behavior
 
@@ -57,6 +58,7 @@ FLAVOR_KEYS = (
     "ack_index",
     "pull_interval",
     "pull_threshold_for_queue",
+    "max_cache_message_count",
     "suspend_current_queue_time",
     "invisible_duration",
     "ordered",
@@ -150,6 +152,7 @@ def policy_fields(**overrides: object) -> dict[str, object]:
         "receive_invisible_ms": None,
         "revive_lag_ms": 0,
         "pull_threshold": None,
+        "pop_cache": None,
     }
     base.update(overrides)
     return base
@@ -276,6 +279,7 @@ def _push(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
         timeout_ms=group.consume_timeout or defaults["timeout_ms"],
         receive_invisible_ms=defaults["receive_invisible_ms"],
         revive_lag_ms=_revive_lag(group),
+        pop_cache=group.max_cache_message_count,
     )
 
 
@@ -401,7 +405,7 @@ CATALOGUE: tuple[Flavor, ...] = (
     Flavor(
         "rocketmq5.push",
         _push,
-        reads=_PUSH_READS,
+        reads=_PUSH_READS | {"max_cache_message_count"},
         policy_kinds=("exponential", "customized", "grpc_client"),
         ordered=Flavor(
             "rocketmq5.push",
@@ -427,7 +431,7 @@ CATALOGUE: tuple[Flavor, ...] = (
     Flavor(
         "exponential",
         _push,
-        reads=frozenset({"consume_timeout", "deployment"}),
+        reads=frozenset({"consume_timeout", "deployment", "max_cache_message_count"}),
         policy_kinds=("exponential",),
         default_policy_kind="exponential",
         **_5X,
@@ -435,7 +439,7 @@ CATALOGUE: tuple[Flavor, ...] = (
     Flavor(
         "customized",
         _push,
-        reads=frozenset({"consume_timeout", "deployment"}),
+        reads=frozenset({"consume_timeout", "deployment", "max_cache_message_count"}),
         policy_kinds=("customized",),
         default_policy_kind="customized",
         **_5X,

@@ -110,6 +110,10 @@ class Policy:
     revive_lag_ms: int
     # a 4.x push client's pullThresholdForQueue: the most deliveries of a queue it caches
     pull_threshold: int | None
+    # a 5.x push client's maxCacheMessageCount over its one assignment (an unordered
+    # group's): the most deliveries an instance caches, received from the topic and its
+    # retry topic together
+    pop_cache: int | None
     batch_size: int
     ack_index: int | None
     pull_interval_ms: int
@@ -136,10 +140,10 @@ class Policy:
         saturation): ordered queues and batches are decided by dispatch order, and so is a
         pool whose threads could fill a queue's cache (the pull threshold) before the pool."""
         threads = self.topology.threads
-        small_cache = (
-            self.pull_threshold is not None
-            and threads is not None
-            and self.pull_threshold < threads
+        small_cache = threads is not None and (
+            (self.pull_threshold is not None and self.pull_threshold < threads)
+            # a full 5.x cache holds its next receive back a second, even with threads free
+            or (self.pop_cache is not None and self.pop_cache <= threads)
         )
         return self.blocking or self.batch_size > 1 or small_cache
 

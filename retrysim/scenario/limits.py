@@ -42,6 +42,17 @@ DEFAULT_RETRY_QUEUE_NUMS, MAX_RETRY_QUEUE_NUMS = 1, 1_024
 # caches at most this many of its messages, pullBatchSize (32) a pull (checkConfig's range
 # 1 .. 65535).
 DEFAULT_PULL_THRESHOLD_FOR_QUEUE, MAX_PULL_THRESHOLD_FOR_QUEUE = 1_000, 65_535
+# PushConsumerBuilderImpl.maxCacheMessageCount (rocketmq-clients java-5.2.0 line 41): a 5.x
+# push client receives only while it caches fewer than this many messages over its
+# assignments (an unordered group's one assignment: the topic); the proxy's receive batch,
+# ProxyConfig.grpcClientConsumerLongPollingBatchSize (5.3.3 line 138); the broker's share of
+# pops that read the retry topic first, BrokerConfig.popFromRetryProbability (5.3.3 line 240);
+# and the client's pause before it receives again into a full cache
+# (ProcessQueueImpl.RECEIVING_BACKOFF_DELAY_WHEN_CACHE_IS_FULL, line 87).
+DEFAULT_MAX_CACHE_MESSAGE_COUNT, MAX_MAX_CACHE_MESSAGE_COUNT = 1_024, 65_535
+POP_BATCH = 32
+POP_FROM_RETRY_PROBABILITY = 0.2
+CACHE_FULL_BACKOFF_MS = 1_000
 
 # ApsaraMQ 5.x (the consumption-retry document, docs/flavors.md): push-consumer retry intervals for
 # unordered messages, 2 h after the 16th; default 16 and at most 1000 retries; the push

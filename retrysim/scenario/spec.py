@@ -501,6 +501,9 @@ class Group(_Model):
     pull_threshold_for_queue: Annotated[
         StrictInt, in_range(1, limits.MAX_PULL_THRESHOLD_FOR_QUEUE)
     ] = limits.DEFAULT_PULL_THRESHOLD_FOR_QUEUE
+    max_cache_message_count: Annotated[
+        StrictInt, in_range(1, limits.MAX_MAX_CACHE_MESSAGE_COUNT)
+    ] = limits.DEFAULT_MAX_CACHE_MESSAGE_COUNT
     brokers: Annotated[StrictInt, in_range(1, limits.MAX_BROKERS)] = limits.DEFAULT_BROKERS
     retry_queue_nums: Annotated[StrictInt, in_range(1, limits.MAX_RETRY_QUEUE_NUMS)] = (
         limits.DEFAULT_RETRY_QUEUE_NUMS

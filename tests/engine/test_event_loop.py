@@ -142,6 +142,43 @@ def test_a_small_cache_per_queue_gives_the_references_rows():
     assert (firsts["start_ms_small"] > firsts["start_ms_big"]).any()
 
 
+SATURATED_5X = {
+    "name": "full-pool-5x", "seed": 5, "horizon": "80s",
+    "groups": [{
+        "name": "busy", "flavor": "rocketmq5.push", "max_reconsume_times": 2,
+        "retry_policy": {"kind": "customized", "intervals": ["5s", "10s", "20s"]},
+        "consumers": {"instances": 2, "threads": 3},
+        "workload": {"messages": 9000, "over": "1m", "queues": 4},
+        "behavior": {"fail_probability": 0.2, "poison_fraction": 0.01,
+                     "processing_time": {"dist": "lognormal", "mean": "50ms", "p99": "400ms"}},
+        "replay": {"at": "62s", "rate": 40},
+    }],
+}  # fmt: skip
+
+
+def with_5x_cache(count: int) -> dict:
+    group = {**SATURATED_5X["groups"][0], "max_cache_message_count": count}
+    return {**SATURATED_5X, "groups": [group]}
+
+
+def test_a_5x_cache_gives_the_references_rows():
+    """A 5.x push client caching 100 messages an instance, under a backlog: it receives 32 at
+    a time while it has room, one pop in five reading the retry topic first, and a second
+    after it finds the cache full. So a retry waits behind a cache and a receive, not the
+    backlog; and a cache of 20 starves instances that consume 60 a second, each waiting a
+    second for its next receive."""
+    small = loop_rows_are_the_references(with_5x_cache(100))
+    big = loop_rows_are_the_references(with_5x_cache(65_535))
+    both = small.merge(big, on=["msg_id", "delivery"], suffixes=("_small", "_big"))
+    started = both.dropna(subset=["start_ms_small", "start_ms_big"])
+    retries = started[started["delivery"] > 1]
+    assert (retries["start_ms_small"] < retries["start_ms_big"]).mean() > 0.5
+    assert (small["result_state"] == "Ready").any()  # waiting on the broker at the horizon
+    assert (small["ready_reason"] == "replayed").any()
+    starved = loop_rows_are_the_references(with_5x_cache(20))
+    assert starved["start_ms"].count() < 0.8 * big["start_ms"].count()
+
+
 def test_an_unlimited_pool_gives_the_references_rows():
     rows = loop_rows_are_the_references(with_group(consumers="unlimited"))
     waited = rows["start_ms"] - rows["ready_ms"]

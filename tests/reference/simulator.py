@@ -278,6 +278,8 @@ class _Group:
     revive_lag: int
     # a 4.x push client's pullThresholdForQueue (None: no such cache)
     pull_threshold: int | None
+    # a 5.x push client's maxCacheMessageCount over its one assignment (None: no such cache)
+    pop_cache: int | None
     periodic: bool
     dlq_enabled: bool
     # 4.x concurrently
@@ -507,6 +509,11 @@ def _group_config(scenario: dict, g: dict) -> _Group:
             if kind in ("concurrently", "broadcasting")
             else None
         ),
+        pop_cache=(
+            int(g.get("max_cache_message_count", 1024))
+            if flavor in ("rocketmq5.push", "exponential", "customized") and not blocking
+            else None
+        ),
         periodic=periodic,
         dlq_enabled=bool(g.get("dlq_enabled", True)),
         levels=levels,
@@ -648,6 +655,22 @@ class _Delivery:
 
 
 @dataclass(eq=False)
+class _Pop:
+    """A 5.x push consumer instance: its cache and its receives, and what waits for them on
+    the broker."""
+
+    cached: int = 0
+    cache: list = field(default_factory=list)  # in the order they start, from ``head``
+    head: int = 0
+    receive_at: int | None = None  # None: a long poll waits
+    receives: int = 0
+    poll_at: int | None = None  # the moment of the long poll's entries at the cache's end
+    poll_since: int = 0
+    topic: list = field(default_factory=list)  # heap of (eligible, msg_id, d, dv)
+    retries: deque = field(default_factory=deque)
+
+
+@dataclass(eq=False)
 class _Lane:
     pending: list = field(default_factory=list)  # heap of (ready_ms, msg_id, counter, dv)
     head: _Msg | None = None
@@ -687,6 +710,10 @@ class _GroupSim:
         )  # fmt: skip
         self.cached: dict[tuple[str, int], int] = {}
         self.held: dict[tuple[str, int], deque] = {}
+        # the 5.x push client's cache per instance (rocketmq-clients ProcessQueueImpl)
+        self.popped = cfg.pop_cache is not None and cfg.threads != INF
+        self.pops = [_Pop() for _ in range(cfg.instances)]
+        self.receives_due: list[int] = []
         self.lanes: dict[tuple[str, int], _Lane] = {}
         self.touched: set[tuple[str, int]] = set()
         self.deliveries: list[_Delivery] = []
@@ -764,14 +791,22 @@ class _GroupSim:
                                          dv.msg.msg_id, dv.d))  # fmt: skip
                 for dv in now:
                     self.make_waiting(t, dv)
+                due, self.receives_due = self.receives_due, []
+                for instance in due:
+                    self.receive(t, instance)
                 self.dispatch(t)
 
     # -- phase 0
+    def on_receive(self, t: int, instance: int) -> None:
+        self.receives_due.append(instance)  # after what becomes eligible at t
+
     def on_free(self, t: int, obj: tuple[int, list[_Delivery]]) -> None:
         instance, members = obj
         self.free[instance] += 1
         self.calls[instance] -= 1
         dv = members[0]
+        if self.popped:  # erased from the cache once acked or nacked
+            self.pops[instance].cached -= 1
         # the client removes a consumed message from its process queue, but keeps one whose
         # send-back failed (submitConsumeRequestLater)
         if self.capped and not (dv.ends and dv.ends[-1][6] == "send_back_failed"):
@@ -1022,9 +1057,75 @@ class _GroupSim:
                 self.push(eligible, 1, "eligible", dv)
         self.touched.clear()
 
+    # -- the 5.x push client's cache and the broker's pop
+    def cache(self, t: int, instance: int, dv: _Delivery, polled: bool) -> None:
+        """Into the instance's cache, in the order the consume service gets them: a receive's
+        in the order the pop read them, those one long poll answers at t by message."""
+        pop = self.pops[instance]
+        pop.cached += 1
+        if not polled:
+            pop.cache.append(dv)
+            pop.poll_at = None
+            return
+        if pop.poll_at != t:
+            pop.poll_at, pop.poll_since = t, len(pop.cache)
+        j = len(pop.cache)
+        pop.cache.append(dv)
+        key = (dv.msg.msg_id, dv.d)
+        while j > max(pop.poll_since, pop.head):
+            before = pop.cache[j - 1]
+            if (before.msg.msg_id, before.d) <= key:
+                break
+            pop.cache[j], pop.cache[j - 1] = before, dv
+            j -= 1
+        self.back_off(t, instance)
+
+    def back_off(self, t: int, instance: int) -> None:
+        """ProcessQueueImpl.receiveMessage: a full cache receives again a second later."""
+        pop = self.pops[instance]
+        if pop.cached >= self.cfg.pop_cache:
+            pop.receive_at = t + 1000
+            self.push(t + 1000, 0, "receive", instance)
+
+    def receive(self, t: int, instance: int) -> None:
+        """Pops of up to 32 (the proxy's batch) while the cache has room; each reads the retry
+        topic first when the broker draws below popFromRetryProbability (20 of 100), else the
+        topic first and the retry topic for the rest (PopMessageProcessor). One that finds
+        fewer than it asked for leaves a long poll waiting."""
+        pop, room = self.pops[instance], self.cfg.pop_cache
+        while pop.cached < room:
+            want = min(room - pop.cached, 32)
+            ids = np.array([instance], dtype=np.int64)
+            u = float(uniform_np(self.cfg.seed, self.cfg.name, "pop_receive", ids, pop.receives)[0])
+            pop.receives += 1
+            got = 0
+            for from_retry in (True, False) if u < 0.2 else (False, True):
+                while got < want:
+                    if from_retry and pop.retries:
+                        dv = pop.retries.popleft()
+                    elif not from_retry and pop.topic:
+                        dv = heapq.heappop(pop.topic)[3]
+                    else:
+                        break
+                    self.cache(t, instance, dv, polled=False)
+                    got += 1
+            if got < want:
+                pop.receive_at = None
+                return
+        self.back_off(t, instance)
+
     # -- phase 1 and dispatch
     def make_waiting(self, t: int, dv: _Delivery) -> None:
         dv.instance = self.instance_of(dv)
+        if self.popped:
+            pop = self.pops[dv.instance]
+            if pop.receive_at is None:  # a long poll answers it
+                self.cache(t, dv.instance, dv, polled=True)
+            elif dv.topic == self.cfg.topic:
+                heapq.heappush(pop.topic, (t, dv.msg.msg_id, dv.d, dv))
+            else:
+                pop.retries.append(dv)
+            return
         # a 4.x push client pulls a queue only while it caches no more than its threshold: the
         # rest waits on the broker, and enters in queue order as cached ones are consumed
         if self.capped and dv.reason != "local_retry":
@@ -1043,6 +1144,12 @@ class _GroupSim:
 
     def dispatch_on(self, t: int, instance: int) -> None:
         cfg = self.cfg
+        if self.popped:
+            pop = self.pops[instance]
+            while pop.head < len(pop.cache) and self.free[instance] > 0:
+                pop.head += 1
+                self.start(t, [pop.cache[pop.head - 1]])
+            return
         waiting = self.waiting[instance]
         while waiting and self.free[instance] > 0:
             dv = heapq.heappop(waiting)[3]

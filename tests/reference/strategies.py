@@ -123,6 +123,9 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
         g["consume_timeout"] = draw(st.sampled_from(["15m", "1s", "10s"]))
         # a cache of a few messages per queue: the pull threshold binds in small scenarios
         g["pull_threshold_for_queue"] = draw(st.sampled_from([1_000, 2, 5]))
+    if flavor in ("rocketmq5.push", "exponential", "customized"):
+        # a cache of a few messages per instance: receives and their backoff bind
+        g["max_cache_message_count"] = draw(st.sampled_from([1_024, 2, 5]))
     if flavor == "rocketmq5.simple":
         g["invisible_duration"] = draw(st.sampled_from(["10s", "30s"]))
     if flavor == "sqs":

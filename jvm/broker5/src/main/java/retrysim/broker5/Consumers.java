@@ -64,6 +64,7 @@ public final class Consumers implements BooleanSupplier, AutoCloseable {
             .setConsumerGroup(settings.get("group"))
             .setSubscriptionExpressions(subscription)
             .setConsumptionThreadCount(threadCount)
+            .setMaxCacheMessageCount(integer("max_cache_message_count"))
             .setMessageListener(view -> consume(view, instance))
             .build());
       }

@@ -272,10 +272,10 @@ public final class Harness {
   }
 
   /**
-   * A round trip on a topic and group of their own before the scenario's consumers start, so
-   * that its first messages do not pay for the class loading and compilation of the first
-   * send, pop and ack in the three JVMs: the figures are the steady ones. Its puts happen
-   * before production, so none is counted.
+   * 2,000 messages, two a millisecond, through a topic and group of their own before the
+   * scenario's consumers start, so that its first messages do not pay for the class loading
+   * and compilation of the send, pop and ack paths in the three JVMs: the figures are the
+   * steady ones. Its puts happen before production, so none is counted.
    */
   private void warmUp(DefaultMQAdminExt admin, String brokerAddr, DefaultMQProducer producer,
       int queues) throws Exception {
@@ -283,19 +283,21 @@ public final class Harness {
     SubscriptionGroupConfig config = new SubscriptionGroupConfig();
     config.setGroupName(WARM_UP);
     createGroup(admin, brokerAddr, config, WARM_UP, queues);
-    int rounds = 5 * queues;
+    int rounds = 2_000; // C1 compiles a method after 200 calls, C2 after 5,000 (a batch of 32)
     CountDownLatch consumed = new CountDownLatch(rounds);
     AutoCloseable consumer = startConsumers(settings(Map.of("topic", WARM_UP, "group", WARM_UP,
-        "consumer", "push", "instances", "1", "threads", "1", "await_ms", "1000")),
+        "consumer", "push", "instances", "1", "await_ms", "1000")),
         delivered -> {
           consumed.countDown();
           return "CONSUME_SUCCESS";
         });
     awaitReady(consumer, "the warm-up consumer was not ready in 60 s");
     for (int i = 0; i < rounds; i++) {
-      producer.send(new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
-          new MessageQueue(WARM_UP, BROKER, i % queues));
-      Listener.sleep(10);
+      sends.send(producer, new Message(WARM_UP, "", String.valueOf(i), new byte[] {1}),
+          new MessageQueue(WARM_UP, BROKER, i % queues), false);
+      if (i % 2 == 1) {
+        Listener.sleep(1); // two a millisecond, as a scenario's burst sends
+      }
     }
     check(consumed.await(60, TimeUnit.SECONDS),
         "the warm-up messages were not consumed in 60 s");
