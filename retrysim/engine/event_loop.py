@@ -54,6 +54,7 @@ from retrysim.engine.event_rules import (
     K_HORIZON,
     K_INSTANCES,
     K_POP_CACHE,
+    K_POP_THREADS,
     K_PULL_THRESHOLD,
     K_QUEUES,
     K_REPLAY_AT,
@@ -342,6 +343,9 @@ def _replay(k, d, now, dead, dead_count, slots, spare, spare_count, used, event_
 # cache's FIFO ends, and the instances whose receives are due this turn.
 (_RECEIVE_AT, _RECEIVES, _POLL_AT, _POLL_SINCE, _CACHE_HEAD, _CACHE_TAIL, _DUE,
  _POP_FIELDS) = range(8)  # fmt: skip
+# _RECEIVE_AT of a simple consumer whose threads are all busy: its next receive is when one
+# frees; and of one whose receive is due this turn
+_ON_FREE, _DUE_NOW = -1, -2
 
 
 @njit(cache=True, inline="always")
@@ -381,8 +385,12 @@ def _cache_push(caches, pop, instance, value, now, polled, msg_ids, slots):
 @njit(cache=True)
 def _backoff(k, pop, instance, now, cached, event_keys, event_values, events):
     """``instance``'s receive after it found its cache full: a second later
-    (``ProcessQueueImpl.receiveMessage``). Returns the event heap's size."""
+    (``ProcessQueueImpl.receiveMessage``), or a simple consumer's when a thread frees.
+    Returns the event heap's size."""
     if cached[instance] < k[K_POP_CACHE]:
+        return events
+    if k[K_POP_THREADS] == 1:
+        pop[_RECEIVE_AT, instance] = _ON_FREE
         return events
     at = now + CACHE_FULL_BACKOFF_MS
     pop[_RECEIVE_AT, instance] = at
@@ -394,14 +402,15 @@ def _backoff(k, pop, instance, now, cached, event_keys, event_values, events):
 def _receive(k, prefix, instance, now, cached, pop, caches, overflow, fifo_ends, order, taken,
              arrived, eligible, msg_ids, slots, event_keys, event_values, events):  # fmt: skip
     """``instance``'s receives at ``now`` (docs/model.md §5): while its cache has room, a pop
-    of up to the batch, from the retry topic first one time in five and else from the topic
+    of up to the batch (a simple consumer's thread: one), from the retry topic first one time in five and else from the topic
     first; a pop that finds fewer leaves a long poll waiting; a full cache receives again a
     second later. What waits on the broker: its first deliveries in ``order[taken:arrived]``,
     its retries in ``overflow[2 * instance]`` and its other deliveries of the topic (a replay)
     in ``overflow[2 * instance + 1]``. Returns the event heap's size."""
     threshold = k[K_POP_CACHE]
+    batch = 1 if k[K_POP_THREADS] == 1 else POP_BATCH
     while cached[instance] < threshold:
-        want = min(threshold - cached[instance], POP_BATCH)
+        want = min(threshold - cached[instance], batch)
         draw = uniform(prefix, instance, pop[_RECEIVES, instance])
         pop[_RECEIVES, instance] += 1
         retry_first = draw < POP_FROM_RETRY_PROBABILITY
@@ -551,6 +560,10 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             instance, lane = value % everyone, value // everyone - 1
             if lane >= 0 and popped:  # it leaves its instance's cache
                 cached[lane] -= 1
+                if pop[_RECEIVE_AT, lane] == _ON_FREE:  # a simple consumer's thread receives
+                    pop[_RECEIVE_AT, lane] = _DUE_NOW
+                    pop[_DUE, due] = lane
+                    due += 1
             elif lane >= 0:  # its process queue has room: the next delivery waiting enters
                 cached[lane] -= 1
                 pulled = _PULL_BATCH  # a pull takes up to 32, while the queue caches <= T

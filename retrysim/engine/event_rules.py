@@ -64,7 +64,7 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
  K_ACK_INDEX, K_PULL, K_READY_WAIT, K_BALANCING, K_INSTANCES, K_THREADS, K_QUEUES, K_BROKERS,
  K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
  K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_NULL_DLQ, K_REVIVE_LAG,
- K_PULL_THRESHOLD, K_POP_CACHE, K_SIZE) = range(35)  # fmt: skip
+ K_PULL_THRESHOLD, K_POP_CACHE, K_POP_THREADS, K_SIZE) = range(36)  # fmt: skip
 # The listener's doubles: base probability, kind and send-back thresholds, base distribution.
 # A downstream that answers to load: its capacity (0: none), whether the group's instances
 # share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
@@ -452,8 +452,15 @@ def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:
     # the client's cache per queue binds only where deliveries can wait for a thread
     capped = policy.pull_threshold is not None and topology.threads is not None
     k[K_PULL_THRESHOLD] = policy.pull_threshold if capped else NULL
-    popped = policy.pop_cache is not None and topology.threads is not None
-    k[K_POP_CACHE] = policy.pop_cache if popped else NULL
+    # a 5.x client's receives: a push instance's into its cache; a simple consumer's one a
+    # thread, so its cache is its threads
+    finite = topology.threads is not None
+    k[K_POP_THREADS] = policy.pops_per_thread
+    k[K_POP_CACHE] = NULL
+    if finite and policy.pops_per_thread:
+        k[K_POP_CACHE] = topology.threads
+    elif finite and policy.pop_cache is not None:
+        k[K_POP_CACHE] = policy.pop_cache
     k[K_DLQ_ENABLED] = policy.dlq_enabled
     k[K_HAS_LEVELS] = policy.levels is not None
     k[K_HAS_RESEND] = policy.resend_levels is not None

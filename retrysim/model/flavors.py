@@ -153,6 +153,7 @@ def policy_fields(**overrides: object) -> dict[str, object]:
         "revive_lag_ms": 0,
         "pull_threshold": None,
         "pop_cache": None,
+        "pops_per_thread": False,
     }
     base.update(overrides)
     return base
@@ -310,6 +311,7 @@ def _simple(group: Group, _table: tuple[int, ...]) -> dict[str, object]:
         from_start=True,
         leave_after_backoff=False,
         invisible_until_retry=True,
+        pops_per_thread=True,
         timeout_ms=group.invisible_duration,
         revive_lag_ms=_revive_lag(group),
     )

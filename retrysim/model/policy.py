@@ -114,6 +114,8 @@ class Policy:
     # group's): the most deliveries an instance caches, received from the topic and its
     # retry topic together
     pop_cache: int | None
+    # a 5.x simple consumer: each thread receives one message, by a pop, when it is free
+    pops_per_thread: bool
     batch_size: int
     ack_index: int | None
     pull_interval_ms: int

@@ -179,6 +179,24 @@ def test_a_5x_cache_gives_the_references_rows():
     assert starved["start_ms"].count() < 0.8 * big["start_ms"].count()
 
 
+def test_a_5x_simple_consumer_pops_a_retry_ahead_of_the_backlog():
+    """A 5.x simple consumer under a backlog: each thread pops one message when it frees,
+    and one pop in five reads the retry topic first, so a retry overtakes first deliveries
+    that were Ready before it; the loop's rows are the reference's."""
+    group = {**SATURATED_5X["groups"][0], "flavor": "rocketmq5.simple",
+             "invisible_duration": "10s"}  # fmt: skip
+    del group["retry_policy"]
+    rows = loop_rows_are_the_references({**SATURATED_5X, "groups": [group]})
+    started = rows.dropna(subset=["start_ms"])
+    firsts = started[started["delivery"] == 1].sort_values("ready_ms")
+    retries = started[started["delivery"] > 1]
+    # the latest start of a first delivery Ready before each retry
+    latest = firsts["start_ms"].cummax().to_numpy()
+    before = np.searchsorted(firsts["ready_ms"].to_numpy(), retries["ready_ms"].to_numpy()) - 1
+    overtook = (before >= 0) & (latest[np.maximum(before, 0)] > retries["start_ms"].to_numpy())
+    assert overtook.mean() > 0.5
+
+
 def test_an_unlimited_pool_gives_the_references_rows():
     rows = loop_rows_are_the_references(with_group(consumers="unlimited"))
     waited = rows["start_ms"] - rows["ready_ms"]

@@ -280,6 +280,8 @@ class _Group:
     pull_threshold: int | None
     # a 5.x push client's maxCacheMessageCount over its one assignment (None: no such cache)
     pop_cache: int | None
+    # a 5.x simple consumer: each thread pops one message when it is free
+    pops_per_thread: bool
     periodic: bool
     dlq_enabled: bool
     # 4.x concurrently
@@ -514,6 +516,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
             if flavor in ("rocketmq5.push", "exponential", "customized") and not blocking
             else None
         ),
+        pops_per_thread=flavor == "rocketmq5.simple",
         periodic=periodic,
         dlq_enabled=bool(g.get("dlq_enabled", True)),
         levels=levels,
@@ -662,7 +665,7 @@ class _Pop:
     cached: int = 0
     cache: list = field(default_factory=list)  # in the order they start, from ``head``
     head: int = 0
-    receive_at: int | None = None  # None: a long poll waits
+    receive_at: int | str | None = None  # None: a long poll waits; "thread": when one frees
     receives: int = 0
     poll_at: int | None = None  # the moment of the long poll's entries at the cache's end
     poll_since: int = 0
@@ -711,7 +714,9 @@ class _GroupSim:
         self.cached: dict[tuple[str, int], int] = {}
         self.held: dict[tuple[str, int], deque] = {}
         # the 5.x push client's cache per instance (rocketmq-clients ProcessQueueImpl)
-        self.popped = cfg.pop_cache is not None and cfg.threads != INF
+        self.popped = (cfg.pop_cache is not None or cfg.pops_per_thread) and cfg.threads != INF
+        # a simple consumer receives into its threads: its cache is its pool
+        self.room = int(cfg.threads) if cfg.pops_per_thread and self.popped else cfg.pop_cache
         self.pops = [_Pop() for _ in range(cfg.instances)]
         self.receives_due: list[int] = []
         self.lanes: dict[tuple[str, int], _Lane] = {}
@@ -806,7 +811,11 @@ class _GroupSim:
         self.calls[instance] -= 1
         dv = members[0]
         if self.popped:  # erased from the cache once acked or nacked
-            self.pops[instance].cached -= 1
+            pop = self.pops[instance]
+            pop.cached -= 1
+            if pop.receive_at == "thread":  # a simple consumer's freed thread receives
+                pop.receive_at = "due"
+                self.receives_due.append(instance)
         # the client removes a consumed message from its process queue, but keeps one whose
         # send-back failed (submitConsumeRequestLater)
         if self.capped and not (dv.ends and dv.ends[-1][6] == "send_back_failed"):
@@ -1081,9 +1090,12 @@ class _GroupSim:
         self.back_off(t, instance)
 
     def back_off(self, t: int, instance: int) -> None:
-        """ProcessQueueImpl.receiveMessage: a full cache receives again a second later."""
+        """ProcessQueueImpl.receiveMessage: a full cache receives again a second later; a simple
+        consumer whose threads are all busy receives when one frees."""
         pop = self.pops[instance]
-        if pop.cached >= self.cfg.pop_cache:
+        if pop.cached >= self.room and self.cfg.pops_per_thread:
+            pop.receive_at = "thread"
+        elif pop.cached >= self.room:
             pop.receive_at = t + 1000
             self.push(t + 1000, 0, "receive", instance)
 
@@ -1092,9 +1104,9 @@ class _GroupSim:
         topic first when the broker draws below popFromRetryProbability (20 of 100), else the
         topic first and the retry topic for the rest (PopMessageProcessor). One that finds
         fewer than it asked for leaves a long poll waiting."""
-        pop, room = self.pops[instance], self.cfg.pop_cache
+        pop, room = self.pops[instance], self.room
         while pop.cached < room:
-            want = min(room - pop.cached, 32)
+            want = min(room - pop.cached, 1 if self.cfg.pops_per_thread else 32)
             ids = np.array([instance], dtype=np.int64)
             u = float(uniform_np(self.cfg.seed, self.cfg.name, "pop_receive", ids, pop.receives)[0])
             pop.receives += 1
