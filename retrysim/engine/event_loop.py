@@ -402,11 +402,12 @@ def _backoff(k, pop, instance, now, cached, event_keys, event_values, events):
 def _receive(k, prefix, instance, now, cached, pop, caches, overflow, fifo_ends, order, taken,
              arrived, eligible, msg_ids, slots, event_keys, event_values, events):  # fmt: skip
     """``instance``'s receives at ``now`` (docs/model.md §5): while its cache has room, a pop
-    of up to the batch (a simple consumer's thread: one), from the retry topic first one time in five and else from the topic
-    first; a pop that finds fewer leaves a long poll waiting; a full cache receives again a
-    second later. What waits on the broker: its first deliveries in ``order[taken:arrived]``,
-    its retries in ``overflow[2 * instance]`` and its other deliveries of the topic (a replay)
-    in ``overflow[2 * instance + 1]``. Returns the event heap's size."""
+    of up to the batch (a simple consumer's thread: one), from the retry topic first one time
+    in five and else from the topic first; a pop that finds fewer leaves a long poll waiting;
+    a full cache receives again a second later (a simple consumer: when a thread frees).
+    What waits on the broker: its first deliveries in ``order[taken:arrived]``, its retries
+    in ``overflow[2 * instance]`` and its other deliveries of the topic (a replay) in
+    ``overflow[2 * instance + 1]``. Returns the event heap's size."""
     threshold = k[K_POP_CACHE]
     batch = 1 if k[K_POP_THREADS] == 1 else POP_BATCH
     while cached[instance] < threshold:
