@@ -858,6 +858,51 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     return now, status
 
 
+@njit(cache=True)
+def _pop_state(instances):
+    """``instances`` 5.x instances' receives (:data:`_RECEIVE_AT` ...: each one's long poll
+    waiting) and their empty caches."""
+    pop = np.zeros((_POP_FIELDS, instances), np.int64)
+    pop[_RECEIVE_AT], pop[_POLL_AT] = NULL, NULL
+    caches = List()
+    for _ in range(instances):
+        caches.append(np.empty(16, np.int64))
+    return pop, caches
+
+
+@njit(cache=True)
+def _pending_waits(out, rows, k, born, slots, overflow, fifo_ends):
+    """Rows ``rows`` on of the deliveries waiting on the broker in ``overflow``'s FIFOs (for a
+    4.x process queue or a 5.x cache). Returns (out, rows)."""
+    n = NULL
+    for lane in range(fifo_ends.shape[1]):
+        for f in range(fifo_ends[0, lane], fifo_ends[1, lane]):
+            if rows == out.shape[1]:
+                out = _wider(out)
+            _row(out, rows, k, born, slots, overflow[lane][f], n, n, n, n, _PENDING, n)
+            rows += 1
+    return out, rows
+
+
+@njit(cache=True)
+def _pending_cached(out, rows, k, born, scratch, slots, pop, caches, msg_ids, queue_ids,
+                    eligible):  # fmt: skip
+    """Rows ``rows`` on of the deliveries received into a 5.x cache and never started.
+    Returns (out, rows)."""
+    for instance in range(len(caches)):
+        fifo = caches[instance]
+        for w in range(pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance]):
+            if fifo[w] >= 0:
+                out, rows = _pending_first(out, rows, k, born, scratch, fifo[w], msg_ids,
+                                           queue_ids, eligible)  # fmt: skip
+                continue
+            if rows == out.shape[1]:
+                out = _wider(out)
+            _row(out, rows, k, born, slots, -1 - fifo[w], NULL, NULL, NULL, NULL, _PENDING, NULL)
+            rows += 1
+    return out, rows
+
+
 # _turns' scalars between calls, and what it returns for
 (_NEXT_ARRIVAL, _DELIVERIES, _FIRST, _TURNS, _EVENTS, _SPARE_COUNT, _USED, _ROWS, _MOST,
  _DEAD, _REPLAYED, _STATE) = range(12)  # fmt: skip
@@ -936,13 +981,8 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     held = np.empty(len(event_keys), np.int64)
     # a 5.x client's cache per instance, where it applies (_turns' docstring): each instance
     # counts in ``cached``, and waits on the broker in two FIFOs of ``overflow``
-    popped = k[K_POP_CACHE] != n
-    pop = np.zeros((_POP_FIELDS, instances if popped else 0), np.int64)
-    pop[_RECEIVE_AT], pop[_POLL_AT] = n, n
-    caches = List()
-    for _ in range(instances if popped else 0):
-        caches.append(np.empty(16, np.int64))
-    if popped:
+    pop, caches = _pop_state(instances if k[K_POP_CACHE] != n else 0)
+    if len(caches) > 0:
         cached = np.zeros(instances, np.int64)
         for _ in range(2 * instances):
             overflow.append(np.empty(16, np.int64))
@@ -977,34 +1017,15 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     # what is Ready before the horizon and never started (docs/model.md §7)
     out, rows = _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps, sizes)
     scratch = np.empty((S_FIELDS, 1), np.int64)
-    for lane in range(queues):  # and those waiting on the broker for their process queue
-        for f in range(fifo_ends[0, lane], fifo_ends[1, lane]):
-            if rows == out.shape[1]:
-                out = _wider(out)
-            _row(out, rows, k, born, slots, overflow[lane][f], n, n, n, n, _PENDING, n)
-            rows += 1
+    # and those waiting on the broker for a process queue or a 5.x cache, or in a 5.x cache
+    out, rows = _pending_waits(out, rows, k, born, slots, overflow, fifo_ends)
+    out, rows = _pending_cached(out, rows, k, born, scratch, slots, pop, caches, msg_ids,
+                                queue_ids, eligible)  # fmt: skip
     # and the first deliveries that waited on the broker, or entered their instance's FIFO
     for lane in range(queues):
         for w in range(lane_wait[lane], lane_next[lane]):
             out, rows = _pending_first(out, rows, k, born, scratch, lane_pos[w], msg_ids,
                                        queue_ids, eligible)  # fmt: skip
-    for instance in range(instances if popped else 0):  # and those in a 5.x cache
-        fifo = caches[instance]
-        for w in range(pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance]):
-            if fifo[w] >= 0:
-                out, rows = _pending_first(out, rows, k, born, scratch, fifo[w], msg_ids,
-                                           queue_ids, eligible)  # fmt: skip
-                continue
-            if rows == out.shape[1]:
-                out = _wider(out)
-            _row(out, rows, k, born, slots, -1 - fifo[w], n, n, n, n, _PENDING, n)
-            rows += 1
-        for lane in range(2 * instance, 2 * instance + 2):  # and on the broker
-            for f in range(fifo_ends[0, lane], fifo_ends[1, lane]):
-                if rows == out.shape[1]:
-                    out = _wider(out)
-                _row(out, rows, k, born, slots, overflow[lane][f], n, n, n, n, _PENDING, n)
-                rows += 1
     for instance in range(instances if capped else 0):
         for w in range(ring[_LENGTH, instance]):
             at = (ring[_HEAD, instance] + w) % ring[_SIZE, instance]

@@ -67,6 +67,7 @@ def figures_of(done: subprocess.CompletedProcess[str]) -> dict[str, tuple[float,
         if len(cells) > 5 and cells[-1] in ("yes", "NO"):
             figure = " ".join(cells[1:-4])
             rows[figure] = (float(cells[-4]), float(cells[-3]), cells[-1] == "yes")
+    assert rows, done.stdout + done.stderr[-3000:]  # the harness failed: its one line says why
     return rows
 
 
