@@ -358,10 +358,12 @@ def _entry_key(value, msg_ids, slots):
 
 
 @njit(cache=True)
-def _cache_push(caches, pop, instance, value, now, polled, msg_ids, slots):
-    """Append the entry ``value`` (:func:`_entry_key`) to ``instance``'s cache: a receive's
+def _cache_push(caches, pop, cached, instance, value, now, polled, msg_ids, slots):
+    """Append the entry ``value`` (:func:`_entry_key`) to ``instance``'s cache, counted in
+    ``cached``: a receive's
     entries in the order it took them; those a long poll answered at one moment among
     themselves by (msg_id, delivery), the order they became eligible in."""
+    cached[instance] += 1
     head, tail = pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance]
     fifo, moved, tail = _fifo_push(caches[instance], head, tail, value)
     caches[instance] = fifo
@@ -444,8 +446,7 @@ def _receive(k, prefix, instance, now, cached, pop, caches, overflow, fifo_ends,
                     else:
                         value = -1 - slot
                         fifo_ends[0, topic] += 1
-                _cache_push(caches, pop, instance, value, now, False, msg_ids, slots)
-                cached[instance] += 1
+                _cache_push(caches, pop, cached, instance, value, now, False, msg_ids, slots)
                 got += 1
         if got < want:  # the broker had no more: a long poll waits
             pop[_RECEIVE_AT, instance] = NULL
@@ -631,8 +632,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     entry[position] = -1
             if popped and pop[_RECEIVE_AT, instance] == n:  # the long poll answers it
                 taken[instance] += 1
-                _cache_push(caches, pop, instance, position, now, True, msg_ids, slots)
-                cached[instance] += 1
+                _cache_push(caches, pop, cached, instance, position, now, True, msg_ids, slots)
                 events = _backoff(k, pop, instance, now, cached, event_keys, event_values, events)
             if not touched[instance]:
                 touched[instance] = True
@@ -656,8 +656,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                                      slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
                 if popped:  # the long poll answers it, or it waits on the broker
                     if pop[_RECEIVE_AT, instance] == n:
-                        _cache_push(caches, pop, instance, -1 - slot, now, True, msg_ids, slots)
-                        cached[instance] += 1
+                        _cache_push(caches, pop, cached, instance, -1 - slot, now, True, msg_ids,
+                                    slots)  # fmt: skip
                         events = _backoff(k, pop, instance, now, cached, event_keys,
                                           event_values, events)  # fmt: skip
                     else:
