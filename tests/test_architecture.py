@@ -195,6 +195,27 @@ def test_no_function_is_longer_than_a_reader_can_hold_but_the_compiled_loops():
     assert long == LONG_LOOPS
 
 
+def _bound_at_top(tree: ast.Module) -> list[str]:
+    """The names a module's own top-level assignments bind, once per binding."""
+    names = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets if isinstance(node, (ast.Assign, ast.AnnAssign)) else []:
+            elements = target.elts if isinstance(target, ast.Tuple) else [target]
+            names += [element.id for element in elements if isinstance(element, ast.Name)]
+    return names
+
+
+def test_no_module_binds_a_constant_twice():
+    """A compiled function reads a global's last binding: a second constant under one name
+    (an index into a state array beside a key's span) silently changes the first's users."""
+    twice = set()
+    for module, path in MODULES.items():
+        names = _bound_at_top(ast.parse(path.read_text()))
+        twice |= {(module, name) for name in names if names.count(name) > 1}
+    assert twice == set()
+
+
 def test_one_event_by_event_loop_the_compiled_one():
     """No event loop in Python remains: nothing in the library keeps a heap of events."""
     assert [module for module, path in MODULES.items() if "heapq" in path.read_text()] == []

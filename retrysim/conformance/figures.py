@@ -213,6 +213,22 @@ def _settle_times(staged: pd.DataFrame, state: str) -> pd.DataFrame:
                         index=rows["msg_id"].to_numpy())  # fmt: skip
 
 
+def latest_settle(staged: pd.DataFrame, policy: Policy) -> tuple[float, float]:
+    """retrysim's last commit or dead letter (ms), and the latest the broker may settle the
+    messages within tolerance: each one's settle plus the loopback and each retry's
+    tolerance (a 5.x dead letter one retry more). A horizon between the two cuts off a
+    message the broker settles later than retrysim, within tolerance, and its final state
+    then differs."""
+    settled = staged[staged["result_state"].isin([COMMIT, DLQ])]
+    if settled.empty:
+        return 0.0, 0.0
+    revived = int(policy.retry_path == REVIVE) * (settled["result_state"] == DLQ)
+    retries = (settled["delivery"] - 1 + revived).clip(lower=0)
+    at = settled["settled_ms"].astype(float)
+    latest = at + LOOPBACK_MS + retry_tolerance(policy) * retries
+    return float(at.max()), float(latest.max())
+
+
 def _broker_ages(run: BrokerRun, rows: pd.DataFrame, at: str) -> pd.Series:
     """Each of the broker's ``rows``' time from its message's send to its ``at`` column, by
     msg_id."""

@@ -14,24 +14,27 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 
+import pandas as pd
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from retrysim.conformance.figures import Figure, exact_figures, timed_figures
+from retrysim.conformance.figures import Figure, exact_figures, latest_settle, timed_figures
 from retrysim.conformance.harness import (
     DELIVERIES,
     HARNESSES,
     BrokerRun,
     HarnessError,
+    UnsupportedScenario,
     group_spec,
     harness_of,
     refuse_unsupported,
     run_on_broker,
 )
-from retrysim.engine.event_key import simulate_key
+from retrysim.engine.event_key import KeySpec, simulate_key
 from retrysim.model.workload import messages_np
 from retrysim.progress import Progress
 from retrysim.scenario.spec import Scenario
+from retrysim.scenario.units import format_duration, human_ms
 from retrysim.store.sinks import Sink
 from retrysim.tables.schemas import (
     BROKER_DELIVERIES,
@@ -54,17 +57,33 @@ class GroupFigures:
 
 
 def check_runnable(scenario: Scenario) -> None:
-    """Refuse, in one line, a scenario with a group the harness cannot run."""
+    """Refuse, in one line, a scenario with a group the harness cannot run, or whose horizon
+    ends before the broker may settle a message retrysim settles (:func:`latest_settle`)."""
     for group in scenario.groups:
         refuse_unsupported(scenario, *group_spec(scenario, group.name))
+    for group in scenario.groups:
+        spec, staged = _simulated(scenario, group.name)
+        mine, latest = latest_settle(staged, spec.policy)
+        if latest >= scenario.horizon:
+            raise UnsupportedScenario(
+                f"horizon: {format_duration(scenario.horizon)} ends before the broker may "
+                f"settle group {group.name}'s last message (retrysim at {human_ms(mine)}, the "
+                f"broker up to {human_ms(latest - mine)} later); give at least "
+                f"{format_duration(1000 * (int(latest) // 1000 + 1))}"
+            )
+
+
+def _simulated(scenario: Scenario, name: str) -> tuple[KeySpec, pd.DataFrame]:
+    """Group ``name`` through the event loop: its spec and staged rows."""
+    _, spec = group_spec(scenario, name)
+    rows = simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed))
+    return spec, pa.Table.from_batches(list(rows), schema=STAGE_ARROW).to_pandas()
 
 
 def compare_group(scenario: Scenario, name: str, folder: str) -> GroupFigures:
     """Group ``name`` on the broker (its files under ``folder``) and in the event loop."""
     run = run_on_broker(scenario, name, folder)
-    _, spec = group_spec(scenario, name)
-    rows = simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed))
-    staged = pa.Table.from_batches(list(rows), schema=STAGE_ARROW).to_pandas()
+    spec, staged = _simulated(scenario, name)
     figures = [*exact_figures(staged, run, spec.policy), *timed_figures(staged, run, spec.policy)]
     return GroupFigures(name, figures, run)
 

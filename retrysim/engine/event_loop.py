@@ -103,7 +103,7 @@ from retrysim.scenario.limits import CACHE_FULL_BACKOFF_MS, POP_BATCH, POP_FROM_
 cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 
 _TURNS_PER_LOOK = 1 << 15  # loop turns between reports to the heartbeat
-_DELIVERIES = 1 << 21  # above any message's deliveries: (msg_id, delivery) as one key
+_KEY_SPAN = 1 << 21  # above any message's deliveries: (msg_id, delivery) as one key
 _PULL_BATCH = 32  # DefaultMQPushConsumer.pullBatchSize
 
 # --------------------------------------------------------------------------- the loop
@@ -353,8 +353,8 @@ def _entry_key(value, msg_ids, slots):
     """(msg_id, delivery) as one key of a cache entry: a first delivery's position, or -1 -
     the slot of any other delivery."""
     if value >= 0:
-        return msg_ids[value] * _DELIVERIES + 1
-    return slots[S_MSG_ID, -1 - value] * _DELIVERIES + slots[S_DELIVERY, -1 - value]
+        return msg_ids[value] * _KEY_SPAN + 1
+    return slots[S_MSG_ID, -1 - value] * _KEY_SPAN + slots[S_DELIVERY, -1 - value]
 
 
 @njit(cache=True)
@@ -646,7 +646,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 eligible_now += 1
             if (capped or popped) and eligible_now > 1:  # who takes the last room: by message
                 ids = (
-                    slots[S_MSG_ID, held[:eligible_now]] * _DELIVERIES
+                    slots[S_MSG_ID, held[:eligible_now]] * _KEY_SPAN
                     + slots[S_DELIVERY, held[:eligible_now]]
                 )
                 held[:eligible_now] = held[:eligible_now][np.argsort(ids)]

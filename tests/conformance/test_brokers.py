@@ -19,6 +19,8 @@ from deltalake import DeltaTable
 from support import PROJECT
 
 from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from retrysim.conformance.run import check_runnable
+from retrysim.scenario.loading import load_scenario
 
 SUITE = PROJECT / "conf" / "conformance"
 LADDER = SUITE / "ladder-4x.yaml"
@@ -178,3 +180,19 @@ def test_what_the_harness_cannot_run_is_refused_in_one_line(tmp_path, change, na
     assert len(errors) == 1 and named in errors[0], done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_a_horizon_that_cuts_off_the_brokers_lateness_is_refused_in_one_line(tmp_path):
+    """saturated-5x's last dead letter is at 146 s in retrysim, and the broker's reviver may
+    write it 12.2 s later: a horizon of 150 s would make its final state differ. Refused
+    before any broker starts, naming the horizon it needs."""
+    done = conformance(tmp_path, SUITE / "saturated-5x.yaml", "--set", "horizon=150s")
+    assert done.returncode == EXIT_BAD_INPUT and done.stdout == "", done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("retrysim: error:")]
+    assert len(errors) == 1 and "horizon: 150s" in errors[0] and "at least 159s" in errors[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("scenario", sorted(SUITE.glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_suite_scenario_leaves_the_broker_room_to_be_late(scenario):
+    check_runnable(load_scenario(scenario))

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from compiled_rules import reconsume_of
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from reference.simulator import simulate_scenario
 from reference.strategies import scenarios
 from support import staged_frame
@@ -86,8 +86,23 @@ def messages(spec, count: int, span_ms: int, seed: int):
     return msg_ids, queue_ids, born
 
 
+# retries due at one moment into a full 5.x cache: the lowest (msg_id, delivery) first
+TIED_RETRIES = {
+    "name": "tied", "seed": 0, "horizon": "1m",
+    "broker": {"message_delay_level": "1s 2s 5s 10s"},
+    "groups": [{
+        "name": "g1", "flavor": "rocketmq5.push", "max_cache_message_count": 2,
+        "workload": {"messages": 29, "over": "10s", "arrival": "poisson", "queues": 1},
+        "consumers": {"instances": 1, "threads": 1},
+        "behavior": {"fail_first": 2, "processing_time": 0,
+                     "outcome_mix": {"reconsume_later": 1, "exception": 1, "null_return": 1}},
+    }],
+}  # fmt: skip
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(groups=2, max_messages=40))
+@example(data=TIED_RETRIES)
 def test_the_compiled_loop_gives_the_references_rows(data):
     loop_rows_are_the_references(data)
 
