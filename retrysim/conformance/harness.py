@@ -164,7 +164,7 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
     :func:`refuse_unsupported`, so neither depends on the start time)."""
     from retrysim.engine.event_rules import Listener  # numba: no other path of the command needs it
 
-    listen = Listener(spec.behavior, spec.seed, spec.group)
+    listen = Listener(spec.behavior, spec.seed, spec.group, client_time=False)
     poisoned = listen.poisoned(msg_ids)
     # no more than fit before the horizon (an orderly group retries without end by default)
     shortest = max(min(spec.policy.intervals_ms, default=1), 1)

@@ -495,7 +495,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     n = NULL
     k = to_fixed_tuple(k_array, K_SIZE)
     d = to_fixed_tuple(d_array, D_SIZE)
-    prefixes = to_fixed_tuple(prefix_array, 6)
+    prefixes = to_fixed_tuple(prefix_array, 7)
     horizon = k[K_HORIZON]
     threads = k[K_THREADS]
     ack_index = k[K_ACK_INDEX]
@@ -699,7 +699,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
         for r in range(due):  # the receives due, after what became eligible now
             instance = pop[_DUE, r]
             events = _receive(
-                k, prefixes[5], instance, now, cached, pop, caches, overflow, fifo_ends, order,
+                k, prefixes[6], instance, now, cached, pop, caches, overflow, fifo_ends, order,
                 taken, arrived, eligible, msg_ids, slots, event_keys, event_values, events,
             )  # fmt: skip
             if not touched[instance]:

@@ -69,8 +69,8 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
 # A downstream that answers to load: its capacity (0: none), whether the group's instances
 # share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
 (D_PROBABILITY, D_KIND_1, D_KIND_2, D_SEND_BACK_1, D_SEND_BACK_2, D_DIST, D_MEAN, D_MU,
- D_SIGMA, D_CAPACITY, D_PER_GROUP, D_CALL_TIMEOUT, D_SHED, D_REPLAY_RATE,
- D_SIZE) = range(15)  # fmt: skip
+ D_SIGMA, D_CAPACITY, D_PER_GROUP, D_CALL_TIMEOUT, D_SHED, D_REPLAY_RATE, D_CLIENT_WHOLE,
+ D_CLIENT_PART, D_SIZE) = range(17)  # fmt: skip
 # Output columns: STAGE's, without group and poison_fixed (the row after them, _FIXED_ROW).
 _OUT = STAGE.fieldNames()[1:-1]
 _WIDTH = len(_OUT)
@@ -244,6 +244,10 @@ def _listen(k, d, prefixes, conditions, msg_id, delivery, poisoned, concurrency)
         outcome = (
             LATER if u_kind < d[D_KIND_1] else EXCEPTION if u_kind < d[D_KIND_2] else NULL_RETURN
         )
+    # the client's own time (behavior.client_time_parts): the thread's, not the call's
+    processing += np.int64(d[D_CLIENT_WHOLE])
+    if d[D_CLIENT_PART] > 0 and uniform(prefixes[5], msg_id, delivery) < d[D_CLIENT_PART]:
+        processing += 1
     send_back = _SEND_BACK_DONE
     if d[D_SEND_BACK_2] > 0:
         u_send_back = uniform(prefixes[4], msg_id, delivery)
@@ -407,8 +411,12 @@ class Listener:
     :func:`_listen` decides with the loop's own hashed draws, the outcome by name (the
     conformance harness's outcome file; the tests)."""
 
-    def __init__(self, behavior, seed: int, group: str) -> None:
+    def __init__(self, behavior, seed: int, group: str, client_time: bool = True) -> None:
+        """``client_time=False``: the listener's own time alone, without the client's
+        (``behavior.client_overhead``): a real client adds its own."""
         self.d, self.windows = _doubles(ListenerModel(behavior))
+        if not client_time:
+            self.d[D_CLIENT_WHOLE] = self.d[D_CLIENT_PART] = 0.0
         self.k = np.full(K_SIZE, NULL, np.int64)
         self.k[K_FAIL_FIRST] = behavior.fail_first
         self.prefixes = key_prefixes(seed, group)
@@ -491,6 +499,7 @@ def _doubles(model: ListenerModel) -> tuple[np.ndarray, np.ndarray]:
     d[D_KIND_1], d[D_KIND_2] = model.kind_thresholds
     d[D_SEND_BACK_1], d[D_SEND_BACK_2] = model.send_back_thresholds
     d[D_DIST : D_SIGMA + 1] = _dist_row(model.base_dist)
+    d[D_CLIENT_WHOLE], d[D_CLIENT_PART] = model.client_time
     downstream = model.downstream
     if downstream is not None:
         d[D_CAPACITY] = downstream.capacity

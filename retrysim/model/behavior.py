@@ -28,15 +28,16 @@ TIMEOUT = "TIMEOUT"
 OUTCOMES = (CONSUME_SUCCESS, RECONSUME_LATER, EXCEPTION, NULL_RETURN, TIMEOUT)
 
 # Streams keep the draws of one delivery independent of each other.
-POISON, FAIL, KIND, TIME_A, TIME_B, SEND_BACK = (
+POISON, FAIL, KIND, TIME_A, TIME_B, SEND_BACK, CLIENT_TIME = (
     "poison",
     "fail",
     "kind",
     "time_a",
     "time_b",
     "send_back",
+    "client_time",
 )
-DELIVERY_STREAMS = (FAIL, KIND, TIME_A, TIME_B, SEND_BACK)
+DELIVERY_STREAMS = (FAIL, KIND, TIME_A, TIME_B, SEND_BACK, CLIENT_TIME)
 # How a 4.x send-back goes (DefaultMQPushConsumerImpl.sendMessageBack): the
 # CONSUMER_SEND_MSG_BACK RPC does it; the RPC fails and the producer fallback
 # (sendMessageBackAsNormalMessage) does it; or both fail and the client resubmits locally.
@@ -97,6 +98,15 @@ def with_listener_draws(df: DataFrame, behavior: Behavior, seed: int, group: str
     return df.withColumns(listener_draw_columns(behavior, seed, group))
 
 
+def client_time_parts(overhead_ms: float) -> tuple[int, float]:
+    """The client's own time per delivery in whole milliseconds (docs/model.md §3): every
+    delivery holds its thread ``whole`` ms more, and one more where its draw falls below
+    ``part``, so that the mean is the overhead: a cost of 0.4 ms a delivery, too fine for
+    millisecond times, still slows a saturated pool by its share."""
+    whole = math.floor(overhead_ms)
+    return whole, overhead_ms - whole
+
+
 def send_back_thresholds(behavior: Behavior) -> tuple[float, float]:
     """One draw decides how a send-back goes: below the first threshold the RPC and its
     fallback both fail, below the second only the RPC does (docs/model.md §3)."""
@@ -136,6 +146,9 @@ def listener_draw_columns(behavior: Behavior, seed: int | Column, group: str) ->
     send_back: Column = F.lit(SEND_BACK_DONE)
     if thresholds[1] > 0:
         send_back = _band_col(u(SEND_BACK), thresholds, _SEND_BACKS)
+    whole, part = client_time_parts(behavior.client_overhead)
+    if whole or part:
+        time_ms = time_ms + F.lit(whole) + (u(CLIENT_TIME) < F.lit(part)).cast("long")
     return {
         "processing_ms": time_ms,
         "listener_outcome": F.when(fails, failure).otherwise(F.lit(CONSUME_SUCCESS)),
@@ -180,6 +193,7 @@ class ListenerModel:
         self.kind_thresholds = _kind_thresholds(behavior)
         self.send_back_thresholds = send_back_thresholds(behavior)
         self.downstream = behavior.downstream
+        self.client_time = client_time_parts(behavior.client_overhead)
 
 
 def poisoned(seed: int, group: str, msg_ids: np.ndarray, poison_fraction: float) -> np.ndarray:

@@ -130,6 +130,7 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # broker maxMessageSize default 4 MiB
 MAX_CONSUMER_INSTANCES = 100_000
 MAX_CONSUMER_THREADS = 1_000
 MAX_DOWNSTREAM_CAPACITY = 1_000_000  # concurrent calls a downstream serves at full speed
+MAX_CLIENT_OVERHEAD_MS = 1_000  # the client's own time per delivery: a round trip at most
 MAX_HORIZON_MS = 366 * 86_400_000
 MAX_LOAD_BUCKETS = 1_000_000
 MAX_CUSTOM_INTERVALS = 1_000

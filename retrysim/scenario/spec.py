@@ -28,6 +28,7 @@ from retrysim.scenario.traffic import TrafficFileError, read_counts
 from retrysim.scenario.units import (
     DelayLevels,
     Duration,
+    FineDuration,
     NonNegativeDuration,
     Probability,
     StrictInt,
@@ -159,6 +160,9 @@ class Downstream(_Model):
         return self.per == "group"
 
 
+ClientOverhead = Annotated[FineDuration, in_range(0, limits.MAX_CLIENT_OVERHEAD_MS, duration=True)]
+
+
 class Behavior(_Model):
     """What makes a delivery fail and how long it runs (docs/model.md §3)."""
 
@@ -174,6 +178,9 @@ class Behavior(_Model):
     # the listener over time: consecutive pieces, each a window of its own (docs/model.md §3)
     profile: tuple[BehaviorPiece, ...] = ()
     downstream: Downstream | None = None
+    # the consumer client's own time on the consume thread per delivery, besides the
+    # listener's (docs/model.md §3, "The client's own time")
+    client_overhead: ClientOverhead = 0.0
 
     @property
     def windows(self) -> tuple[Outage, ...]:

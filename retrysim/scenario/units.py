@@ -46,6 +46,21 @@ def parse_duration(value: Any, info: ValidationInfo | None = None) -> int:
     )
 
 
+def parse_fine_duration(value: Any, info: ValidationInfo | None = None) -> float:
+    """A duration finer than a millisecond (``0.4ms``, ``1.5ms``, ``0``) as float
+    milliseconds; a stored scenario holds the milliseconds."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and (value == 0 or is_stored(info)):
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if match:
+            return float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
+    raise ValueError(
+        f"malformed duration {value!r}: use a number with a unit ms or s (e.g. 0.4ms, 2ms)"
+    )
+
+
 def parse_delay_levels(text: Any, info: ValidationInfo | None = None) -> tuple[int, ...]:
     """RocketMQ's ``messageDelayLevel`` string ("1s 5s 10s ...") to per-level milliseconds
     (a stored scenario holds the milliseconds)."""
@@ -110,12 +125,17 @@ def _duration_field(value: Any, info: ValidationInfo) -> int:
     return parse_duration(value, info)
 
 
+def _fine_duration_field(value: Any, info: ValidationInfo) -> float:
+    return parse_fine_duration(value, info)
+
+
 def _delay_levels_field(value: Any, info: ValidationInfo) -> tuple[int, ...]:
     return parse_delay_levels(value, info)
 
 
 Duration = Annotated[int, BeforeValidator(_duration_field)]
 NonNegativeDuration = Annotated[Duration, in_range(0, None, duration=True)]
+FineDuration = Annotated[float, BeforeValidator(_fine_duration_field)]
 PositiveDuration = Annotated[Duration, in_range(1, None, duration=True)]
 Probability = Annotated[float, in_range(0.0, 1.0)]
 StrictInt = Annotated[int, Field(strict=True)]

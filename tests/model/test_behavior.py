@@ -7,6 +7,7 @@ from chispa import assert_df_equality
 from compiled_rules import GROUP, SEED, listen_of, load_of
 from pyspark.sql import functions as F
 
+from retrysim.engine.event_rules import Listener
 from retrysim.model.behavior import CONSUME_SUCCESS, listener_draw_columns
 from retrysim.scenario.spec import Behavior, Downstream
 
@@ -70,6 +71,23 @@ def test_a_timed_out_call_fails_as_the_listener_fails():
     assert listen_of(behavior, 7, 1, 0, concurrency=2) == ("EXCEPTION", 300, 0)
 
 
+def test_the_clients_own_time_adds_its_whole_ms_and_one_more_at_its_fraction():
+    """0.4 ms a delivery: 0 or 1 more ms, 1 for about 40 % of the deliveries; 2.4 ms: 2 or 3;
+    after a downstream's timeout (the thread's time, not the call's); none for the harness's
+    listener, whose real client adds its own."""
+    extra = {}
+    for overhead in ("0.4ms", "2.4ms"):
+        behavior = Behavior(processing_time="10ms", client_overhead=overhead)
+        extra[overhead] = [listen_of(behavior, m, 1, 0)[1] - 10 for m in range(2_000)]
+    assert set(extra["0.4ms"]) == {0, 1} and 0.37 < sum(extra["0.4ms"]) / 2_000 < 0.43
+    assert set(extra["2.4ms"]) == {2, 3} and 2.37 < sum(extra["2.4ms"]) / 2_000 < 2.43
+    slow = Behavior(processing_time="200ms", client_overhead="2ms",
+                    downstream={"capacity": 1, "timeout": "300ms"})  # fmt: skip
+    assert listen_of(slow, 7, 1, 0, concurrency=2)[1] == 302
+    alone = Listener(Behavior(client_overhead="2.4ms"), SEED, GROUP, client_time=False)
+    assert {alone(m, 1, 0, False)[1] for m in range(100)} == {10}
+
+
 def test_the_round_engine_declines_a_downstream_under_load():
     behavior = Behavior(downstream={"capacity": 4})
     with pytest.raises(ValueError, match="event by event"):
@@ -81,6 +99,7 @@ STORMY = Behavior(
     processing_time={"dist": "lognormal", "mean": "80ms", "p99": "900ms"},
     outcome_mix={"reconsume_later": 0.5, "exception": 0.3, "null_return": 0.2},
     send_back_failure_probability=0.1, send_back_fallback_probability=0.2,
+    client_overhead="1.4ms",
     outages=[{"start": "10s", "end": "20s", "fail_probability": 0.9, "processing_time": "3s"},
              {"start": "15s", "end": "30s", "fail_probability": 0.5,
               "processing_time": {"dist": "exponential", "mean": "1s"}}],

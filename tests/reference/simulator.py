@@ -106,6 +106,10 @@ Interpretations (where the docs are silent or ambiguous, the reading chosen here
     in the same millisecond, which starts from the lowest instance again). Every member of
     a batch is one call at that load. The processing time is scaled exactly (fractions) and
     rounded half up; a shed call fails at once (0 ms).
+22. ``behavior.client_overhead`` ``o`` (model.md §3, the client's own time): a decimal number
+    of ms (or s), exact as a fraction; every delivery's processing time takes ``floor(o)``
+    ms more, after the downstream's, and one ms more where its ``client_time`` draw is below
+    ``o - floor(o)``.
 """
 
 from __future__ import annotations
@@ -163,6 +167,14 @@ def parse_duration_ms(value: Any) -> int:
     number = Fraction(m.group(1))
     unit = m.group(2) or "ms"
     return _half_up(number * _UNITS_MS[unit])
+
+
+def _parse_fine_ms(value: Any) -> Fraction:
+    """``"0.47ms"``, ``"1.5ms"``, ``0`` -> exact milliseconds, not rounded."""
+    m = _DURATION_RE.match(str(value))
+    if not m:
+        raise ValueError(f"not a duration: {value!r}")
+    return Fraction(m.group(1)) * _UNITS_MS[m.group(2) or "ms"]
 
 
 def _parse_list(text: str) -> list[int]:
@@ -323,6 +335,7 @@ class _Group:
     mix: tuple[float, float, float]
     # a downstream that answers to load: (capacity, shared by the instances, timeout, shed)
     downstream: tuple[int, bool, int | None, float] | None
+    client_overhead: Fraction  # ms, exact
     # replay
     replay_at: int | None
     replay_rate: Fraction | None
@@ -554,6 +567,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
             float(mix.get("null_return", 0.0)),
         ),
         downstream=_downstream(bh.get("downstream")),
+        client_overhead=_parse_fine_ms(bh.get("client_overhead", 0)),
         replay_at=parse_duration_ms(replay["at"]) if replay else None,
         replay_rate=_parse_rate(replay.get("rate", "100/s")) if replay else None,
         poison_fixed=bool(replay.get("poison_fixed", True)) if replay else True,
@@ -1244,6 +1258,10 @@ class _GroupSim:
                     proc = _half_up(Fraction(proc * load, capacity))
             if call_timeout is not None and proc > call_timeout:
                 proc, refused = call_timeout, True
+        whole = math.floor(cfg.client_overhead)
+        proc += whole
+        if cfg.client_overhead > whole and u("client_time", m, d) < cfg.client_overhead - whole:
+            proc += 1
         poisoned = msg.poisoned and not (msg.replayed and cfg.poison_fixed)
         # u is in (0, 1): p <= 0 never fails, p >= 1 always does (no draw needed)
         fails = (

@@ -61,6 +61,7 @@ def group_configs(draw, name: str = "g", max_messages: int = 12) -> tuple[dict[s
         "fail_first": draw(st.integers(0, 3)),
         "processing_time": proc,
         "ready_wait": draw(st.sampled_from([0, "100ms", "3s"])),
+        "client_overhead": draw(st.sampled_from([0, 0, "0.4ms", "2.5ms"])),
         "outcome_mix": {"reconsume_later": 1, "exception": 1, "null_return": 1},
     }
     if draw(st.booleans()):

@@ -299,8 +299,9 @@ public final class Harness {
         Listener.sleep(1); // two a millisecond, as a scenario's burst sends
       }
     }
-    check(consumed.await(60, TimeUnit.SECONDS),
-        "the warm-up messages were not consumed in 60 s");
+    boolean all = consumed.await(60, TimeUnit.SECONDS);
+    check(all, "the warm-up messages were not consumed in 60 s (" + (rounds - consumed.getCount())
+        + " of " + rounds + ")");
     consumer.close(); // its receives stop; 1 s for its acks to land
   }
 
