@@ -125,11 +125,12 @@ def pop_bookkeeping(puts: dict[str, int]) -> dict[str, int]:
 
 
 def listener_ends(rows: pd.DataFrame) -> pd.Series:
-    """When each delivery's listener returned: retrysim's ``start + processing`` (its
-    ``end_ms`` is when the delivery left Inflight, which for a 5.x simple consumer's failure
-    is the end of its invisible time), the broker's recorded end."""
-    if "processing_ms" in rows:
-        return rows["start_ms"] + rows["processing_ms"]
+    """When each delivery's listener returned: retrysim's ``start + listener_ms``, its
+    processing time without the client's own (its ``end_ms`` is when the delivery left
+    Inflight, which for a 5.x simple consumer's failure is the end of its invisible time),
+    the broker's recorded end."""
+    if "listener_ms" in rows:
+        return rows["start_ms"] + rows["listener_ms"]
     return rows["end_ms"]
 
 

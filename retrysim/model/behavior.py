@@ -107,6 +107,19 @@ def client_time_parts(overhead_ms: float) -> tuple[int, float]:
     return whole, overhead_ms - whole
 
 
+def client_ms(
+    behavior: Behavior, seed: int, group: str, msg_ids: np.ndarray, deliveries: np.ndarray
+) -> np.ndarray:
+    """The client's own time of each delivery, whole ms (:func:`client_time_parts`): the
+    NumPy twin of the draw in :func:`listener_draw_columns`, which the conformance figures
+    take off a delivery's processing time to compare the listener's alone."""
+    whole, part = client_time_parts(behavior.client_overhead)
+    extra = np.full(len(msg_ids), whole, dtype=np.int64)
+    if part > 0 and len(msg_ids):
+        extra += uniform_np(seed, group, CLIENT_TIME, msg_ids, deliveries) < part
+    return extra
+
+
 def send_back_thresholds(behavior: Behavior) -> tuple[float, float]:
     """One draw decides how a send-back goes: below the first threshold the RPC and its
     fallback both fail, below the second only the RPC does (docs/model.md §3)."""

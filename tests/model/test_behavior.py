@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from chispa import assert_df_equality
 from compiled_rules import GROUP, SEED, listen_of, load_of
 from pyspark.sql import functions as F
 
 from retrysim.engine.event_rules import Listener
-from retrysim.model.behavior import CONSUME_SUCCESS, listener_draw_columns
+from retrysim.model.behavior import CONSUME_SUCCESS, client_ms, listener_draw_columns
 from retrysim.scenario.spec import Behavior, Downstream
 
 
@@ -86,6 +87,21 @@ def test_the_clients_own_time_adds_its_whole_ms_and_one_more_at_its_fraction():
     assert listen_of(slow, 7, 1, 0, concurrency=2)[1] == 302
     alone = Listener(Behavior(client_overhead="2.4ms"), SEED, GROUP, client_time=False)
     assert {alone(m, 1, 0, False)[1] for m in range(100)} == {10}
+
+
+def test_the_numpy_client_time_is_the_compiled_listeners():
+    """behavior.client_ms (the conformance figures take it off retrysim's processing time)
+    against the compiled listener with and without the client's time, delivery by delivery."""
+    behavior = Behavior(processing_time={"dist": "exponential", "mean": "20ms"},
+                        client_overhead="1.3ms")  # fmt: skip
+    msg_ids = np.repeat(np.arange(300, dtype=np.int64), 3)
+    deliveries = np.tile(np.array([1, 2, 7], dtype=np.int64), 300)
+    full = Listener(behavior, SEED, GROUP)
+    alone = Listener(behavior, SEED, GROUP, client_time=False)
+    expected = [full(m, d, 0, False)[1] - alone(m, d, 0, False)[1]
+                for m, d in zip(msg_ids.tolist(), deliveries.tolist(), strict=True)]  # fmt: skip
+    actual = client_ms(behavior, SEED, GROUP, msg_ids, deliveries)
+    assert actual.tolist() == expected and set(expected) == {1, 2}
 
 
 def test_the_round_engine_declines_a_downstream_under_load():
