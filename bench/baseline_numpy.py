@@ -161,7 +161,7 @@ class Model:
             raise Unsupported("batch consumption")
         if getattr(behavior, "send_back_failure_probability", 0.0):
             raise Unsupported("send_back_failure_probability > 0")
-        for key in ("ready_wait", "pull_interval"):
+        for key in ("ready_wait", "pull_interval", "client_overhead"):
             if getattr(behavior, key, 0) or getattr(group, key, 0):
                 raise Unsupported(f"{key} > 0")
         if getattr(group, "replay", None):

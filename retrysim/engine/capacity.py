@@ -132,4 +132,5 @@ def offered_load(group: Group, topology: Topology) -> float | None:
         share = 1.0  # broadcasting: every instance consumes every message
     means = [behavior.processing_time.mean]
     means += [o.processing_time.mean for o in behavior.windows if o.processing_time is not None]
-    return share * peak_rate_per_ms(workload) * min(means) / topology.threads
+    thread_ms = min(means) + behavior.client_overhead  # the client's own time holds it too
+    return share * peak_rate_per_ms(workload) * thread_ms / topology.threads

@@ -126,7 +126,7 @@ def _mean_processing_ms(group: Group) -> float:
     times = [group.behavior.processing_time] + [
         outage.processing_time for outage in group.behavior.windows if outage.processing_time
     ]
-    return float(max(processing.mean for processing in times))
+    return float(max(processing.mean for processing in times)) + group.behavior.client_overhead
 
 
 def estimate(scenario: Scenario) -> list[GroupEstimate]:

@@ -104,7 +104,7 @@ def client_time_parts(overhead_ms: float) -> tuple[int, float]:
     ``part``, so that the mean is the overhead: a cost of 0.4 ms a delivery, too fine for
     millisecond times, still slows a saturated pool by its share."""
     whole = math.floor(overhead_ms)
-    return whole, overhead_ms - whole
+    return whole, round(overhead_ms - whole, 6)  # 2.4 ms: 0.4, not 0.3999999999999999
 
 
 def client_ms(

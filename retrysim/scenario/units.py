@@ -55,9 +55,10 @@ def parse_fine_duration(value: Any, info: ValidationInfo | None = None) -> float
     if isinstance(value, str):
         match = _DURATION_RE.match(value)
         if match:
-            return float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
+            # rounded to a nanosecond, so that 2.4ms is 2 and 0.4 as written
+            return round(float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)], 6)
     raise ValueError(
-        f"malformed duration {value!r}: use a number with a unit ms or s (e.g. 0.4ms, 2ms)"
+        f"malformed duration {value!r}: use a number with a unit such as ms (e.g. 0.4ms, 2ms)"
     )
 
 

@@ -102,14 +102,16 @@ def test_a_saturated_5x_pool_takes_a_retry_from_its_cache_not_behind_the_backlog
 @pytest.mark.broker
 def test_a_saturated_4x_pool_agrees_on_every_message(tmp_path):
     """conf/conformance/saturated-4x.yaml: 12,000 messages through a pool that serves 2/3 of
-    them as they come. Every message's deliveries and state, and the puts, agree; the
-    backlog's peak is near retrysim's (its tolerance, a few percent, is in the printed
-    table: the broker's pool is a little slower, docs/conformance.md)."""
+    them as they come. Every message's deliveries and state, and the puts, agree; with the
+    client's own time the broker measured (0.16 ms a delivery), the backlog's peak and the
+    times to commit are within their tolerances (without it they came 0.3 and 0.6 s late)."""
     done = conformance(tmp_path, SUITE / "saturated-4x.yaml")
     figures = figures_of(done)
     assert_exact_figures_agree(figures)
-    mine, theirs, _ = figures["peak Ready backlog"]
-    assert mine > 4_000 and abs(theirs - mine) < 0.1 * mine, figures["peak Ready backlog"]
+    mine, _, within = figures["peak Ready backlog"]
+    assert within and mine > 4_000, figures["peak Ready backlog"]
+    for quantile in ("p50", "p99"):
+        assert figures[f"{quantile} time to commit (ms)"][2], figures
 
 
 @pytest.mark.broker
@@ -123,7 +125,8 @@ def test_a_small_cache_per_queue_holds_a_retry_behind_the_caches_not_the_backlog
     assert_exact_figures_agree(figures)
     assert figures["puts to %RETRY%search"][1] > 300
     _, late, _ = figures["retry delay, worst difference (ms)"]
-    assert late < 400, late  # the schedule service's 100 ms and the broker's slower pool
+    assert late < 400, late  # the schedule service's 100 ms and the pull batches' order
+    assert figures["DLQ time, worst difference (ms)"][2], figures
     mine, _, within = figures["peak Ready backlog"]
     assert within and mine > 900, figures["peak Ready backlog"]
 
