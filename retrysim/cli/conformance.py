@@ -51,12 +51,14 @@ def conformance_command(args: argparse.Namespace) -> int:
     output = check_output(args.output)
     run_id = check_run_id(args.run_id or default_run_id(scenario))
     try:
-        check_runnable(scenario)
+        simulated = check_runnable(scenario)
     except UnsupportedScenario as refused:
         raise ScenarioError("--scenario", str(refused)) from None
     spark = build_session(f"retrysim:conformance:{scenario.name}", args.master)
     try:
-        results = run_conformance(spark, scenario, output, run_id, choose_sink(spark), say)
+        results = run_conformance(
+            spark, scenario, output, run_id, choose_sink(spark), say, simulated
+        )
     except HarnessError as failed:
         print(f"retrysim: error: the broker harness: {failed}", file=sys.stderr)
         return EXIT_FAILED

@@ -58,13 +58,20 @@ class GroupFigures:
     broker: BrokerRun
 
 
-def check_runnable(scenario: Scenario) -> None:
+# Each group as retrysim simulates it: its spec and staged rows (pandas: at most 100,000
+# messages, the harness's limit), by group name.
+Simulated = dict[str, tuple[KeySpec, pd.DataFrame]]
+
+
+def check_runnable(scenario: Scenario) -> Simulated:
     """Refuse, in one line, a scenario with a group the harness cannot run, or whose horizon
-    ends before the broker may settle a message retrysim settles (:func:`latest_settle`)."""
+    ends before the broker may settle a message retrysim settles (:func:`latest_settle`).
+    Returns each group's simulation, which the comparison takes."""
     for group in scenario.groups:
         refuse_unsupported(scenario, *group_spec(scenario, group.name))
+    simulated = {}
     for group in scenario.groups:
-        spec, staged = _simulated(scenario, group.name)
+        spec, staged = simulated[group.name] = _simulated(scenario, group.name)
         mine, latest = latest_settle(staged, spec.policy)
         if latest >= scenario.horizon:
             raise UnsupportedScenario(
@@ -73,35 +80,46 @@ def check_runnable(scenario: Scenario) -> None:
                 f"broker up to {human_ms(latest - mine)} later); give at least "
                 f"{format_duration(1000 * (int(latest) // 1000 + 1))}"
             )
+    return simulated
 
 
 def _simulated(scenario: Scenario, name: str) -> tuple[KeySpec, pd.DataFrame]:
-    """Group ``name`` through the event loop: its spec and staged rows."""
+    """Group ``name`` through the event loop: its spec and staged rows, with ``listener_ms``:
+    the processing time without the client's own, as the harness's listener runs it (its
+    real client adds its own)."""
     _, spec = group_spec(scenario, name)
     rows = simulate_key(spec, *messages_np(spec.workload, spec.group, spec.seed))
-    return spec, pa.Table.from_batches(list(rows), schema=STAGE_ARROW).to_pandas()
-
-
-def compare_group(scenario: Scenario, name: str, folder: str) -> GroupFigures:
-    """Group ``name`` on the broker (its files under ``folder``) and in the event loop."""
-    run = run_on_broker(scenario, name, folder)
-    spec, staged = _simulated(scenario, name)
-    # the listener's own time, as the harness's listener runs it: its client adds its own
+    staged = pa.Table.from_batches(list(rows), schema=STAGE_ARROW).to_pandas()
     started = staged["start_ms"].notna()
     staged["listener_ms"] = staged["processing_ms"]
     staged.loc[started, "listener_ms"] -= client_ms(
         spec.behavior, spec.seed, spec.group, staged.loc[started, "msg_id"].to_numpy(np.int64),
         staged.loc[started, "delivery"].to_numpy(np.int64),
     )  # fmt: skip
+    return spec, staged
+
+
+def compare_group(
+    scenario: Scenario, name: str, folder: str, spec: KeySpec, staged: pd.DataFrame
+) -> GroupFigures:
+    """Group ``name`` on the broker (its files under ``folder``) against its simulation."""
+    run = run_on_broker(scenario, name, folder)
     figures = [*exact_figures(staged, run, spec.policy), *timed_figures(staged, run, spec.policy)]
     return GroupFigures(name, figures, run)
 
 
 def run_conformance(
-    spark: SparkSession, scenario: Scenario, output: str, run_id: str, sink: Sink, say: Progress
+    spark: SparkSession,
+    scenario: Scenario,
+    output: str,
+    run_id: str,
+    sink: Sink,
+    say: Progress,
+    simulated: Simulated | None = None,
 ) -> list[GroupFigures]:
-    """Compare every group of ``scenario`` and publish the two tables under ``output``."""
-    check_runnable(scenario)
+    """Compare every group of ``scenario`` and publish the two tables under ``output``;
+    ``simulated``: what :func:`check_runnable` returned, if it ran already."""
+    simulated = simulated if simulated is not None else check_runnable(scenario)
     staging = os.path.join(output, "_staging", f"conformance-{run_id}-{uuid.uuid4().hex[:8]}")
     work = tempfile.mkdtemp(prefix=f"retrysim-conformance-{run_id}-")  # the broker's files
     kept = False
@@ -112,7 +130,7 @@ def run_conformance(
             say(f"group {group.name}: on a real {where} broker and in retrysim ...")
             folder = os.path.join(work, group.name)
             try:
-                results.append(compare_group(scenario, group.name, folder))
+                results.append(compare_group(scenario, group.name, folder, *simulated[group.name]))
             except HarnessError as failed:
                 kept = True  # its log says more
                 raise HarnessError(f"{failed} (its files: {folder})") from None
