@@ -27,6 +27,13 @@ def is_stored(info: ValidationInfo | None) -> bool:
     return bool(info is not None and info.context and info.context.get(STORED))
 
 
+def _written_ms(value: Any) -> float | None:
+    """The milliseconds a duration written with its unit (``1500ms``, ``0.4ms``, ``2h``)
+    stands for, or None for anything else."""
+    match = _DURATION_RE.match(value) if isinstance(value, str) else None
+    return float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)] if match else None
+
+
 def parse_duration(value: Any, info: ValidationInfo | None = None) -> int:
     """``1500ms``, ``10s``, ``5m``, ``2h``, ``1d`` (or ``0``) to integer milliseconds; a stored
     scenario holds them as milliseconds already."""
@@ -36,10 +43,9 @@ def parse_duration(value: Any, info: ValidationInfo | None = None) -> int:
         raise ValueError(f"expected a duration such as 10s, got {value!r}")
     if isinstance(value, int) and value == 0:
         return 0
-    if isinstance(value, str):
-        match = _DURATION_RE.match(value)
-        if match:
-            return round(float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)])
+    written = _written_ms(value)
+    if written is not None:
+        return round(written)
     raise ValueError(
         f"malformed duration {value!r}: use a number with a unit ms, s, m, h or d "
         "(e.g. 1500ms, 10s, 5m, 2h, 1d)"
@@ -52,11 +58,9 @@ def parse_fine_duration(value: Any, info: ValidationInfo | None = None) -> float
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if number and (value == 0 or is_stored(info)):
         return float(value)
-    if isinstance(value, str):
-        match = _DURATION_RE.match(value)
-        if match:
-            # rounded to a nanosecond, so that 2.4ms is 2 and 0.4 as written
-            return round(float(match.group(1)) * _DURATION_UNITS_MS[match.group(2)], 6)
+    written = _written_ms(value)
+    if written is not None:  # to the nanosecond, so that 2.4ms is 2 and 0.4 as written
+        return round(written, 6)
     raise ValueError(
         f"malformed duration {value!r}: use a number with a unit such as ms (e.g. 0.4ms, 2ms)"
     )
