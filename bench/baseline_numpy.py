@@ -14,8 +14,9 @@ The model it covers is the one the benchmark needs, with unlimited consumer capa
   fail_first or u("fail", m, d) < p(start)`` with ``poisoned = u("poison", m, 0) <
   poison_fraction`` and ``p(start)`` the outage-aware failure chance; the kind from
   ``u("kind", m, d)``; the processing time (constant, exponential or lognormal, from
-  ``u("time_a")``/``u("time_b")``, rounded half up); the consume timeout (exact or
-  periodic);
+  ``u("time_a")``/``u("time_b")``, rounded half up); the consume timeout (exact: the
+  periodic check is refused, since which deliveries a run of the cleaner sends back, at
+  most 16 of a queue, depends on the order they started);
 * the ``rocketmq4.concurrently`` rule (docs/flavors.md): DLQ (or Discard) at the failure when
   ``rt >= max_reconsume_times`` or the requested level is negative, else WaitingRetry with
   level ``min(3 + rt, L)`` (a fixed ``delay_level_when_next_consume``, level 3 after a
@@ -139,7 +140,6 @@ class Model:
     max_reconsume_times: int
     delay_level_when_next_consume: int
     consume_timeout_ms: int
-    timeout_check: str
     dlq_enabled: bool
     fail_probability: float
     poison_fraction: float
@@ -166,6 +166,8 @@ class Model:
                 raise Unsupported(f"{key} > 0")
         if getattr(group, "replay", None):
             raise Unsupported("DLQ replay")
+        if group.consume_timeout_check == "periodic":
+            raise Unsupported("consume_timeout_check: periodic (the cleaner's limit of 16 a run)")
         mix = behavior.outcome_mix
         total = mix.reconsume_later + mix.exception + mix.null_return
         max_times = group.max_reconsume_times
@@ -180,7 +182,6 @@ class Model:
             max_reconsume_times=DEFAULT_MAX_RECONSUME_TIMES if max_times == -1 else max_times,
             delay_level_when_next_consume=group.delay_level_when_next_consume,
             consume_timeout_ms=group.consume_timeout,
-            timeout_check=group.consume_timeout_check,
             dlq_enabled=group.dlq_enabled,
             fail_probability=behavior.fail_probability,
             poison_fraction=behavior.poison_fraction,
@@ -287,10 +288,7 @@ def timelines(m: Model, ids: np.ndarray) -> dict[str, np.ndarray]:
                 processing = np.where(inside, _processing_ms(m, spec, ids, d), processing)
 
         # consume timeout (flavors.md, rocketmq4.concurrently)
-        if m.timeout_check == "exact":
-            leave = start + timeout
-        else:
-            leave = ((start + timeout) // timeout + 1) * timeout
+        leave = start + timeout  # exact (the periodic check is refused)
         if np.ndim(processing) == 0 and processing <= timeout:
             end = start + processing  # constant and below the timeout: nothing times out
         else:

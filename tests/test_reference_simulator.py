@@ -12,12 +12,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference import source_rules
 from reference.simulator import parse_duration_ms, simulate_scenario
 from reference.strategies import FLAVORS, group_configs, pool_size
 
@@ -281,6 +284,80 @@ def test_concurrently_timeout_exact_and_periodic():
     assert [a["start_ms"] for a in rows] == [0, 11 * S, 22 * S]
     assert [a["delay_level"] for a in rows[:2]] == [3, 3]
     assert [a["outcome"] for a in rows[:2]] == ["TIMEOUT", "TIMEOUT"]
+
+
+PERIODIC_SWEEP = """
+name: sweep
+seed: 42
+horizon: 10m
+groups:
+  - name: g
+    flavor: rocketmq4.concurrently
+    consumers: {instances: 1, threads: 40}
+    workload: {messages: 40, over: 4s, queues: 1}
+    consume_timeout: 1m
+    consume_timeout_check: periodic
+    behavior:
+      fail_probability: 0
+      processing_time: {dist: constant, mean: 130s}
+"""
+
+
+def test_concurrently_periodic_cleaner_sends_back_16_per_run():
+    # 40 listeners of 130 s started at 0, 0.1, ..., 3.9 s on one queue: at the run at 120 s
+    # all 40 are expired and running, and ProcessQueue.cleanExpiredMsg sends back 16 of
+    # them, head first (msg_ids 0..15); the other 24 return at start + 130 s, before the
+    # run at 180 s, and commit
+    r = simulate_scenario(yaml.safe_load(PERIODIC_SWEEP))
+    first = {a["msg_id"]: a for a in r["attempts"] if a["delivery"] == 1}
+    assert sorted(first) == list(range(40))
+    assert [first[m]["start_ms"] for m in range(40)] == [100 * m for m in range(40)]
+    cleaned = [m for m in range(40) if first[m]["outcome"] == "TIMEOUT"]
+    assert cleaned == list(range(16))
+    for m in range(16):
+        a = first[m]
+        assert (a["end_ms"], a["processing_ms"]) == (120 * S, 130 * S)
+        assert (a["result_state"], a["delay_level"], a["next_ready_ms"]) == (
+            "WaitingRetry",
+            3,
+            130 * S,
+        )
+        assert trans(r, m)[2] == tr(
+            m, 1, 3, "WaitingRetry", 120 * S, "SCHEDULE_TOPIC_XXXX", 2, 3, "TIMEOUT"
+        )
+    for m in range(16, 40):
+        a = first[m]
+        assert (a["outcome"], a["end_ms"]) == ("CONSUME_SUCCESS", 100 * m + 130 * S)
+        assert (a["result_state"], a["settled_ms"]) == ("Commit", 100 * m + 130 * S)
+        assert [a["delivery"] for a in attempts(r, m)] == [1]
+    # the 16 are retried from %RETRY%g 10 s later, each as its own listener's thread frees
+    for m in range(16):
+        second = attempts(r, m)[1]
+        assert (second["delivery"], second["source_topic"], second["reconsume_times"]) == (
+            2,
+            "%RETRY%g",
+            1,
+        )
+        assert (second["ready_ms"], second["start_ms"]) == (130 * S, 130 * S + 100 * m)
+
+
+def test_clean_expired_msg_sweep_stops_at_the_first_head_not_expired():
+    @dataclass
+    class Msg:
+        consume_start_time_stamp: int | None
+
+    sent = []
+    pq = source_rules.ProcessQueue()
+    for offset, start in enumerate([0] * 20 + [50, 0, None]):
+        pq.put_message(offset, Msg(start))
+    back = lambda msg, level: sent.append((msg, level))  # noqa: E731
+    source_rules.clean_expired_msg_sweep(pq, 100, 60, back)  # 16 of the 20 expired
+    assert len(sent) == 16 and {level for _, level in sent} == {3} and pq.size() == 7
+    source_rules.clean_expired_msg_sweep(pq, 100, 60, back)  # 4 more, then offset 20 (50)
+    assert len(sent) == 20 and pq.first_entry()[0] == 20
+    pq.remove_message(20)  # its listener returns: offset 21 is expired, 22 not started
+    source_rules.clean_expired_msg_sweep(pq, 100, 60, back)
+    assert len(sent) == 21 and pq.first_entry()[0] == 22
 
 
 # --------------------------------------------------------------------------- 3. 5.x push

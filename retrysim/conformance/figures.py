@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from retrysim.conformance.harness import BrokerRun
-from retrysim.model.behavior import CONSUME_SUCCESS
+from retrysim.model.behavior import CONSUME_SUCCESS, TIMEOUT
 from retrysim.model.policy import Policy
 from retrysim.model.states import (
     COMMIT,
@@ -134,11 +134,12 @@ def listener_ends(rows: pd.DataFrame) -> pd.Series:
     return rows["end_ms"]
 
 
-def _retry_delays(rows: pd.DataFrame) -> pd.Series:
-    """Each retry's delay, from the end of one delivery's listener to the start of the
-    next, by (msg_id, delivery)."""
+def _retry_delays(rows: pd.DataFrame, ends: pd.Series | None = None) -> pd.Series:
+    """Each retry's delay, from the end of one delivery's listener (or ``ends``, by row) to
+    the start of the next, by (msg_id, delivery)."""
     started = rows[rows["start_ms"].notna()].sort_values(["msg_id", "delivery"])
-    before = listener_ends(started).groupby(started["msg_id"]).shift()
+    ends = listener_ends(started) if ends is None else ends.loc[started.index]
+    before = ends.groupby(started["msg_id"]).shift()
     delays = (started["start_ms"] - before)[before.notna()]
     keys = started.loc[delays.index, ["msg_id", "delivery"]]
     return pd.Series(delays.to_numpy(float), index=pd.MultiIndex.from_frame(keys))
@@ -238,9 +239,23 @@ def _broker_ages(run: BrokerRun, rows: pd.DataFrame, at: str) -> pd.Series:
     return pd.Series(ages, index=rows["msg_id"].to_numpy())
 
 
-def _time_to_commit(staged: pd.DataFrame, run: BrokerRun, per_retry: int) -> list[Figure]:
-    """p50 and p99 of the committed messages' time from their send to their commit."""
-    commits = run.deliveries[run.deliveries["outcome"] == CONSUME_SUCCESS]
+def _smallest_delay(staged: pd.DataFrame) -> float:
+    """retrysim's smallest retry delay, which caps the tolerance of every retry's: from the
+    end of the listener, or, after a timeout, from the send-back (the 4.x cleaner's, whose
+    listener runs on: its retry may wait for that thread and start as it frees)."""
+    ends = staged["end_ms"].where(staged["outcome"] == TIMEOUT, listener_ends(staged))
+    delays = _retry_delays(staged, ends)
+    return float(delays.min()) if len(delays) else float("inf")
+
+
+def _time_to_commit(
+    staged: pd.DataFrame, run: BrokerRun, per_retry: int, committed: pd.Index
+) -> list[Figure]:
+    """p50 and p99 of the committed messages' time from their send to their commit: on the
+    broker, the last delivery of each message in ``committed`` (a success the cleaner had
+    already sent back is no commit)."""
+    rows = run.deliveries.sort_values(["msg_id", "delivery"]).groupby("msg_id").tail(1)
+    commits = rows[rows["msg_id"].isin(committed)]
     mine, theirs = _settle_times(staged, COMMITTED), _broker_ages(run, commits, "end_ms")
     if mine.empty or theirs.empty:
         return [Figure("committed messages", len(mine), len(theirs))]
@@ -309,12 +324,12 @@ def timed_figures(staged: pd.DataFrame, run: BrokerRun, policy: Policy) -> list[
     (the worst difference over the retries both sides made), the times to commit, the peak
     Ready backlog, the DLQ times and each instance's work."""
     mine = _retry_delays(staged)
-    smallest = float(mine.min()) if len(mine) else float("inf")
     per_retry = retry_tolerance(policy)
+    theirs = broker_messages(run, policy)
     return [
         Figure("retry delay, worst difference (ms)", 0, _worst(mine, _retry_delays(run.deliveries)),
-               _capped(per_retry, smallest)),
-        *_time_to_commit(staged, run, per_retry),
+               _capped(per_retry, _smallest_delay(staged))),
+        *_time_to_commit(staged, run, per_retry, theirs.index[theirs["state"] == COMMITTED]),
         _ready_backlog(staged, run, per_retry),
         _dlq_times(staged, run, policy),
         *_instances(staged, run),

@@ -195,6 +195,7 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
         f"await_ms={AWAIT_MS}", f"pull_threshold_for_queue={group.pull_threshold_for_queue}",
         f"max_cache_message_count={group.max_cache_message_count}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
+        f"cleaner_period_ms={policy.timeout_ms if policy.periodic_timeout else 0}",
         f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",
     ])  # fmt: skip
 

@@ -51,9 +51,11 @@ from retrysim.engine.event_rules import (
     K_ACK_INDEX,
     K_HORIZON,
     K_INSTANCES,
+    K_PERIODIC,
     K_REPLAY_AT,
     K_REPLAY_QUEUES,
     K_THREADS,
+    K_TIMEOUT,
     NULL,
     PUBLISHED,
     S_DELIVERY,
@@ -70,14 +72,18 @@ from retrysim.engine.event_rules import (
     SUCCESS,
     T_SCHEDULE,
     T_SOURCE,
+    TIMEOUT,
     WAITING_RETRY,
     _base_conditions,
     _conditions,
     _consume_result,
     _eligible,
     _instance,
+    _lane,
     _listen,
     _settled_step,
+    _sweep_state,
+    _swept,
 )
 from retrysim.numba_cache import cache_by_source
 
@@ -198,6 +204,8 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     # a message reaches the DLQ at most once before the replay, which is the only one
     dead = np.empty((4, len(msg_ids) if replay_at != n else 0), np.int64)
     dead_count = 0
+    swept = k[K_PERIODIC] == 1
+    sweeps = _sweep_state(k)
     for lane in range(len(queue_ids_used)):  # every ordered queue is free at 0
         if events == len(event_keys):
             event_keys, event_values = _grow(event_keys), _grow(event_values)
@@ -388,7 +396,7 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                     processing += processing_j
                     if failing == SUCCESS and outcome_j != SUCCESS:
                         failing = outcome_j
-                outcome, end = _consume_result(k, now, processing, failing)
+                request_outcome, request_end = _consume_result(k, now, processing, failing)
                 deliveries += taken
                 for j in range(taken):
                     if slots[S_DELIVERY, batch[j]] == 1:
@@ -409,6 +417,10 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                 for j in range(taken):
                     slot = batch[j]
                     topic, queue_id = slots[S_TOPIC, slot], slots[S_QUEUE, slot]
+                    outcome, end = request_outcome, request_end
+                    if swept and outcome == TIMEOUT:  # each member counts in the cleaner's run
+                        outcome, end = _swept(sweeps, _lane(k, topic, queue_id), end, k[K_TIMEOUT],
+                                              now + processing, failing)  # fmt: skip
                     if end >= horizon:
                         step = (INFLIGHT, n, n, n, n, n, n, n, n, n, n, n, n, n, n)
                         if rows == out.shape[1]:

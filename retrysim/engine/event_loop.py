@@ -53,6 +53,7 @@ from retrysim.engine.event_rules import (
     K_ACK_INDEX,
     K_HORIZON,
     K_INSTANCES,
+    K_PERIODIC,
     K_POP_CACHE,
     K_POP_THREADS,
     K_PULL_THRESHOLD,
@@ -62,6 +63,7 @@ from retrysim.engine.event_rules import (
     K_REPLAY_QUEUES,
     K_SIZE,
     K_THREADS,
+    K_TIMEOUT,
     LOCAL_RETRY,
     NULL,
     PUBLISHED,
@@ -94,6 +96,8 @@ from retrysim.engine.event_rules import (
     _lane,
     _listen,
     _settled_step,
+    _sweep_state,
+    _swept,
     lanes,
 )
 from retrysim.model.xxh64 import uniform
@@ -460,7 +464,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
            first_instance, order, taken, arrived, free, busy, touched, touched_list, heaps,
            sizes, slots, spare, event_keys, event_values, out, state, dead, cached, overflow,
            fifo_ends, lane_pos, lane_wait, lane_next, entered, ring, entry, held, pop,
-           caches):  # fmt: skip
+           caches, sweeps):  # fmt: skip
     """:func:`_run`'s turns, until a chunk is full, every so many turns, the end, or a turn
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
@@ -491,7 +495,10 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     received and not yet done, ``caches`` holds each one's FIFO of them in the order they
     start, and ``pop`` its receives (:data:`_RECEIVE_AT` ...); a delivery eligible while its
     instance's long poll waits enters at once, else it waits on the broker (:func:`_receive`).
-    A receive due is an event of the free phase whose value is -1 - the instance."""
+    A receive due is an event of the free phase whose value is -1 - the instance.
+
+    With the 4.x cleaner's periodic check (``K_PERIODIC``), ``sweeps`` holds each process
+    queue's latest cleaner run and how many it sent back (:func:`_swept`)."""
     n = NULL
     k = to_fixed_tuple(k_array, K_SIZE)
     d = to_fixed_tuple(d_array, D_SIZE)
@@ -500,6 +507,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     threads = k[K_THREADS]
     ack_index = k[K_ACK_INDEX]
     acked_later = ack_index != n and ack_index < 0  # a success is retried (docs/model.md §7)
+    swept = k[K_PERIODIC] == 1
     threshold = k[K_PULL_THRESHOLD]
     capped = threshold != n
     popped = k[K_POP_CACHE] != n
@@ -784,7 +792,13 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     poisoned[index] and slots[S_FIXED, slot] == 0,
                     concurrency,
                 )
+                listened = outcome
                 outcome, end = _consume_result(k, now, processing, outcome)
+                if swept and outcome == TIMEOUT:  # the cleaner's run may be full
+                    outcome, end = _swept(
+                        sweeps, _lane(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot]), end,
+                        k[K_TIMEOUT], now + processing, listened,
+                    )  # fmt: skip
                 deliveries += 1
                 if delivery == 1:
                     first += 1
@@ -989,13 +1003,14 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
         fifo_ends = np.zeros((2, 2 * instances), np.int64)
     # a message reaches the DLQ at most once before the replay, which is the only one
     dead = np.empty((4, len(msg_ids) if k[K_REPLAY_AT] != n else 0), np.int64)
+    sweeps = _sweep_state(k)
     while True:
         now, status = _turns(
             k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals,
             msg_ids, queue_ids, born, poisoned, count, member, eligible, first_instance, order,
             taken, arrived, free, busy, touched, touched_list, heaps, sizes, slots, spare,
             event_keys, event_values, out, state, dead, cached, overflow, fifo_ends, lane_pos,
-            lane_wait, lane_next, entered, ring, entry, held, pop, caches,
+            lane_wait, lane_next, entered, ring, entry, held, pop, caches, sweeps,
         )  # fmt: skip
         if status == _DONE:
             break

@@ -277,6 +277,38 @@ def _consume_result(k, start, processing, outcome):
     return outcome, start + processing
 
 
+@njit(cache=True)
+def _swept(sweeps, lane, leave, timeout, listener_end, listened):
+    """A periodic timeout's (outcome, end_ms) under the 4.x cleaner's limit (docs/model.md
+    §3): a run sends back at most CLEANER_MESSAGES messages of a process queue, head first, so
+    a delivery past that number waits for the next run and is not sent back if its listener
+    returns first. ``sweeps[:, lane]`` holds the latest run that sent back some of
+    ``lane``'s deliveries and how many; the runs before it that still had them running are
+    full (deliveries reach here in the order they started, the queue's order, and a run's
+    moment grows with the start). The twin of the reference's cleaner runs."""
+    latest, count = sweeps[0, lane], sweeps[1, lane]
+    if leave > latest:
+        sweeps[0, lane], sweeps[1, lane] = leave, 1
+        return TIMEOUT, leave
+    if listener_end <= latest:
+        return listened, listener_end
+    if count < limits.CLEANER_MESSAGES:
+        sweeps[1, lane] = count + 1
+        return TIMEOUT, latest
+    later = latest + timeout
+    if listener_end <= later:
+        return listened, listener_end
+    sweeps[0, lane], sweeps[1, lane] = later, 1
+    return TIMEOUT, later
+
+
+@njit(cache=True)
+def _sweep_state(k):
+    """:func:`_swept`'s ``sweeps`` for a key: no run yet on any process queue (none where
+    the key's timeout is not checked periodically)."""
+    return np.full((2, lanes(k) if k[K_PERIODIC] == 1 else 0), -1, np.int64)
+
+
 @njit(cache=True, inline="always")
 def _committed(end, topic, queue_id):
     """_next_step of a success (most deliveries: the loops take it without the rest

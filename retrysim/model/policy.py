@@ -140,14 +140,22 @@ class Policy:
     def sequential(self) -> bool:
         """Whether this group needs the sequential engine from the start (not just on
         saturation): ordered queues and batches are decided by dispatch order, and so is a
-        pool whose threads could fill a queue's cache (the pull threshold) before the pool."""
+        pool whose threads could fill a queue's cache (the pull threshold) before the pool,
+        or a run of the 4.x periodic cleaner."""
         threads = self.topology.threads
         small_cache = threads is not None and (
             (self.pull_threshold is not None and self.pull_threshold < threads)
             # a full 5.x cache holds its next receive back a second, even with threads free
             or (self.pop_cache is not None and self.pop_cache <= threads)
         )
-        return self.blocking or self.batch_size > 1 or small_cache
+        # a run of the 4.x cleaner sends back at most 16 deliveries of a process queue
+        # (CLEANER_MESSAGES): where more can be running, which ones depends on the start order
+        full_sweep = (
+            self.periodic_timeout
+            and bool(self.timeout_ms)
+            and (threads is None or threads > limits.CLEANER_MESSAGES)
+        )
+        return self.blocking or self.batch_size > 1 or small_cache or full_sweep
 
     @property
     def falls_back(self) -> bool:

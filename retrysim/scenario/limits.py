@@ -21,6 +21,10 @@ DEFAULT_CONSUME_TIMEOUT_4X_MS = 15 * MINUTE_MS
 # ConsumeMessageConcurrentlyService.submitConsumeRequestLater: a failed send-back is resubmitted
 # locally after 5 s.
 SEND_BACK_RESUBMIT_MS = 5 * SECOND_MS
+# ProcessQueue.cleanExpiredMsg (4.9.7 lines 84-98): one run of the 4.x client's
+# expired-message cleaner sends back at most this many messages of a process queue, from
+# its head, and stops at the first one not expired.
+CLEANER_MESSAGES = 16
 # DefaultMQPushConsumer.suspendCurrentQueueTimeMillis (1000) and its clamp in
 # ConsumeMessageOrderlyService.submitConsumeRequestLater (10 .. 30000 ms).
 DEFAULT_SUSPEND_MS = 1_000

@@ -255,7 +255,7 @@ def reference():
 def test_scenario_exercises_every_path(run):
     engines = {r["group"]: r["engine"] for r in run.summary.collect()}
     assert engines == {
-        "payments": "rounds", "audit": "rounds", "simple": "rounds", "fifo": "sequential",
+        "payments": "rounds", "audit": "sequential", "simple": "rounds", "fifo": "sequential",
         "batch": "sequential", "pool": "sequential", "push": engines["push"],
         "storm": "sequential", "circle": "sequential", "units": "sequential",
     }  # fmt: skip

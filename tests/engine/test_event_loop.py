@@ -10,10 +10,13 @@ the loop's own contracts: chunks, progress, units and publish order.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+import yaml
 from compiled_rules import reconsume_of
 from hypothesis import HealthCheck, example, given, settings
 from reference.simulator import simulate_scenario
@@ -155,6 +158,29 @@ def test_a_small_cache_per_queue_gives_the_references_rows():
     firsts = started[started["delivery"] == 1]
     assert (retries["start_ms_small"] < retries["start_ms_big"]).mean() > 0.5
     assert (firsts["start_ms_small"] > firsts["start_ms_big"]).any()
+
+
+SWEEP = Path(__file__).parents[2] / "conf" / "conformance" / "sweep-4x.yaml"
+
+
+def test_a_cleaner_run_sends_back_at_most_16_of_a_queue():
+    """conf/conformance/sweep-4x.yaml: all 40 deliveries of one queue are expired at the 4.x
+    cleaner's run at 120 s; it sends back the 16 at the head of the queue, and the other 24
+    return at 125 to 129 s and commit. In batches of 3 on 14 threads: the 14 that started
+    alone are sent back at 120 s; the other 26 start in batches as those threads free and
+    run 375 s, and the run at 240 s sends back 16 of them, the other 10 waiting past the
+    horizon for the next run."""
+    data = yaml.safe_load(SWEEP.read_text())
+    firsts = loop_rows_are_the_references(data).query("delivery == 1").sort_values("msg_id")
+    swept = firsts[firsts["outcome"] == "TIMEOUT"]
+    assert list(swept["msg_id"]) == list(firsts["msg_id"][:16])
+    assert set(swept["end_ms"]) == {120_000}
+    assert (firsts["result_state"] == "Commit").sum() == 24
+    group = {**data["groups"][0], "consume_message_batch_max_size": 3,
+             "consumers": {"instances": 1, "threads": 14}}  # fmt: skip
+    rows = loop_rows_are_the_references({**data, "groups": [group]}).query("delivery == 1")
+    assert rows.groupby("end_ms").size().to_dict() == {120_000: 14, 240_000: 16}
+    assert rows["end_ms"].isna().sum() == 10 and (rows["batch_size"] > 1).sum() == 26
 
 
 SATURATED_5X = {

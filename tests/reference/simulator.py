@@ -21,7 +21,9 @@ Each group is simulated on its own as a discrete-event simulation (model.md §5)
 ``heapq`` of events keyed by ``(time_ms, phase, counter)``. At one millisecond ``t`` the
 simulator runs *passes* until nothing is left at ``t``: (1) phase-0 events -- threads freed,
 deliveries ending (which settles messages, releases blocking lanes and schedules retries),
-retries and publications becoming Ready, after-backoff leaves, the replay; then lane heads
+retries and publications becoming Ready, after-backoff leaves, the replay; then the 4.x
+expired-message cleaner's run at ``t``, if one is due (after every phase-0 event of the
+pass, so a listener that returns at ``t`` has left its process queue); then lane heads
 are (re)chosen for blocking lanes; (2) phase-1 events -- deliveries becoming eligible;
 (3) dispatch: while a thread is free, start the waiting delivery with the smallest
 ``(eligible_ms, msg_id, delivery)`` (plus up to ``N - 1`` more of its lane for batches).
@@ -49,7 +51,27 @@ Interpretations (where the docs are silent or ambiguous, the reading chosen here
     to the table), whatever ``delay_level_when_next_consume`` is -- so a timeout with
     ``delay_level_when_next_consume: -1`` is retried at level 3, not dead-lettered (unless
     ``rt >= M``). ``consume_timeout_check: periodic`` applies to the 4.x flavors with a
-    timeout (concurrently, broadcasting); every other flavor checks exactly.
+    timeout (concurrently, broadcasting); every other flavor checks exactly (TIMEOUT at
+    ``start + T`` when the processing is longer). Periodic is the 4.9.7 cleaner itself
+    (``source_rules.clean_expired_msg_sweep``, ``ProcessQueue.cleanExpiredMsg``): it runs at
+    ``k * T`` (k = 1, 2, ... before the horizon) on every process queue, a lane ``(topic,
+    queue)``, whose deliveries are those pulled (accepted into the instance's waiting order,
+    or released from the pull threshold's hold) whose listener has not returned and which
+    were not cleaned. Each run sends back at most 16 of a process queue, head first, while
+    the head started more than ``T`` ago; a head not started or not expired ends the run. A
+    cleaned delivery ends at the run (TIMEOUT, level 3); its listener runs on and holds its
+    thread until ``start + processing``, and its return does nothing (the 5.1.0+ client's
+    ``processConsumeResult`` skips what the process queue lost). A delivery not cleaned
+    ends with its listener's result at ``start + processing``; one whose listener returns at
+    the run's moment itself is not cleaned. The queue offset a process queue is ordered by
+    is the order the consume service takes its deliveries, ``(entered_ms, msg_id,
+    delivery)`` (dispatch_on), so a queue's deliveries start in offset order and the sweep
+    equals the per-delivery rule (TIMEOUT at the first ``k * T > start + T``, if the
+    listener returns after it) except where more than 16 of one queue are expired at one
+    run: the rest wait for a later run, or commit or fail by their listener's return if it
+    comes first. The cleaner's removal does not free room under ``pull_threshold_for_queue``
+    here: a delivery leaves the pull threshold's count when its listener returns, as for
+    the exact check.
  6. The send-back draw (concurrently only: ``send_back_failure_probability`` and
     ``send_back_fallback_probability``) applies to every member the consume service sends
     back -- failures and ``beyond_ack_index`` members, not timeouts (the model takes the
@@ -110,6 +132,11 @@ Interpretations (where the docs are silent or ambiguous, the reading chosen here
     of ms (or s), exact as a fraction; every delivery's processing time takes ``floor(o)``
     ms more, after the downstream's, and one ms more where its ``client_time`` draw is below
     ``o - floor(o)``.
+23. The 4.x cleaner and a failed send-back (``send_back_failed``, ``local_retry``): the
+    client keeps the message in its process queue and resubmits it 5 s later; here its
+    listener's return takes it out of the cleaner's process queue and its re-run (the next
+    delivery) enters again, as a new entry after those already there (offset ``(entered_ms,
+    msg_id, delivery)``), so it is not swept while it waits the 5 s.
 """
 
 from __future__ import annotations
@@ -665,10 +692,16 @@ class _Delivery:
     started: bool = False
     ended: bool = False
     ends: list[tuple] = field(default_factory=list)  # (k, state, at, topic, queue, lvl, why)
+    offset: tuple | None = None  # its place in its process queue (the 4.x cleaner's sweep)
 
     @property
     def lane(self) -> tuple[str, int]:
         return (self.topic, self.queue)
+
+    @property
+    def consume_start_time_stamp(self) -> int | None:
+        """What ``ProcessQueue.cleanExpiredMsg`` reads: None until the consume starts."""
+        return self.start_ms
 
 
 @dataclass(eq=False)
@@ -727,6 +760,11 @@ class _GroupSim:
         )  # fmt: skip
         self.cached: dict[tuple[str, int], int] = {}
         self.held: dict[tuple[str, int], deque] = {}
+        # the 4.x expired-message cleaner (consume_timeout_check: periodic): each process
+        # queue's deliveries in the queue's order, swept every T (interpretation 5)
+        self.sweeping = cfg.periodic and cfg.timeout is not None
+        self.process_queues: dict[tuple[str, int], source.ProcessQueue] = {}
+        self.clean_due = False
         # the 5.x push client's cache per instance (rocketmq-clients ProcessQueueImpl)
         self.popped = (cfg.pop_cache is not None or cfg.pops_per_thread) and cfg.threads != INF
         # a simple consumer receives into its threads: its cache is its pool
@@ -793,6 +831,8 @@ class _GroupSim:
             self.schedule_ready(msg.born_ms, spec)
         if cfg.replay_at is not None and cfg.replay_at < cfg.horizon:
             self.push(cfg.replay_at, 0, "replay")
+        if self.sweeping and cfg.timeout < cfg.horizon:
+            self.push(cfg.timeout, 0, "clean", 1)
         events = self.events
         while events and events[0][0] < cfg.horizon:
             t = events[0][0]
@@ -800,6 +840,9 @@ class _GroupSim:
                 while events and events[0][0] == t and events[0][1] == 0:
                     _, _, _, kind, obj = heapq.heappop(events)
                     getattr(self, "on_" + kind)(t, obj)
+                if self.clean_due:  # after every phase-0 event of t: a listener back at t
+                    self.clean_due = False  # has left its process queue
+                    self.sweep(t)
                 self.choose_heads(t)
                 now = []
                 while events and events[0][0] == t and events[0][1] == 1:
@@ -819,6 +862,13 @@ class _GroupSim:
     def on_receive(self, t: int, instance: int) -> None:
         self.receives_due.append(instance)  # after what becomes eligible at t
 
+    def on_clean(self, t: int, k: int) -> None:
+        """The cleaner's k-th run (scheduleAtFixedRate, initial delay and period T), swept
+        after the other phase-0 events of t."""
+        self.clean_due = True
+        if (k + 1) * self.cfg.timeout < self.cfg.horizon:
+            self.push((k + 1) * self.cfg.timeout, 0, "clean", k + 1)
+
     def on_free(self, t: int, obj: tuple[int, list[_Delivery]]) -> None:
         instance, members = obj
         self.free[instance] += 1
@@ -830,6 +880,9 @@ class _GroupSim:
             if pop.receive_at == "thread":  # a simple consumer's freed thread receives
                 pop.receive_at = "due"
                 self.receives_due.append(instance)
+        if self.sweeping:  # the listener is back: out of the cleaner's process queue (a
+            for member in members:  # failed send-back's re-run enters it again)
+                self.process_queues[member.lane].remove_message(member.offset)
         # the client removes a consumed message from its process queue, but keeps one whose
         # send-back failed (submitConsumeRequestLater)
         if self.capped and not (dv.ends and dv.ends[-1][6] == "send_back_failed"):
@@ -843,6 +896,7 @@ class _GroupSim:
                     self.cached[dv.lane] += 1
                     entry = (t, other.msg.msg_id, other.d, other)
                     heapq.heappush(self.waiting[other.instance], entry)
+                    self.enter(other, entry)
 
     def on_ready(self, t: int, spec: tuple) -> None:
         msg, d, rt, topic, queue, reason, brt = spec
@@ -879,6 +933,8 @@ class _GroupSim:
         cfg = self.cfg
         ack = cfg.ack_index
         for i, dv in enumerate(members):
+            if dv.ended:  # cleaned: its listener's return does nothing (a 5.x client's
+                continue  # processConsumeResult skips what the process queue lost)
             dv.ended = True
             dv.end_ms, dv.outcome = t, outcome
             if outcome == SUCCESS and (ack is None or i <= min(ack, len(members) - 1)):
@@ -1163,6 +1219,34 @@ class _GroupSim:
         heapq.heappush(self.waiting[dv.instance], entry)
         if self.cfg.batch > 1:
             heapq.heappush(self.lane_waiting.setdefault(dv.lane, []), entry)
+        self.enter(dv, entry)
+
+    # -- the 4.x expired-message cleaner (consume_timeout_check: periodic)
+    def enter(self, dv: _Delivery, entry: tuple) -> None:
+        """Pulled into its process queue (the MessageQueue it came from). Its place there,
+        the queue offset, is its place in the order the consume service takes the queue's
+        deliveries, ``(entered_ms, msg_id, delivery)`` (dispatch_on): after every delivery
+        that entered before, and by message among those entering at one moment."""
+        if self.sweeping:
+            dv.offset = entry[:3]
+            pq = self.process_queues.setdefault(dv.lane, source.ProcessQueue())
+            pq.put_message(dv.offset, dv)
+
+    def sweep(self, t: int) -> None:
+        """A cleaner run at t: ``cleanExpiredMsg`` on every process queue (source_rules.py),
+        each sending back at most 16 of its expired deliveries, head first. The listener of a
+        cleaned delivery runs on; the cleaner's send-back is its end (TIMEOUT at t)."""
+
+        def send_message_back(dv: _Delivery, level: int) -> None:
+            assert level == 3 and not dv.ended, (level, dv)
+            dv.ended = True
+            dv.end_ms, dv.outcome = t, TIMEOUT
+            self.after_failure(t, dv, TIMEOUT, TIMEOUT)
+
+        for lane in sorted(self.process_queues):
+            source.clean_expired_msg_sweep(
+                self.process_queues[lane], t, self.cfg.timeout, send_message_back
+            )
 
     def dispatch(self, t: int) -> None:
         for instance in range(self.cfg.instances):
@@ -1208,13 +1292,9 @@ class _GroupSim:
             if outcome == SUCCESS and kind != SUCCESS:
                 outcome = kind
         end = t + total
-        if cfg.timeout is not None and total > cfg.timeout:
-            if not cfg.periodic:
-                outcome, end = TIMEOUT, t + cfg.timeout
-            else:
-                check = cfg.timeout * ((t + cfg.timeout) // cfg.timeout + 1)
-                if t + total > check:
-                    outcome, end = TIMEOUT, check
+        # periodic: the listener's end, unless a cleaner run sends it back first (sweep)
+        if cfg.timeout is not None and total > cfg.timeout and not cfg.periodic:
+            outcome, end = TIMEOUT, t + cfg.timeout
         if cfg.kind == "invisible" and outcome != SUCCESS:
             # not acknowledged: invisible until its duration ends and the reviver takes it
             end = t + cfg.timeout + cfg.revive_lag

@@ -13,9 +13,13 @@ the commit-log copy it was pulled from (``stored``); :class:`Put` is one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"  # TopicValidator.RMQ_SYS_SCHEDULE_TOPIC
+CLEAN_EXPIRED_MSG_LOOP = 16  # ProcessQueue.cleanExpiredMsg: Math.min(msgTreeMap.size(), 16)
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"  # MixAll
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
@@ -158,6 +162,73 @@ def clean_expired_msg(group: str, msg: MessageExt, max_reconsume_times: int, max
     send-back leaves the message in the process queue for the next sweep, 15 min later,
     which retrysim does not model), so the RPC is taken to succeed."""
     return consumer_send_msg_back(group, msg, 3, max_reconsume_times, max_level)
+
+
+@dataclass(eq=False)
+class ProcessQueue:
+    """``ProcessQueue.msgTreeMap``: one MessageQueue's messages pulled and not yet removed
+    (``putMessage`` when pulled, ``removeMessage`` when consumed or cleaned), sorted by queue
+    offset; a heap of offsets whose removed ones are skipped. An offset is anything ordered;
+    a message anything with a ``consume_start_time_stamp`` (``MessageAccessor.
+    getConsumeStartTimeStamp``: None until its consume request runs)."""
+
+    msg_tree_map: dict[Any, Any] = field(default_factory=dict)
+    offsets: list = field(default_factory=list)  # heap of every offset put
+
+    def put_message(self, offset: Any, msg: Any) -> None:
+        assert offset not in self.msg_tree_map, offset
+        self.msg_tree_map[offset] = msg
+        heapq.heappush(self.offsets, offset)
+
+    def remove_message(self, offset: Any) -> bool:
+        return self.msg_tree_map.pop(offset, None) is not None
+
+    def size(self) -> int:
+        return len(self.msg_tree_map)
+
+    def first_entry(self) -> tuple[Any, Any] | None:
+        """``msgTreeMap.firstEntry()``: the lowest offset still in the tree."""
+        while self.offsets and self.offsets[0] not in self.msg_tree_map:
+            heapq.heappop(self.offsets)
+        return (self.offsets[0], self.msg_tree_map[self.offsets[0]]) if self.offsets else None
+
+
+def clean_expired_msg_sweep(
+    process_queue: ProcessQueue,
+    now: int,
+    consume_timeout: int,
+    send_message_back: Callable[[Any, int], None],
+) -> None:
+    """Client: ``ProcessQueue.cleanExpiredMsg`` lines 79-130, one run of the cleaner on one
+    process queue (``consume_timeout`` in ms; the source's is in minutes). At most
+    ``min(size, 16)`` times: the head (lowest offset) is taken if its consume started more
+    than the timeout ago, sent back at level 3 (``sendMessageBack(msg, 3)``,
+    ``clean_expired_msg``) and removed if it is still the head (``msg.getQueueOffset() ==
+    msgTreeMap.firstKey()``); the first head not expired, or not started (no start
+    timestamp), ends the run (``if (msg == null) break``). A send-back that throws leaves the
+    head in place and the loop goes on (the exception is logged), trying it again.
+
+    The orderly check (``isConsumeOrderly``) is the caller's: it runs this for concurrent
+    consumers only. The listener of a message cleaned here is not interrupted; what its
+    return does is the consume service's (``processConsumeResult``), not this method's."""
+    loop = min(process_queue.size(), CLEAN_EXPIRED_MSG_LOOP)
+    for _ in range(loop):
+        msg, offset = None, None
+        first = process_queue.first_entry()  # !msgTreeMap.isEmpty()
+        if first is not None:
+            offset, head = first
+            start = head.consume_start_time_stamp
+            if start is not None and now - start > consume_timeout:
+                msg = head
+        if msg is None:
+            break
+        try:
+            send_message_back(msg, 3)
+            first = process_queue.first_entry()
+            if first is not None and first[0] == offset:  # msg.getQueueOffset() == firstKey()
+                process_queue.remove_message(offset)
+        except SendFailed:
+            pass  # log.error("send expired msg exception", e)
 
 
 def delivered_copy(put: Put) -> MessageExt:

@@ -79,6 +79,7 @@ public final class Harness {
   private final ConcurrentLinkedQueue<String> deliveries = new ConcurrentLinkedQueue<>();
   private Listener listener;
   private volatile long t0 = Long.MAX_VALUE;
+  private long cleanerStart; // when the first consumer started its expired-message cleaner
   private final Sends sends = new Sends();
   private Children children; // the namesrv and the broker
 
@@ -206,6 +207,9 @@ public final class Harness {
         });
       }
     }
+    if (instance == 0) { // ConsumeMessageConcurrentlyService.start schedules the cleaner
+      cleanerStart = System.currentTimeMillis();
+    }
     consumer.start();
     return consumer;
   }
@@ -291,6 +295,15 @@ public final class Harness {
   private void produce(DefaultMQProducer producer, int queues) throws Exception {
     List<String> messages = Files.readAllLines(Path.of(p.getProperty("messages")));
     t0 = System.currentTimeMillis();
+    // the cleaner runs every consumeTimeout from its consumer's start; retrysim's periodic
+    // check runs at whole multiples of it from t0: t0 is made one of the cleaner's runs
+    long period = Long.parseLong(p.getProperty("cleaner_period_ms", "0"));
+    if (period > 0) {
+      t0 = cleanerStart + (t0 - cleanerStart + period - 1) / period * period;
+      System.out.printf("broker4: production waits %d ms for a run of the cleaner%n",
+          t0 - System.currentTimeMillis());
+      Listener.sleep(t0 - System.currentTimeMillis());
+    }
     for (String line : messages) {
       String[] cells = line.split(",");
       Listener.sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
