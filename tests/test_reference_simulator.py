@@ -260,12 +260,13 @@ def test_concurrently_short_table_clamps():
 def test_concurrently_timeout_exact_and_periodic():
     base = {"flavor": "rocketmq4.concurrently", "workload": one(), "max_reconsume_times": 0}
     # exact: processing 20 min > 15 min -> TIMEOUT at 15 min, sent back at level 3 ... but M=0
-    r = run(**base, behavior={"processing_time": "20m"})
+    r = run(**base, consume_timeout_check="exact", behavior={"processing_time": "20m"})
     a = attempts(r)[0]
     assert (a["outcome"], a["end_ms"], a["processing_ms"]) == ("TIMEOUT", 15 * MIN, 20 * MIN)
     assert a["result_state"] == "DLQ"
-    # periodic: the cleaner runs at 15, 30, ... min; the first run strictly after 15 min is 30
-    r = run(**base, consume_timeout_check="periodic", behavior={"processing_time": "20m"})
+    # periodic (the default): the cleaner runs at 15, 30, ... min; the first run strictly
+    # after 15 min is 30
+    r = run(**base, behavior={"processing_time": "20m"})
     a = attempts(r)[0]
     assert (a["outcome"], a["end_ms"]) == ("CONSUME_SUCCESS", 20 * MIN)
     r = run(**base, consume_timeout_check="periodic", behavior={"processing_time": "40m"})
@@ -276,6 +277,7 @@ def test_concurrently_timeout_exact_and_periodic():
         flavor="rocketmq4.concurrently",
         workload=one(),
         consume_timeout="1s",
+        consume_timeout_check="exact",
         delay_level_when_next_consume=-1,
         behavior={"processing_time": "2s"},
         horizon="30s",
@@ -666,6 +668,7 @@ def test_broadcasting_timeout_is_sent_back_where_nobody_reads_it():
     r = run(
         flavor="rocketmq4.broadcasting",
         consume_timeout="1s",
+        consume_timeout_check="exact",
         workload=one(),
         behavior={"processing_time": "5s"},
     )
@@ -751,6 +754,7 @@ def test_threads_stay_busy_past_timeout():
     r = run(
         consumers={"instances": 1, "threads": 1},
         consume_timeout="1s",
+        consume_timeout_check="exact",
         workload=one(2),
         behavior={"processing_time": "3s"},
         horizon="12s",

@@ -25,6 +25,7 @@ import pandas as pd
 from retrysim.engine.event_key import KeySpec
 from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.model import flavors
+from retrysim.model.behavior import longest_processing_ms
 from retrysim.model.policy import Policy
 from retrysim.model.topology import BROADCAST
 from retrysim.model.workload import messages_np
@@ -38,6 +39,8 @@ JAVA_17_FLAGS = (
     "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
     "--add-exports=java.base/sun.nio.ch=ALL-UNNAMED",
     "--add-opens=java.base/java.lang=ALL-UNNAMED",
+    # the harness reads when the 4.x client's expired-message cleaner runs next
+    "--add-opens=java.base/java.util.concurrent=ALL-UNNAMED",
     "--add-opens=java.base/jdk.internal.ref=ALL-UNNAMED",
     "--add-exports=java.base/jdk.internal.ref=ALL-UNNAMED",
 )
@@ -177,6 +180,14 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["msg_id", "delivery", "outcome", "processing_ms"])
 
 
+def _cleaner_period(policy: Policy, group: Group) -> int:
+    """The period the harness aligns production to (0: none): the 4.x client's cleaner's,
+    where retrysim checks timeouts periodically and a delivery can outlast the timeout."""
+    timeout = policy.timeout_ms
+    can_expire = timeout is not None and longest_processing_ms(group.behavior) > timeout
+    return timeout if policy.periodic_timeout and can_expire else 0
+
+
 def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -> str:
     policy = spec.policy
     timeout_minutes = (policy.timeout_ms or 15 * 60_000) // 60_000
@@ -195,7 +206,7 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
         f"await_ms={AWAIT_MS}", f"pull_threshold_for_queue={group.pull_threshold_for_queue}",
         f"max_cache_message_count={group.max_cache_message_count}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
-        f"cleaner_period_ms={policy.timeout_ms if policy.periodic_timeout else 0}",
+        f"cleaner_period_ms={_cleaner_period(policy, group)}",
         f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",
     ])  # fmt: skip
 

@@ -35,6 +35,7 @@ from retrysim.engine.rounds import (
     key_specs,
     run_rounds,
 )
+from retrysim.model.behavior import longest_processing_ms
 from retrysim.progress import Progress
 from retrysim.scenario.spec import Scenario
 from retrysim.session import full_jit
@@ -233,9 +234,15 @@ def _from_start(plans: list[GroupPlan], small_group: int, say: Progress) -> set[
 
 def needs_events(plan: GroupPlan) -> bool:
     """Whether a group is simulated event by event from the start, whatever its pool:
-    ordered queues and batches are decided by dispatch order, and a downstream that answers
-    to load makes each call depend on the calls in flight (the round engine declines it)."""
-    return plan.policy.sequential or plan.group.behavior.downstream is not None
+    ordered queues and batches are decided by dispatch order, so is a 4.x cleaner's run that
+    may find more expired than it sends back, and a downstream that answers to load makes
+    each call depend on the calls in flight (the round engine declines both)."""
+    behavior = plan.group.behavior
+    return (
+        plan.policy.sequential
+        or behavior.downstream is not None
+        or plan.policy.cleaner_may_fill(longest_processing_ms(behavior))
+    )
 
 
 def _certainly_full(plans: list[GroupPlan], say: Progress) -> set[str]:

@@ -88,6 +88,29 @@ def processing_ms(spec: ProcessingTime, u_a: Column, u_b: Column) -> Column:
     return F.round(value).cast("long")
 
 
+# The largest standard exponential and normal the draws can give: a uniform is at least
+# 2**-53 (its 53 bits), so -ln(u) is at most 53 ln 2, and Box-Muller's radius its double's root.
+_MOST_EXPONENTIAL = 53 * math.log(2.0)
+_MOST_NORMAL = math.sqrt(2.0 * _MOST_EXPONENTIAL)
+
+
+def _longest_ms(spec: ProcessingTime) -> float:
+    if spec.dist == "constant" or spec.mean == 0:
+        return float(spec.mean)
+    if spec.dist == "exponential":
+        return spec.mean * _MOST_EXPONENTIAL
+    mu, sigma = lognormal_params(spec.mean, spec.p99)
+    return math.exp(mu + sigma * _MOST_NORMAL)
+
+
+def longest_processing_ms(behavior: Behavior) -> float:
+    """The longest processing time any delivery can draw (before a downstream's load):
+    each window's distribution at its most extreme draw, and the client's time rounded up."""
+    specs = [behavior.processing_time]
+    specs += [w.processing_time for w in behavior.windows if w.processing_time is not None]
+    return max(_longest_ms(spec) for spec in specs) + 1 + math.ceil(behavior.client_overhead)
+
+
 def _in_window(start_ms: Column, outage_start: int, outage_end: int) -> Column:
     return (start_ms >= F.lit(outage_start)) & (start_ms < F.lit(outage_end))
 

@@ -140,22 +140,27 @@ class Policy:
     def sequential(self) -> bool:
         """Whether this group needs the sequential engine from the start (not just on
         saturation): ordered queues and batches are decided by dispatch order, and so is a
-        pool whose threads could fill a queue's cache (the pull threshold) before the pool,
-        or a run of the 4.x periodic cleaner."""
+        pool whose threads could fill a queue's cache (the pull threshold) before the pool."""
         threads = self.topology.threads
         small_cache = threads is not None and (
             (self.pull_threshold is not None and self.pull_threshold < threads)
             # a full 5.x cache holds its next receive back a second, even with threads free
             or (self.pop_cache is not None and self.pop_cache <= threads)
         )
-        # a run of the 4.x cleaner sends back at most 16 deliveries of a process queue
-        # (CLEANER_MESSAGES): where more can be running, which ones depends on the start order
-        full_sweep = (
+        return self.blocking or self.batch_size > 1 or small_cache
+
+    def cleaner_may_fill(self, longest_ms: float) -> bool:
+        """Whether a run of the 4.x periodic check may find more than CLEANER_MESSAGES of a
+        process queue expired (more threads an instance, or an unlimited pool, and a
+        processing time up to ``longest_ms`` past the timeout): it sends back the first ones
+        in the order they started, which only the event-by-event engine knows."""
+        threads = self.topology.threads
+        return (
             self.periodic_timeout
-            and bool(self.timeout_ms)
-            and (threads is None or threads > limits.CLEANER_MESSAGES)
+            and self.timeout_ms is not None
+            and longest_ms > self.timeout_ms
+            and (threads is None or threads * self.batch_size > limits.CLEANER_MESSAGES)
         )
-        return self.blocking or self.batch_size > 1 or small_cache or full_sweep
 
     @property
     def falls_back(self) -> bool:
@@ -435,7 +440,9 @@ def policy_for(group: Group, delay_table_ms: tuple[int, ...]) -> Policy:
         group=group.name,
         topic=group.source_topic,
         blocking=group.blocking,
-        periodic_timeout=group.consume_timeout_check == "periodic",
+        # the 4.x client's cleaner (its flavors' default); every other flavor checks exactly
+        periodic_timeout=group.consume_timeout_check == "periodic"
+        and "consume_timeout_check" in group.flavor_record.reads,
         dlq_enabled=group.dlq_enabled,
         batch_size=group.consume_message_batch_max_size,
         ack_index=group.ack_index,

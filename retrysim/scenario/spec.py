@@ -492,7 +492,7 @@ class Group(_Model):
     consume_timeout: Annotated[Duration, in_range(1_000, 24 * 3_600_000, duration=True)] | None = (
         None
     )
-    consume_timeout_check: Literal["exact", "periodic"] = "exact"
+    consume_timeout_check: Literal["exact", "periodic"] = "periodic"
     deployment: Literal["apache", "apsaramq"] = limits.DEFAULT_DEPLOYMENT
     dlq_enabled: bool = True
     suspend_current_queue_time: Annotated[

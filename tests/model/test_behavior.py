@@ -8,8 +8,14 @@ from chispa import assert_df_equality
 from compiled_rules import GROUP, SEED, listen_of, load_of
 from pyspark.sql import functions as F
 
-from retrysim.engine.event_rules import Listener
-from retrysim.model.behavior import CONSUME_SUCCESS, client_ms, listener_draw_columns
+from retrysim.engine.event_rules import Listener, _sample
+from retrysim.model.behavior import (
+    CONSUME_SUCCESS,
+    _Dist,
+    client_ms,
+    listener_draw_columns,
+    longest_processing_ms,
+)
 from retrysim.scenario.spec import Behavior, Downstream
 
 
@@ -139,3 +145,34 @@ def test_the_columns_draw_what_the_compiled_listener_draws(spark):
     assert {row[3] for row in rows} == {CONSUME_SUCCESS, "RECONSUME_LATER", "EXCEPTION",
                                         "NULL_RETURN"}  # fmt: skip
     assert {row[5] for row in rows} == {0, 1, 2}
+
+
+# the processing times the engine choice bounds: one of each distribution
+LONGEST_CASES = [
+    {"processing_time": "125s"},
+    {"processing_time": {"dist": "exponential", "mean": "30s"}},
+    {"processing_time": {"dist": "lognormal", "mean": "30s", "p99": "150s"},
+     "client_overhead": "0.4ms"},
+    {"processing_time": "50ms",
+     "outages": [{"start": "1m", "end": "2m", "processing_time": "20m"}]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("raw", LONGEST_CASES)
+def test_the_longest_processing_time_bounds_every_draw(raw):
+    """longest_processing_ms lets the round engine keep a 4.x group whose deliveries cannot
+    outlast the timeout (the cleaner's limit never binds there): at the most extreme draw
+    the uniforms can give (2**-53; Box-Muller's cosine at 1) each window's distribution
+    stays within it, by no more than a millisecond and the client's time."""
+    behavior = Behavior.model_validate(raw)
+    longest = longest_processing_ms(behavior)
+    specs = [behavior.processing_time] + [w.processing_time for w in behavior.windows]
+    extremes = []
+    for spec in specs:
+        if spec is None:
+            continue
+        dist = _Dist.of(spec)
+        kind = {"constant": 0, "exponential": 1, "lognormal": 2}[dist.kind]
+        extremes.append(_sample(kind, dist.mean, dist.mu, dist.sigma, 2.0**-53, 1.0))
+    overhead = int(np.ceil(behavior.client_overhead))
+    assert max(extremes) + overhead <= longest <= max(extremes) + overhead + 1.5

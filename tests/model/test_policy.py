@@ -25,6 +25,7 @@ from retrysim.model.behavior import (
     SEND_BACK_FAILED,
     SEND_BACK_FALLBACK,
     TIMEOUT,
+    longest_processing_ms,
 )
 from retrysim.model.flavors import delay_table_levels, exponential_intervals
 from retrysim.model.policy import Step, next_reconsume_columns, policy_for
@@ -276,3 +277,31 @@ def test_eligible_time_rounds_up_to_the_pull_tick(spark):
     frame = spark.createDataFrame([(r,) for r in readies], "ready_ms long")
     got = [row[0] for row in frame.select(policy.eligible_col(F.col("ready_ms"))).collect()]
     assert got == expected
+
+
+@pytest.mark.parametrize(
+    ("changes", "may_fill"),
+    [
+        ({}, True),  # conf/conformance/sweep-4x.yaml's group: 40 threads, 125 s listeners
+        ({"consumers": "unlimited"}, True),
+        ({"consumers": {"instances": 2, "threads": 16}}, False),  # at most 16 a queue run
+        ({"consume_message_batch_max_size": 2, "consumers": {"instances": 1, "threads": 9}}, True),
+        ({"behavior": {"processing_time": "59s"}}, False),  # nothing outlasts the minute
+        ({"consume_timeout_check": "exact"}, False),
+        ({"flavor": "rocketmq4.broadcasting"}, True),
+    ],
+)
+def test_the_cleaners_limit_binds_only_where_more_than_16_of_a_queue_can_expire(changes, may_fill):
+    """Policy.cleaner_may_fill decides which 4.x groups the round engine leaves to the
+    event loop: a periodic check (the default), more than 16 deliveries of a queue running
+    at once, and a processing time that can outlast the timeout."""
+    base = {
+        "consume_timeout": "1m",
+        "consumers": {"instances": 1, "threads": 40},
+        "workload": {"messages": 40, "over": "4s", "queues": 1},
+        "behavior": {"processing_time": "125s"},
+    }
+    built = scenario(group("g", **{**base, **changes}))
+    g = built.groups[0]
+    policy = policy_for(g, built.broker.message_delay_level)
+    assert policy.cleaner_may_fill(longest_processing_ms(g.behavior)) is may_fill

@@ -452,13 +452,13 @@ def _group_config(scenario: dict, g: dict) -> _Group:
     timeout: int | None = None
     if flavor == "rocketmq4.concurrently":
         kind, max_retries, timeout = "concurrently", _max_retries(mrt, 16), timeout_or("15m")
-        periodic = g.get("consume_timeout_check", "exact") == "periodic"
+        periodic = g.get("consume_timeout_check", "periodic") == "periodic"
     elif flavor == "rocketmq4.orderly":
         kind, blocking, max_retries = "local", True, _max_retries(mrt, INF)
         suspend = min(30_000, max(10, suspend))
     elif flavor == "rocketmq4.broadcasting":
         kind, timeout = "broadcasting", timeout_or("15m")
-        periodic = g.get("consume_timeout_check", "exact") == "periodic"
+        periodic = g.get("consume_timeout_check", "periodic") == "periodic"
     elif flavor in ("http.unordered", "http.ordered"):
         ordered = flavor == "http.ordered"
         blocking, path, max_retries = ordered, "visible", 288

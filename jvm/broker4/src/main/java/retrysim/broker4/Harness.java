@@ -3,6 +3,7 @@ package retrysim.broker4;
 import java.io.FileReader;
 import java.io.InputStream;
 import java.lang.management.ManagementFactory;
+import java.lang.reflect.Field;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -12,6 +13,8 @@ import java.util.Properties;
 import java.util.TreeSet;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.Delayed;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import org.apache.rocketmq.client.consumer.DefaultLitePullConsumer;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
@@ -79,7 +82,6 @@ public final class Harness {
   private final ConcurrentLinkedQueue<String> deliveries = new ConcurrentLinkedQueue<>();
   private Listener listener;
   private volatile long t0 = Long.MAX_VALUE;
-  private long cleanerStart; // when the first consumer started its expired-message cleaner
   private final Sends sends = new Sends();
   private Children children; // the namesrv and the broker
 
@@ -118,6 +120,7 @@ public final class Harness {
         "listenPort=" + brokerPort, "storePathRootDir=" + store,
         "storePathCommitLog=" + store.resolve("commitlog"),
         "mappedFileSizeCommitLog=" + (64 << 20), "mappedFileSizeConsumeQueue=" + 300_000 * 20,
+        "waitTimeMillsInSendQueue=3000", // as broker5's: a JVM's pause is no refused send
         "messageDelayLevel=" + p.getProperty("message_delay_level"));
     System.out.printf("broker4: the namesrv and the broker were up %d ms after this JVM started%n",
         System.currentTimeMillis() - ManagementFactory.getRuntimeMXBean().getStartTime());
@@ -139,7 +142,7 @@ public final class Harness {
     producer.start();
     waitForRebalance(consumers, queues);
     warmUp(admin, brokerAddr, namesrvAddr, producer, queues);
-    produce(producer, queues);
+    produce(producer, queues, consumers.get(0));
     long horizon = Long.parseLong(p.getProperty("horizon_ms"));
     Thread.sleep(Math.max(0, t0 + horizon - System.currentTimeMillis()));
     sends.check();
@@ -206,9 +209,6 @@ public final class Harness {
           };
         });
       }
-    }
-    if (instance == 0) { // ConsumeMessageConcurrentlyService.start schedules the cleaner
-      cleanerStart = System.currentTimeMillis();
     }
     consumer.start();
     return consumer;
@@ -292,14 +292,40 @@ public final class Harness {
     consumer.shutdown();
   }
 
-  private void produce(DefaultMQProducer producer, int queues) throws Exception {
+  /**
+   * When the consumer's expired-message cleaner runs next (ms since the epoch): the delay of
+   * the task ConsumeMessageConcurrentlyService.start scheduled on its executor.
+   */
+  private static long nextCleanerRun(DefaultMQPushConsumer consumer) throws Exception {
+    Object service = consumer.getDefaultMQPushConsumerImpl().getConsumeMessageService();
+    Object executor = field(service, "cleanExpireMsgExecutors");
+    // Executors.newSingleThreadScheduledExecutor wraps the pool that holds the task
+    Object pool = field(executor, "e");
+    Delayed next = (Delayed) ((ScheduledThreadPoolExecutor) pool).getQueue().peek();
+    return System.currentTimeMillis() + next.getDelay(TimeUnit.MILLISECONDS);
+  }
+
+  private static Object field(Object owner, String name) throws ReflectiveOperationException {
+    for (Class<?> type = owner.getClass(); type != null; type = type.getSuperclass()) {
+      try {
+        Field field = type.getDeclaredField(name);
+        field.setAccessible(true);
+        return field.get(owner);
+      } catch (NoSuchFieldException e) {
+        // declared further up
+      }
+    }
+    throw new NoSuchFieldException(owner.getClass().getName() + "." + name);
+  }
+
+  private void produce(DefaultMQProducer producer, int queues, DefaultMQPushConsumer consumer)
+      throws Exception {
     List<String> messages = Files.readAllLines(Path.of(p.getProperty("messages")));
     t0 = System.currentTimeMillis();
     // the cleaner runs every consumeTimeout from its consumer's start; retrysim's periodic
-    // check runs at whole multiples of it from t0: t0 is made one of the cleaner's runs
-    long period = Long.parseLong(p.getProperty("cleaner_period_ms", "0"));
-    if (period > 0) {
-      t0 = cleanerStart + (t0 - cleanerStart + period - 1) / period * period;
+    // check runs at whole multiples of it from t0: t0 is made one of the first consumer's
+    if (Long.parseLong(p.getProperty("cleaner_period_ms", "0")) > 0) {
+      t0 = nextCleanerRun(consumer);
       System.out.printf("broker4: production waits %d ms for a run of the cleaner%n",
           t0 - System.currentTimeMillis());
       Listener.sleep(t0 - System.currentTimeMillis());

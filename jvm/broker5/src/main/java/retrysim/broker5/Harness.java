@@ -145,6 +145,10 @@ public final class Harness {
         "storePathRootDir=" + store, "storePathCommitLog=" + store.resolve("commitlog"),
         "mappedFileSizeCommitLog=" + (64 << 20), "mappedFileSizeConsumeQueue=" + 300_000 * 20,
         "mappedFileSizeTimerLog=" + (16 << 20), "maxHashSlotNum=100000", "maxIndexNum=400000",
+        // a send waits up to 3 s in the broker's queue before it is refused as busy
+        // (BrokerFastFailure, 200 ms by default): on two cores a pause of the JVMs refused a
+        // burst's sends with TIMEOUT_CLEAN_QUEUE
+        "waitTimeMillsInSendQueue=3000",
         "messageDelayLevel=" + p.getProperty("message_delay_level"));
     int grpcPort = Children.freePort();
     // ProxyStartup in local mode builds the broker from broker.conf (BrokerStartup's way)
