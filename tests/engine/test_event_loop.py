@@ -4,8 +4,9 @@ The reference (tests/reference/simulator.py) was written from docs/model.md and 
 source, never from the loop. Here the loop's staged rows of each group, and the transitions
 the task derives from them, must be the reference's on random scenarios of every flavor
 (replays, batches, ordered queues and a downstream among them), on a pool that stays full,
-on an unlimited pool and on ordered queues and batches waiting for threads. The rest holds
-the loop's own contracts: chunks, progress, units and publish order.
+on an unlimited pool, on ordered queues and batches waiting for threads, and on 4.x
+cleaner runs that find more than 16 of a queue expired. The rest holds the loop's own
+contracts: chunks, progress, units and publish order.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 import yaml
 from compiled_rules import reconsume_of
 from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from reference.simulator import simulate_scenario
 from reference.strategies import scenarios
 from support import staged_frame
@@ -181,6 +183,45 @@ def test_a_cleaner_run_sends_back_at_most_16_of_a_queue():
     rows = loop_rows_are_the_references({**data, "groups": [group]}).query("delivery == 1")
     assert rows.groupby("end_ms").size().to_dict() == {120_000: 14, 240_000: 16}
     assert rows["end_ms"].isna().sum() == 10 and (rows["batch_size"] > 1).sum() == 26
+
+
+@st.composite
+def crowded_cleaner_runs(draw) -> dict:
+    """Random 4.x scenarios (every other key as the reference's strategies draw it) whose
+    cleaner runs find more than 16 of a queue expired: many threads or an unlimited pool,
+    messages arriving together on one or two queues, listeners past a short timeout."""
+    cleaned = ("rocketmq4.concurrently", "rocketmq4.broadcasting")
+    data = draw(
+        scenarios(groups=1, max_messages=60).filter(lambda d: d["groups"][0]["flavor"] in cleaned)
+    )
+    group = data["groups"][0]
+    group.pop("consume_timeout_check", None)  # the 4.x default: periodic
+    group["consume_timeout"] = draw(st.sampled_from(["1s", "10s"]))
+    group["consumers"] = draw(
+        st.sampled_from(
+            ["unlimited", {"instances": 1, "threads": 24}, {"instances": 2, "threads": 20}]
+        )
+    )
+    group["workload"] = {
+        **group["workload"],
+        "messages": draw(st.integers(17, 60)),
+        "over": draw(st.sampled_from(["1ms", "2s"])),
+        "queues": draw(st.integers(1, 2)),
+    }
+    group["brokers"] = 1
+    group["behavior"]["processing_time"] = draw(
+        st.sampled_from(["5s", "25s", {"dist": "exponential", "mean": "20s"}])
+    )
+    return data  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(crowded_cleaner_runs())
+def test_crowded_cleaner_runs_give_the_references_rows(data):
+    """The cleaner's limit (docs/model.md §3) on random 4.x groups, with the failures, the
+    send-backs, batches, downstreams and replays the reference's strategies draw: the
+    loop's per-lane count and the reference's own cleaner give the same rows."""
+    loop_rows_are_the_references(data)
 
 
 SATURATED_5X = {
