@@ -183,9 +183,8 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
 def _cleaner_period(policy: Policy, group: Group) -> int:
     """The period the harness aligns production to (0: none): the 4.x client's cleaner's,
     where retrysim checks timeouts periodically and a delivery can outlast the timeout."""
-    timeout = policy.timeout_ms
-    can_expire = timeout is not None and longest_processing_ms(group.behavior) > timeout
-    return timeout if policy.periodic_timeout and can_expire else 0
+    aligned = policy.cleaner_may_send_back(longest_processing_ms(group.behavior))
+    return policy.timeout_ms if aligned else 0
 
 
 def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -> str:

@@ -149,17 +149,21 @@ class Policy:
         )
         return self.blocking or self.batch_size > 1 or small_cache
 
+    def cleaner_may_send_back(self, longest_ms: float) -> bool:
+        """Whether the 4.x periodic check may send a delivery back: a processing time up to
+        ``longest_ms`` can outlast the timeout."""
+        return (
+            self.periodic_timeout and self.timeout_ms is not None and longest_ms > self.timeout_ms
+        )
+
     def cleaner_may_fill(self, longest_ms: float) -> bool:
         """Whether a run of the 4.x periodic check may find more than CLEANER_MESSAGES of a
-        process queue expired (more threads an instance, or an unlimited pool, and a
-        processing time up to ``longest_ms`` past the timeout): it sends back the first ones
-        in the order they started, which only the event-by-event engine knows."""
+        process queue expired (:meth:`cleaner_may_send_back`, with more threads an instance
+        or an unlimited pool): it sends back the first ones in the order they started, which
+        only the event-by-event engine knows."""
         threads = self.topology.threads
-        return (
-            self.periodic_timeout
-            and self.timeout_ms is not None
-            and longest_ms > self.timeout_ms
-            and (threads is None or threads * self.batch_size > limits.CLEANER_MESSAGES)
+        return self.cleaner_may_send_back(longest_ms) and (
+            threads is None or threads * self.batch_size > limits.CLEANER_MESSAGES
         )
 
     @property
