@@ -21,7 +21,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reference import source_rules
-from reference.simulator import parse_duration_ms, simulate_scenario
+from reference.simulator import COPY_COLUMNS, parse_duration_ms, simulate_scenario
 from reference.strategies import FLAVORS, group_configs, pool_size
 
 from retrysim.model.rng import uniform_np
@@ -50,6 +50,8 @@ ATTEMPT_KEYS = {
     "next_ready_ms",
     "settled_ms",
     "batch_size",
+    "parent_delivery",
+    *COPY_COLUMNS,
 }
 TRANSITION_KEYS = {
     "group",
@@ -1180,6 +1182,9 @@ TERMINAL = {"Commit", "DLQ", "Discard"}
 
 
 def check_paths(r, horizon):
+    """Each message's deliveries are numbered 1..n, each a legal path in time order that
+    follows its predecessor (the delivery before, or the one ``parent_delivery`` names: a
+    4.9 client's second copy, model.md §6, whose retry is Ready at ``copy_ready_ms``)."""
     by_msg = defaultdict(list)
     for t in r["transitions"]:
         by_msg[(t["group"], t["msg_id"])].append(t)
@@ -1188,58 +1193,76 @@ def check_paths(r, horizon):
         atts[(a["group"], a["msg_id"])].append(a)
     assert set(by_msg) == set(atts)
     for key, ts in by_msg.items():
-        ts.sort(key=lambda t: t["seq"])
         rows = sorted(atts[key], key=lambda a: a["delivery"])
         assert [a["delivery"] for a in rows] == list(range(1, len(rows) + 1))
-        times = [t["at_ms"] for t in ts]
-        assert times == sorted(times), key
+        forked = any(a["copy_state"] or a["parent_delivery"] for a in rows)
+        times = [t["at_ms"] for t in sorted(ts, key=lambda t: t["seq"])]
+        assert forked or times == sorted(times), key
         assert all(t < horizon for t in times)
         per_d = defaultdict(dict)
         for t in ts:
             k = t["seq"] - 4 * (t["delivery"] - 1)
             assert 1 <= k <= 4
             per_d[t["delivery"]][k] = t
-        prev_end = prev_next = None  # how the previous delivery ended, its next Ready
+        children = defaultdict(list)
         for a in rows:
-            d = a["delivery"]
-            steps = per_d[d]
-            assert steps[1]["state"] == "Ready" and steps[1]["at_ms"] == a["ready_ms"]
-            if d == 1:
-                assert steps[1]["reason"] == "published" and a["reconsume_times"] == 0
-            elif prev_end == "DLQ":
-                assert steps[1]["reason"] == "replayed" and a["reconsume_times"] == 0
-            else:
-                # Inflight: a 5.x simple delivery, invisible until it was Ready again
-                assert prev_end == "WaitingRetry" or (prev_end == "Inflight" and prev_next)
-                assert steps[1]["reason"] in {"retry_due", "local_retry", "visible_again"}
-            states = [steps[k]["state"] for k in sorted(steps)]
-            assert sorted(steps) == list(range(1, len(steps) + 1))
-            state = a["result_state"]
-            if state == "Ready":
-                assert states == ["Ready"] and a["start_ms"] is None
-            elif state == "Inflight":
-                assert states == ["Ready", "Inflight"]
-                assert a["start_ms"] + (a["processing_ms"] or 0) >= a["start_ms"]
-            else:
-                assert states[:2] == ["Ready", "Inflight"] and len(states) in (3, 4)
-                assert a["ready_ms"] <= a["start_ms"] <= a["end_ms"] < horizon
-                if len(states) == 4:
-                    assert states[2] == "WaitingRetry" and states[3] in {"DLQ", "Discard"}
-                    assert state == states[3] and a["settled_ms"] == steps[4]["at_ms"]
-                else:
-                    assert states[2] == state
-                if state in TERMINAL:
-                    assert a["settled_ms"] is not None
-            retried_simple = state == "Inflight" and a["next_ready_ms"] is not None
-            if state == "Ready" or (state == "Inflight" and not retried_simple):
-                assert d == len(rows), "only the last delivery may be unfinished"
-            if state in ("WaitingRetry", "Inflight") and d < len(rows):
-                assert a["next_ready_ms"] == rows[d]["ready_ms"]
-            prev_end, prev_next = state, a["next_ready_ms"]
-            if d < len(rows):
-                assert state in ("WaitingRetry", "DLQ") or (state == "Inflight" and prev_next)
-                if state == "DLQ":
-                    assert rows[d]["ready_ms"] > a["settled_ms"]
+            parent = a["parent_delivery"] or a["delivery"] - 1
+            children[parent].append(a)
+            check_delivery(a, per_d[a["delivery"]], rows[parent - 1] if parent else None, horizon)
+        for parent, kids in children.items():
+            if not parent:
+                continue
+            a = rows[parent - 1]
+            state, copied = a["result_state"], a["copy_state"] == "WaitingRetry"
+            retried = state in ("WaitingRetry", "DLQ") or (
+                state == "Inflight" and a["next_ready_ms"]
+            )
+            assert retried and len(kids) <= 1 + copied, (key, parent)
+            if not forked:
+                assert parent == len(rows) - 1 or kids[0]["delivery"] == parent + 1
+
+
+def check_delivery(a, steps, before, horizon):
+    """One delivery's steps, and how its Ready follows ``before``, the delivery it retries."""
+    d = a["delivery"]
+    assert steps[1]["state"] == "Ready" and steps[1]["at_ms"] == a["ready_ms"]
+    copy_child = before is not None and (
+        before["copy_state"] == "WaitingRetry" and a["ready_ms"] == before["copy_ready_ms"]
+    )
+    if before is None:
+        assert d == 1 and steps[1]["reason"] == "published" and a["reconsume_times"] == 0
+    elif before["result_state"] == "DLQ" and not copy_child:
+        assert steps[1]["reason"] == "replayed" and a["reconsume_times"] == 0
+        assert a["ready_ms"] > before["settled_ms"]
+    else:
+        prev_end, prev_next = before["result_state"], before["next_ready_ms"]
+        if copy_child:
+            prev_end, prev_next = "WaitingRetry", before["copy_ready_ms"]
+        assert prev_end == "WaitingRetry" or (prev_end == "Inflight" and prev_next)
+        assert steps[1]["reason"] in {"retry_due", "local_retry", "visible_again"}
+        assert a["ready_ms"] == prev_next
+    states = [steps[k]["state"] for k in sorted(steps)]
+    assert sorted(steps) == list(range(1, len(steps) + 1))
+    at = [steps[k]["at_ms"] for k in sorted(steps)]
+    assert at == sorted(at)
+    state = a["result_state"]
+    if state == "Ready":
+        assert states == ["Ready"] and a["start_ms"] is None
+    elif state == "Inflight":
+        assert states == ["Ready", "Inflight"]
+    else:
+        assert states[:2] == ["Ready", "Inflight"] and len(states) in (3, 4)
+        assert a["ready_ms"] <= a["start_ms"] <= a["end_ms"] < horizon
+        if a["copy_state"]:  # a second copy, sent back when the listener failed
+            assert a["outcome"] == "TIMEOUT" and states[2] == state
+            assert steps[4]["reason"] == "late_send_back" and steps[4]["at_ms"] == a["copy_ms"]
+        elif len(states) == 4:
+            assert states[2] == "WaitingRetry" and states[3] in {"DLQ", "Discard"}
+            assert state == states[3] and a["settled_ms"] == steps[4]["at_ms"]
+        else:
+            assert states[2] == state
+        if state in TERMINAL:
+            assert a["settled_ms"] is not None
 
 
 def check_pool(r, threads, horizon):

@@ -4,13 +4,15 @@ The transitions table is checked against the attempts: :func:`transition_digest`
 :func:`derived_digest` count and hash its rows and the rows the attempts give, per run and
 group. When they agree, the table *is* the attempts' transitions.
 
-**Chains.** Every delivery's Ready takes a *link* offered by its predecessor: its message
-(delivery 1, published, when born), the previous delivery's WaitingRetry (the next delivery
-number, its reconsume_times on client and broker, next_ready_ms, the topic, queue and reason
-it named) or its dead letter (replayed). :func:`attempt_chain_digest`,
-:func:`message_chain_digest` and :func:`dead_letter_chain_digest` hash the links each side
-gives, per run and group. When the links taken equal the links offered (and no row breaks a
-rule alone, and no message is listed twice), every path, delivery and message check holds.
+**Chains.** Every delivery's Ready takes a *link* offered by its predecessor (the delivery
+before, or the one ``parent_delivery`` names): its message (delivery 1, published, when
+born), the predecessor's WaitingRetry (its delivery number, the reconsume_times on client
+and broker, next_ready_ms, the topic, queue and reason it named), a 4.9 client's second
+copy of it (the same, Ready at copy_ready_ms) or its dead letter (replayed).
+:func:`attempt_chain_digest`, :func:`message_chain_digest` and
+:func:`dead_letter_chain_digest` hash the links each side gives, per run and group. When
+the links taken equal the links offered (and no row breaks a rule alone, and no message is
+listed twice), every path, delivery and message check holds.
 Only when they disagree does validation run the row-by-row pass (a 64-bit digest misses a
 broken chain with probability about 2^-64).
 """
@@ -63,7 +65,7 @@ from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.tables.commitlog_writes import before, pop_settings, pop_write_times
 from retrysim.tables.schemas import PARTITION_COLUMN, TRANSITIONS, select_schema
-from retrysim.tables.transitions import step_columns, transitions_from_attempts
+from retrysim.tables.transitions import parent_of, step_columns, transitions_from_attempts
 
 # --------------------------------------------------------------------------- transitions
 
@@ -198,7 +200,9 @@ def attempt_chain_digest(tables: Mapping[str, DataFrame], ends: DataFrame) -> Da
         .join(F.broadcast(run_horizons(tables["runs"])), PARTITION_COLUMN, "left")
         .join(F.broadcast(ends), GROUP, "left")
     )
-    links = attempt_steps(attempts, keep=("horizon_ms", "load_end_ms")).select(
+    keep = ("horizon_ms", "load_end_ms", "parent_delivery", "copy_state", "copy_ms",
+            "copy_ready_ms")  # fmt: skip
+    links = attempt_steps(attempts, keep=keep).select(
         *GROUP, *[column.alias(name) for name, column in _attempt_links().items()]
     )
     return links.groupBy(*GROUP).agg(*_attempt_chain_sums())
@@ -213,12 +217,13 @@ def _counts(rt: Column, broker_rt: Column) -> Column:
 
 
 def _link(
-    kind: Column, delivery: Column, rt: Column, ready: Column, born: Column, route: Column
+    kind: Column, parent: Column, rt: Column, ready: Column, born: Column, route: Column
 ) -> Column:
     """A 64-bit hash of a link of a message's chain of deliveries: what a predecessor (the
-    message, a WaitingRetry attempt, a replayed dead letter) offers and what the delivery's
-    Ready takes. Both sides hash the same values when the chain is whole."""
-    values = [kind.cast("int"), F.col("msg_id"), delivery.cast("int"), rt.cast("long")]
+    message, a WaitingRetry attempt or its second copy, a replayed dead letter) offers and
+    what the delivery's Ready takes, keyed by the predecessor (0: the message; else its
+    delivery number). Both sides hash the same values when the chain is whole."""
+    values = [kind.cast("int"), F.col("msg_id"), parent.cast("int"), rt.cast("long")]
     return transition_hash([*values, ready.cast("long"), born.cast("long"), route.cast("long")])
 
 
@@ -242,7 +247,7 @@ def _attempt_links() -> dict[str, Column]:
     no_route = F.lit(0)
     take = _link(
         kind,
-        c("delivery"),
+        parent_of(c("delivery"), c("parent_delivery")),
         _counts(c("a_reconsume_times"), c("a_broker_reconsume_times")),
         c("t_ready_ms"),
         F.when(~replayed, c("a_born_ms")).otherwise(no_route),
@@ -253,29 +258,42 @@ def _attempt_links() -> dict[str, Column]:
         & c("a_next_ready_ms").isNotNull()
         & (c("a_next_ready_ms") < c("horizon_ms"))
     )
-    offer = _link(
-        F.lit(LINK_RETRY),
-        c("delivery") + 1,
-        _counts(c("a_next_rt"), c("a_next_broker_rt")),
-        c("a_next_ready_ms"),
-        c("a_born_ms"),
-        c("a_next_route"),
-    )
+
+    def offered(ready: Column) -> Column:
+        return _link(
+            F.lit(LINK_RETRY),
+            c("delivery"),
+            _counts(c("a_next_rt"), c("a_next_broker_rt")),
+            ready,
+            c("a_born_ms"),
+            c("a_next_route"),
+        )
+
     dead = c("t_last_state") == code[DLQ]
     after_backoff = c("t_end_state") == code[WAITING_RETRY]
     until = F.coalesce(c("a_next_ready_ms"), c("a_settled_ms"))
     open_retry = after_backoff & (until.isNull() | (until >= c("load_end_ms")))
+    # a 4.9 client's second copy (docs/model.md §6): a retry of its own, or a dead letter
+    copy = c("copy_state")
+    copy_waits = copy == F.lit(WAITING_RETRY)
+    copy_offers = copy_waits & (c("copy_ready_ms") < c("horizon_ms"))
+    copy_open = copy_waits & (c("copy_ready_ms") >= c("load_end_ms"))
+    copy_dead = copy == F.lit(DLQ)
     return {
         "link_take": take,
-        "link_offer": F.when(offers, offer),
+        "link_offer": F.when(offers, offered(c("a_next_ready_ms"))),
+        "link_copy": F.when(copy_offers, offered(c("copy_ready_ms"))),
         "link_dlq": F.when(dead, _dead_link(c("delivery"), c("a_settled_ms"))),
+        "link_copy_dlq": F.when(copy_dead, _dead_link(c("delivery"), c("copy_ms"))),
         "c_replayed": replayed.cast("int"),
         "c_last_commit": (c("t_last_state") == code[COMMIT]).cast("int"),
-        "c_last_dlq": dead.cast("int"),
-        "c_last_discard": (c("t_last_state") == code[DISCARD]).cast("int"),
+        "c_last_dlq": dead.cast("int") + F.coalesce(copy_dead, F.lit(False)).cast("int"),
+        "c_last_discard": (c("t_last_state") == code[DISCARD]).cast("int")
+        + F.coalesce(copy == F.lit(DISCARD), F.lit(False)).cast("int"),
         "c_end_inflight": still_inflight().cast("int"),
         "c_end_ready_backlog": (c("a_state") == code[READY]).cast("int"),
-        "c_end_waiting_retry": F.coalesce(open_retry, F.lit(False)).cast("int"),
+        "c_end_waiting_retry": F.coalesce(open_retry, F.lit(False)).cast("int")
+        + F.coalesce(copy_open, F.lit(False)).cast("int"),
         "c_rows_bad": (c("l_bad") != 0).cast("int"),
     }
 
@@ -293,8 +311,8 @@ def _attempt_chain_sums() -> list[Column]:
     c = F.col
     return [
         *_digest_sums([c("link_take")], "take"),
-        *_digest_sums([c("link_offer")], "offer"),
-        *_digest_sums([c("link_dlq")], "dlq"),
+        *_digest_sums([c("link_offer"), c("link_copy")], "offer"),
+        *_digest_sums([c("link_dlq"), c("link_copy_dlq")], "dlq"),
         *[
             F.coalesce(F.sum(column), F.lit(0)).alias(name)
             for column, name in _CHAIN_COUNTS.items()
@@ -316,7 +334,7 @@ def message_chain_digest(messages: DataFrame, runs: DataFrame) -> DataFrame:
     c = F.col
     born = messages.join(F.broadcast(run_horizons(runs)), PARTITION_COLUMN, "left")
     route = transition_hash([c("topic"), c("queue_id"), F.lit(READY_PUBLISHED), F.lit(False)])
-    first = _link(F.lit(LINK_FIRST), F.lit(1), F.lit(0), c("born_ms"), c("born_ms"), route)
+    first = _link(F.lit(LINK_FIRST), F.lit(0), F.lit(0), c("born_ms"), c("born_ms"), route)
     return born.groupBy(*GROUP).agg(
         *_digest_sums([F.when(c("born_ms") < c("horizon_ms"), first)], "first"),
         *_digest_sums([F.xxhash64(c("msg_id"))], "ids"),
@@ -377,9 +395,7 @@ def dead_letter_chain_digest(dead_letters: DataFrame) -> DataFrame:
     reached the DLQ."""
     c = F.col
     none = F.lit(0)
-    replay = _link(
-        F.lit(LINK_REPLAY), c("deliveries") + 1, F.lit(0), c("replayed_at_ms"), none, none
-    )
+    replay = _link(F.lit(LINK_REPLAY), c("deliveries"), F.lit(0), c("replayed_at_ms"), none, none)
     wrong = off_dlq_topic() | is_before(c("replayed_at_ms"), c("dlq_at_ms"))
     return dead_letters.groupBy(*GROUP).agg(
         *_digest_sums([_dead_link(c("deliveries"), c("dlq_at_ms"))], "dead"),

@@ -17,8 +17,8 @@ GAUGES = ("inflight", "ready_backlog", "waiting_retry")
 PEAKS = {"inflight": "max_inflight", "ready_backlog": "max_ready_backlog",
          "waiting_retry": "max_waiting_retry"}  # fmt: skip
 SUMMARY_COLUMNS = ("messages", "deliveries", "retries", "commits", "dlq", "discards",
-                   "pending", "replayed", "amplification", "commitlog_writes",
-                   *PEAKS.values())  # fmt: skip
+                   "pending", "replayed", "late_send_backs", "amplification",
+                   "commitlog_writes", *PEAKS.values())  # fmt: skip
 
 
 def load_counts(load: DataFrame) -> DataFrame:

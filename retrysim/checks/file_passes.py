@@ -62,6 +62,7 @@ from retrysim.model.states import (
     READY_REPLAYED,
     READY_RETRY_DUE,
     REASON_BROADCAST,
+    REASON_LATE_SEND_BACK,
     REASON_SEND_BACK_FAILED,
     REASON_SEND_BACK_FALLBACK,
     WAITING_RETRY,
@@ -98,6 +99,13 @@ class Batch:
         self._kinds = kinds
         self._cache: dict[str, Value] = {}
         self._encoded: dict[str, tuple[list, np.ndarray]] = {}
+
+    def derive(self, name: str, kind: str, column: pa.Array) -> Value:
+        """``column`` (computed from others) as the column ``name`` of Spark type ``kind``."""
+        self._columns[name] = column
+        self._kinds = {**self._kinds, name: kind}
+        self._cache.pop(name, None)
+        return self[name]
 
     def array(self, name: str) -> pa.Array:
         column = self._columns.get(name)
@@ -251,7 +259,9 @@ ATTEMPT_COLUMNS = ("group", "msg_id", "delivery", "reconsume_times", "broker_rec
                    "delay_level", "next_ready_ms", "settled_ms", "ready_reason", "end_state",
                    "end_topic", "end_queue_id", "end_reason", "leave_state", "leave_topic",
                    "leave_queue_id", "leave_reason", "born_ms", "next_topic", "next_queue_id",
-                   "next_reason", "poison_fixed")  # fmt: skip
+                   "next_reason", "poison_fixed", "parent_delivery", "copy_state", "copy_ms",
+                   "copy_topic", "copy_queue_id", "copy_delay_level",
+                   "copy_ready_ms")  # fmt: skip
 
 
 def _before(late: tuple, early: tuple) -> np.ndarray:
@@ -291,31 +301,40 @@ def attempt_passes(
     ``horizon``: its run's; ``ends``: each group's load end), per group."""
     n = batch.rows
     code = _CODE
+    # a 4.9 client's second send-back takes the leave step (transitions.step_columns)
+    left, copied = batch["leave_state"].valid, batch["copy_state"].valid
     present = {"ready": np.ones(n, bool), "start": batch["start_ms"].valid,
-               "end": batch["end_state"].valid, "leave": batch["leave_state"].valid}  # fmt: skip
+               "end": batch["end_state"].valid, "leave": left | copied}  # fmt: skip
+    leave_state = np.where(left, batch.codes("leave_state", code)[0],
+                           batch.codes("copy_state", code)[0])  # fmt: skip
     state_of = {
         "ready": (np.full(n, code[READY]), present["ready"]),
         "start": (np.full(n, code[INFLIGHT]), present["start"]),
         "end": (batch.codes("end_state", code)[0], present["end"]),
-        "leave": (batch.codes("leave_state", code)[0], present["leave"]),
+        "leave": (leave_state, present["leave"]),
     }  # a present step's state code (0: a state the model does not know); null if absent
     ms_column = {"ready": "ready_ms", "start": "start_ms", "end": "end_ms", "leave": "settled_ms"}
     ms = {}
     for step, column in ms_column.items():
         values, valid = batch.ints(column)
         ms[step] = (values, valid & present[step])
+    copy_ms = batch.ints("copy_ms")
+    ms["leave"] = (np.where(left, ms["leave"][0], copy_ms[0]),
+                   np.where(left, ms["leave"][1], copy_ms[1] & copied))  # fmt: skip
     t_n = sum(present[s].astype(np.int64) for s in _STEP_NAMES)
     last_step = np.select([present["leave"], present["end"], present["start"]], [4, 3, 2], 1)
+    own_leave = present["leave"] & ~copied  # the delivery's own last state, not its copy's
     last_state = np.select(
-        [present["leave"], present["end"], present["start"]],
+        [own_leave, present["end"], present["start"]],
         [state_of["leave"][0], state_of["end"][0], state_of["start"][0]],
         state_of["ready"][0],
     )
-    last_ms = _coalesce(ms["leave"], ms["end"], ms["start"], ms["ready"])
+    last_ms = _coalesce((ms["leave"][0], ms["leave"][1] & ~copied), ms["end"], ms["start"],
+                        ms["ready"])  # fmt: skip
     off_step = sum(
         (present[s] & ~np.isin(state_of[s][0], [code[x] for x in _EXPECTED[s]])).astype(np.int64)
         for s in _STEP_NAMES
-    )
+    ) - (copied & (leave_state == code[WAITING_RETRY]))
     no_time = sum((present[s] & ~ms[s][1]).astype(np.int64) for s in _STEP_NAMES)
 
     def in_state(wanted: str) -> np.ndarray:
@@ -346,11 +365,16 @@ def attempt_passes(
         ).astype(np.int64)
         + (end_waiting & end_scheduled)
         + in_state(DLQ)
-        + leave_unread,
+        + leave_unread
+        + (copied & (leave_state == code[WAITING_RETRY])),  # a copy in the schedule topic
+        "t_late_send_backs": copied.astype(np.int64),
     }
     step_hashes = _step_hashes(batch, present) if "derived" in want and hashed else None
-    links = _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, off_step,
-                   no_time, end_waiting, horizon, ends) if "chains" in want else None  # fmt: skip
+    links = None
+    if "chains" in want:
+        steps = _Steps(state_of, present, ms, last_state, last_step, last_ms, t_n, off_step,
+                       no_time, end_waiting, copied)  # fmt: skip
+        links = _links(batch, steps, horizon, ends)
     for group, rows in _groups(batch):
         if "derived" in want:
             values = {name: int(column[rows].sum()) for name, column in counted.items()}
@@ -378,8 +402,7 @@ def _step_hashes(batch: Batch, present: dict) -> list[tuple[np.ndarray, np.ndarr
                   null_int, constant("str", REASON_DELIVERED, n)),
         "end": (batch["end_state"], batch["end_ms"], batch["end_topic"], batch["end_queue_id"],
                 batch["delay_level"].where(end_waiting), batch["end_reason"]),
-        "leave": (batch["leave_state"], batch["settled_ms"], batch["leave_topic"],
-                  batch["leave_queue_id"], null_int, batch["leave_reason"]),
+        "leave": _leave_fields(batch),
     }  # fmt: skip
     hashes = []
     for k, step in enumerate(_STEP_NAMES, start=1):
@@ -394,33 +417,60 @@ def _step_hashes(batch: Batch, present: dict) -> list[tuple[np.ndarray, np.ndarr
     return hashes
 
 
-def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, off_step, no_time,
-           end_waiting, horizon, ends):  # fmt: skip
-    """The chains pass (:func:`retrysim.checks.chain_digests._attempt_links` and the rules an
-    attempt row breaks alone, :func:`retrysim.checks.rows._local_rules`): a function of a
-    group's rows giving its sums."""
+def _leave_fields(batch: Batch) -> tuple[Value, ...]:
+    """The leave step's transition (transitions.step_columns): the leave after WaitingRetry,
+    or a 4.9 client's second send-back."""
+    left = pc.is_valid(batch.array("leave_state"))
+
+    def either(name: str, kind: str, leave: pa.Array, copy: pa.Array) -> Value:
+        return batch.derive(name, kind, pc.if_else(left, leave, copy))
+
+    late = pa.array([REASON_LATE_SEND_BACK] * batch.rows, pa.string())
+    return (
+        either("_leave_state", "str", batch.array("leave_state"), batch.array("copy_state")),
+        either("_leave_ms", "long", batch.array("settled_ms"), batch.array("copy_ms")),
+        either("_leave_topic", "str", batch.array("leave_topic"), batch.array("copy_topic")),
+        either("_leave_queue", "int", batch.array("leave_queue_id"), batch.array("copy_queue_id")),
+        either(
+            "_leave_level",
+            "int",
+            pa.nulls(batch.rows, pa.int32()),
+            batch.array("copy_delay_level").cast(pa.int32()),
+        ),
+        either("_leave_reason", "str", batch.array("leave_reason"), late),
+    )
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """An attempt batch's steps as :func:`attempt_passes` reads them, for the chains pass."""
+
+    state_of: dict
+    present: dict
+    ms: dict
+    last_state: np.ndarray
+    last_step: np.ndarray
+    last_ms: tuple
+    t_n: np.ndarray
+    off_step: np.ndarray
+    no_time: np.ndarray
+    end_waiting: np.ndarray
+    copied: np.ndarray
+
+
+def _rows_bad(batch: Batch, steps: _Steps, a: dict, result, result_known) -> np.ndarray:
+    """The rows that break a rule alone (:func:`retrysim.checks.rows._local_rules`)."""
     n = batch.rows
     code = _CODE
-    result, result_known = batch.codes("result_state", code)
-    rt, broker_rt = batch.ints("reconsume_times"), batch.ints("broker_reconsume_times")
-    end_reason_failed = batch.equals("end_reason", REASON_SEND_BACK_FAILED)[0]
-    end_reason_local = batch.codes(
-        "end_reason", {REASON_SEND_BACK_FAILED: 1, REASON_SEND_BACK_FALLBACK: 1}
-    )[1]
-    counted = np.where(end_reason_local, rt[0] + 1, broker_rt[0] + 1)
-    counted_valid = np.where(end_reason_local, rt[1], broker_rt[1])
-    next_rt = (counted, counted_valid)
-    next_broker_rt = (
-        np.where(end_reason_failed, broker_rt[0], counted),
-        np.where(end_reason_failed, broker_rt[1], counted_valid),
-    )
-    a = {name: batch.ints(name) for name in ("ready_ms", "start_ms", "end_ms", "next_ready_ms",
-                                             "settled_ms", "born_ms")}  # fmt: skip
-    # the local rules, as l_bad's bits
+    state_of, present, ms, t_n = steps.state_of, steps.present, steps.ms, steps.t_n
+    last_state, last_step, last_ms = steps.last_state, steps.last_step, steps.last_ms
+    off_step, no_time, end_waiting = steps.off_step, steps.no_time, steps.end_waiting
+    copied = steps.copied
+    end_dead = present["end"] & (state_of["end"][0] == code[DLQ])
     legal = (
         (last_step == t_n)
         & (off_step == 0)
-        & (~present["leave"] | end_waiting)
+        & (~present["leave"] | np.where(copied, end_waiting | end_dead, end_waiting))
         & (state_of["ready"][0] == code[READY])
     )
     expected_n = np.select(
@@ -432,7 +482,7 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
     settled = np.isin(result, [code[COMMIT], code[DLQ], code[DISCARD]])
     end_ms_if_settled = (a["end_ms"][0], a["end_ms"][1] & (result != code[INFLIGHT]))
     mismatch = ~result_known | (
-        (t_n != expected_n)
+        (t_n != expected_n + copied)
         | _differs(ms["ready"], a["ready_ms"])
         | _differs(ms["start"], a["start_ms"])
         | _differs(ms["end"], end_ms_if_settled)
@@ -463,6 +513,34 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
     rows_bad = np.zeros(n, bool)
     for broken in rules.values():
         rows_bad |= broken
+    return rows_bad
+
+
+def _links(batch: Batch, steps: _Steps, horizon: int | None, ends: dict):
+    """The chains pass (:func:`retrysim.checks.chain_digests._attempt_links` and the rules an
+    attempt row breaks alone, :func:`retrysim.checks.rows._local_rules`): a function of a
+    group's rows giving its sums."""
+    n = batch.rows
+    code = _CODE
+    ms, last_state = steps.ms, steps.last_state
+    end_waiting, copied = steps.end_waiting, steps.copied
+    result, result_known = batch.codes("result_state", code)
+    rt, broker_rt = batch.ints("reconsume_times"), batch.ints("broker_reconsume_times")
+    end_reason_failed = batch.equals("end_reason", REASON_SEND_BACK_FAILED)[0]
+    end_reason_local = batch.codes(
+        "end_reason", {REASON_SEND_BACK_FAILED: 1, REASON_SEND_BACK_FALLBACK: 1}
+    )[1]
+    counted = np.where(end_reason_local, rt[0] + 1, broker_rt[0] + 1)
+    counted_valid = np.where(end_reason_local, rt[1], broker_rt[1])
+    next_rt = (counted, counted_valid)
+    next_broker_rt = (
+        np.where(end_reason_failed, broker_rt[0], counted),
+        np.where(end_reason_failed, broker_rt[1], counted_valid),
+    )
+    a = {name: batch.ints(name) for name in ("ready_ms", "start_ms", "end_ms", "next_ready_ms",
+                                             "settled_ms", "born_ms")}  # fmt: skip
+    due = a["next_ready_ms"][1]
+    rows_bad = _rows_bad(batch, steps, a, result, result_known)
     # the links
     reason = batch.codes("ready_reason", _WHY)[0]
     kind = np.select(
@@ -479,10 +557,15 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
         [batch["next_topic"], batch["next_queue_id"], batch["next_reason"], poison], n
     )
     msg_id, delivery = batch["msg_id"], batch["delivery"]
+    parent = batch.derive(
+        "_parent", "int",
+        pc.coalesce(batch.array("parent_delivery"),
+                    pc.subtract(batch.array("delivery"), pa.scalar(1, pa.int32()))),
+    )  # fmt: skip
     take = _link(
         number("int", kind),
         msg_id,
-        delivery,
+        parent,
         _reconsume_counts(rt, broker_rt),
         number("long", ms["ready"][0], ms["ready"][1]),
         number("long", np.where(replayed, 0, a["born_ms"][0]), replayed | a["born_ms"][1]),
@@ -494,18 +577,32 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
         & (horizon is not None)
         & (a["next_ready_ms"][0] < (horizon if horizon is not None else 0))
     )
-    delivery_values, delivery_valid = batch.ints("delivery")
-    offer = _link(
-        constant("int", LINK_RETRY, n),
-        msg_id,
-        number("int", delivery_values + 1, delivery_valid),
-        _reconsume_counts(next_rt, next_broker_rt),
-        batch["next_ready_ms"],
-        batch["born_ms"],
-        number("long", next_route.view(np.int64)),
-    )
+
+    def offered(ready: Value) -> np.ndarray:
+        return _link(
+            constant("int", LINK_RETRY, n),
+            msg_id,
+            delivery,
+            _reconsume_counts(next_rt, next_broker_rt),
+            ready,
+            batch["born_ms"],
+            number("long", next_route.view(np.int64)),
+        )
+
+    offer = offered(batch["next_ready_ms"])
     dead = last_state == code[DLQ]
     dead_link = spark_hash([msg_id, delivery, batch["settled_ms"]], n)
+    # a 4.9 client's second copy: a retry of its own, or a dead letter
+    copy_code = batch.codes("copy_state", code)[0]
+    copy_ready = batch.ints("copy_ready_ms")
+    copy_waits = copied & (copy_code == code[WAITING_RETRY])
+    copy_offers = (
+        copy_waits & copy_ready[1] & (horizon is not None)
+        & (copy_ready[0] < (horizon if horizon is not None else 0))
+    )  # fmt: skip
+    copy_offer = offered(batch["copy_ready_ms"])
+    copy_dead = copied & (copy_code == code[DLQ])
+    copy_dead_link = spark_hash([msg_id, delivery, batch["copy_ms"]], n)
     still_inflight = result_known & (result == code[INFLIGHT]) & ~due
     until = _coalesce(a["next_ready_ms"], a["settled_ms"])
 
@@ -513,20 +610,23 @@ def _links(batch, state_of, present, ms, last_state, last_step, last_ms, t_n, of
         load_end = ends.get(group)
         if load_end is None:
             open_retry = end_waiting & ~until[1]
+            copy_open = np.zeros(n, bool)  # Spark: a comparison with a null load end
         else:
             open_retry = end_waiting & (~until[1] | (until[0] >= load_end))
+            copy_open = copy_waits & (copy_ready[0] >= load_end)
         found = {}
         found.update(digest_sums([(take, np.ones(n, bool))], "take", rows))
-        found.update(digest_sums([(offer, offers)], "offer", rows))
-        found.update(digest_sums([(dead_link, dead)], "dlq", rows))
+        found.update(digest_sums([(offer, offers), (copy_offer, copy_offers)], "offer", rows))
+        found.update(digest_sums([(dead_link, dead), (copy_dead_link, copy_dead)], "dlq", rows))
         found.update({
             "replayed_takes": _count(replayed, rows),
             "last_commit": _count(last_state == code[COMMIT], rows),
-            "last_dlq": _count(dead, rows),
-            "last_discard": _count(last_state == code[DISCARD], rows),
+            "last_dlq": _count(dead, rows) + _count(copy_dead, rows),
+            "last_discard": _count(last_state == code[DISCARD], rows)
+            + _count(copied & (copy_code == code[DISCARD]), rows),
             "end_inflight": _count(still_inflight, rows),
             "end_ready_backlog": _count(result_known & (result == code[READY]), rows),
-            "end_waiting_retry": _count(open_retry, rows),
+            "end_waiting_retry": _count(open_retry, rows) + _count(copy_open, rows),
             "rows_bad": _count(rows_bad, rows),
         })  # fmt: skip
         return found
@@ -552,7 +652,7 @@ def message_pass(batch: Batch, horizon: int | None) -> Iterator[tuple[str, objec
          constant("int", 0, n)], n,
     )  # fmt: skip
     route_value = number("long", route.view(np.int64))
-    first = _link(constant("int", LINK_FIRST, n), batch["msg_id"], constant("int", 1, n),
+    first = _link(constant("int", LINK_FIRST, n), batch["msg_id"], constant("int", 0, n),
                   constant("long", 0, n), born, born, route_value)  # fmt: skip
     born_values, born_valid = batch.ints("born_ms")
     before_horizon = born_valid & (horizon is not None) & (born_values < (horizon or 0))
@@ -577,7 +677,7 @@ def dead_letter_pass(batch: Batch) -> Iterator[tuple[str, object, dict]]:
     replayed = batch["replayed_at_ms"].valid
     zero = constant("long", 0, n)
     replay = _link(constant("int", LINK_REPLAY, n), batch["msg_id"],
-                   number("int", deliveries_values + 1, deliveries_valid), zero,
+                   number("int", deliveries_values, deliveries_valid), zero,
                    batch["replayed_at_ms"], zero, zero)  # fmt: skip
     late = _before(batch.ints("replayed_at_ms"), batch.ints("dlq_at_ms"))
     everywhere = np.ones(n, bool)

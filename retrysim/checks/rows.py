@@ -71,7 +71,7 @@ from retrysim.model.states import (
 )
 from retrysim.scenario import limits
 from retrysim.tables.schemas import PARTITION_COLUMN
-from retrysim.tables.transitions import lands_unread, step_columns
+from retrysim.tables.transitions import lands_unread, parent_of, step_columns
 
 # --------------------------------------------------------------------------- rows
 
@@ -87,15 +87,17 @@ _BIT = {name: 1 << index for index, name in enumerate(_LOCAL_RULES)}
 # behind unless example texts are wanted).
 _NARROW = ("src", "a_state", "a_reconsume_times", "a_broker_reconsume_times", "a_next_rt",
            "a_next_broker_rt", "a_ready_ms", "a_next_ready_ms", "a_settled_ms",
-           "a_born_ms", "a_poison_fixed", "a_next_route", "t_ready_ms", "t_ready_reason",
-           "t_end_state", "t_last_state", "t_last_ms", "t_route", "l_bad")  # fmt: skip
+           "a_born_ms", "a_poison_fixed", "a_next_route", "a_parent_delivery", "a_copy_state",
+           "a_copy_ms", "a_copy_ready_ms", "t_ready_ms", "t_ready_reason", "t_end_state",
+           "t_last_state", "t_last_ms", "t_route", "l_bad")  # fmt: skip
 # Where a delivery is Ready and where it routes its retry (readable, for example texts).
 _ROUTE_TEXT = ("source_topic", "queue_id", "ready_reason", "next_topic", "next_queue_id",
                "next_reason")  # fmt: skip
 # What the attempt rows count toward summary and load (sums per group, in the attempts scan
 # of :func:`derived_digest`); the final states need the message's last delivery.
 ATTEMPT_COUNTED = ("t_deliveries", "t_first_deliveries", "t_retries", "t_commits", "t_dlq",
-                   "t_discards", "t_replays", "t_commitlog_writes")  # fmt: skip
+                   "t_discards", "t_replays", "t_commitlog_writes",
+                   "t_late_send_backs")  # fmt: skip
 FINAL_COUNTED = ("final_commit", "final_dlq", "final_discard")
 
 
@@ -136,6 +138,11 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
         .alias("t_leave_unread"),
         c("born_ms").alias("a_born_ms"),
         c("poison_fixed").cast("int").alias("a_poison_fixed"),
+        c("copy_state").isNotNull().cast("int").alias("t_copied"),
+        c("parent_delivery").alias("a_parent_delivery"),
+        state_code(c("copy_state")).alias("a_copy_state"),
+        c("copy_ms").alias("a_copy_ms"),
+        c("copy_ready_ms").alias("a_copy_ready_ms"),
         _route("next_topic", "next_queue_id", "next_reason").alias("a_next_route"),
         _route("source_topic", "queue_id", "ready_reason").alias("t_route"),
         reduce(
@@ -145,6 +152,10 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
     )
     present = {n: c(f"t_n_{n}") == 1 for n in names}
     state = {n: c(f"t_{n}_state") for n in names}
+    copied = c("t_copied") == 1
+    # a 4.9 client's second send-back takes the leave step (docs/model.md §6): a copy of the
+    # message, not the delivery's own last state
+    own = [n for n in names if n != "leave"]
     expected = {
         "ready": [code[READY]],
         "start": [code[INFLIGHT]],
@@ -152,6 +163,13 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
         "leave": [code[DLQ], code[DISCARD]],
     }
     reason = c("t_ready_reason")
+
+    def expected_of(step: str) -> list[Column]:
+        """The states a step may enter; a second copy may wait in the schedule topic."""
+        if step != "leave":
+            return [F.lit(s) for s in expected[step]]
+        copy_waits = F.when(copied, F.lit(code[WAITING_RETRY])).otherwise(F.lit(code[DLQ]))
+        return [*[F.lit(s) for s in expected[step]], copy_waits]
 
     def count(condition: Callable[[str], Column]) -> Column:
         return sum_of([F.coalesce(condition(n), F.lit(False)).cast("int") for n in names])
@@ -166,9 +184,14 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
             "t_n": sum_of([c(f"t_n_{n}") for n in names]),
             "t_first_step": F.least(*[F.when(present[n], k) for k, n in STEPS.items()]),
             "t_last_step": F.greatest(*[F.when(present[n], k) for k, n in STEPS.items()]),
-            "t_last_state": F.coalesce(*[state[n] for n in reversed(names)]),
-            "t_last_ms": F.coalesce(*[F.when(present[n], c(f"t_{n}_ms")) for n in reversed(names)]),
-            "t_off_step": count(lambda n: present[n] & ~state[n].isin(*expected[n])),
+            "t_last_state": F.when(
+                copied, F.coalesce(*[state[n] for n in reversed(own)])
+            ).otherwise(F.coalesce(*[state[n] for n in reversed(names)])),
+            "t_last_ms": F.when(
+                copied,
+                F.coalesce(*[F.when(present[n], c(f"t_{n}_ms")) for n in reversed(own)]),
+            ).otherwise(F.coalesce(*[F.when(present[n], c(f"t_{n}_ms")) for n in reversed(names)])),
+            "t_off_step": count(lambda n: present[n] & ~state[n].isin(*expected_of(n))),
             "t_no_time": count(lambda n: present[n] & c(f"t_{n}_ms").isNull()),
             "t_deliveries": in_state(INFLIGHT),
             "t_first_deliveries": in_state(INFLIGHT) * (c("delivery") == 1).cast("int"),
@@ -182,7 +205,12 @@ def attempt_steps(attempts: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
             ).cast("int")
             + F.coalesce(scheduled, F.lit(False)).cast("int")
             + in_state(DLQ)
-            + F.coalesce(c("t_leave_unread"), F.lit(0)),
+            + F.coalesce(c("t_leave_unread"), F.lit(0))
+            # a second copy waiting in the schedule topic
+            + F.coalesce(copied & (state["leave"] == code[WAITING_RETRY]), F.lit(False)).cast(
+                "int"
+            ),
+            "t_late_send_backs": c("t_copied"),
         }
     ).drop("t_end_scheduled", "t_leave_unread")
     local = _local_rules()
@@ -200,11 +228,16 @@ def _local_rules() -> dict[str, Column]:
     state = {name: c(f"t_{name}_state") for name in STEPS.values()}
     ms = [c(f"t_{name}_ms") for name in STEPS.values()]
     result = c("a_state")
+    copied = c("t_copied") == 1  # a second copy in the leave step, after the cleaner's
     legal = (
         (state["ready"] == code[READY])
         & (c("t_last_step") == c("t_n"))  # the steps present are 1 .. t_n
         & (c("t_off_step") == 0)
-        & (state["leave"].isNull() | (state["end"] == code[WAITING_RETRY]))
+        & (
+            state["leave"].isNull()
+            | (~copied & (state["end"] == code[WAITING_RETRY]))
+            | (copied & state["end"].isin(code[WAITING_RETRY], code[DLQ]))
+        )
     )
     settled = result.isin(code[COMMIT], code[DLQ], code[DISCARD])
     after_backoff = state["end"] == code[WAITING_RETRY]
@@ -215,7 +248,7 @@ def _local_rules() -> dict[str, Column]:
         .when(result.isin(code[DLQ], code[DISCARD]), F.when(after_backoff, 4).otherwise(3))
     )
     mismatch = (
-        (c("t_n") != expected_n)
+        (c("t_n") != expected_n + c("t_copied"))
         | differs(c("t_ready_ms"), c("a_ready_ms"))
         | differs(c("t_start_ms"), c("a_start_ms"))
         # a 5.x simple delivery Inflight until visible again has an end_ms, no end step
@@ -324,6 +357,7 @@ def _per_delivery(union: DataFrame, explain: bool = False) -> DataFrame:
         *[F.max(name).alias(name) for name in _STEP_VALUES],
         F.bit_or("l_bad").alias("l_bad"),
         F.max("dlq_at_ms").alias("d_at_ms"),
+        F.min("dlq_at_ms").alias("d_first_ms"),
         F.max("replayed_at_ms").alias("d_replayed_at_ms"),
         F.max("d_bad_topic").alias("d_bad_topic"),
         *wide,
@@ -345,28 +379,16 @@ def delivery_rows(
     order = Window.partitionBy(*MSG_SORT).orderBy("delivery")
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     replayed = c("t_ready_reason") == REASON_CODE[READY_REPLAYED]
-    delivered = c("a_n") + c("d_n") > 0
     per = _per_delivery(message_union(tables, explain), explain).withColumns(
         {
-            "delivered": delivered,
-            # a row of a message alone can only be the first; it is nobody's predecessor
-            "prev_delivery": F.lag(F.when(delivered, c("delivery"))).over(order),
-            "prev_last_state": F.lag("t_last_state").over(order),
-            "prev_last_ms": F.lag("t_last_ms").over(order),
-            "prev_next_rt": F.lag("a_next_rt").over(order),
-            "prev_next_ready_ms": F.lag("a_next_ready_ms").over(order),
-            "prev_next_broker_rt": F.lag("a_next_broker_rt").over(order),
-            "next_ready_ms": F.lead("t_ready_ms").over(order),
-            "next_replayed": F.lead(replayed).over(order),
-            "is_last": F.lead("delivery").over(order).isNull(),
+            "delivered": c("a_n") + c("d_n") > 0,
+            "parent": parent_of(c("delivery"), c("a_parent_delivery")),
             "last_replay": F.max(F.when(replayed, c("delivery"))).over(so_far),
-            "next_route": F.lead("t_route").over(order),
             # the message row stands at delivery 1, before any later delivery
             "message_born_ms": F.max("born_ms").over(so_far),
         }
     )
-    if explain:
-        per = per.withColumns({f"n_{name}": F.lead(name).over(order) for name in _ROUTE_TEXT[:3]})
+    per = _with_neighbours(per, explain)
     checked = (
         per.join(F.broadcast(ends), GROUP, "left")
         .join(F.broadcast(horizons), PARTITION_COLUMN, "left")
@@ -375,6 +397,63 @@ def delivery_rows(
         .withColumns(_final_counts())
     )
     return checked.withColumns(_why_texts()) if explain else checked
+
+
+def _with_neighbours(per: DataFrame, explain: bool) -> DataFrame:
+    """Each delivery with its predecessor's last state and the retry it offered (``prev_*``:
+    the delivery ``parent`` names, or a 4.9 client's second copy of it, docs/model.md §6)
+    and its successor's Ready (``next_*``: the retry or replay that follows it, not the
+    second copy's; ``is_last`` when none does). A message row alone (born after the horizon)
+    is nobody's predecessor."""
+    c = F.col
+    code = STATE_CODE
+    keys = [*MSG_SORT]
+    pred = per.where(c("delivered")).select(
+        *keys,
+        c("delivery").alias("parent"),
+        F.lit(True).alias("p_found"),
+        c("t_last_state").alias("p_last_state"),
+        c("t_last_ms").alias("p_last_ms"),
+        c("a_next_rt").alias("prev_next_rt"),
+        c("a_next_broker_rt").alias("prev_next_broker_rt"),
+        c("a_next_ready_ms").alias("p_next_ready_ms"),
+        c("a_copy_state").alias("p_copy_state"),
+        c("a_copy_ms").alias("p_copy_ms"),
+        c("a_copy_ready_ms").alias("p_copy_ready_ms"),
+    )
+    copy_child = F.coalesce(
+        (c("p_copy_state") == code[WAITING_RETRY]) & (c("t_ready_ms") == c("p_copy_ready_ms")),
+        F.lit(False),
+    )
+    joined = per.join(pred, [*keys, "parent"], "left").withColumns(
+        {
+            "copy_child": copy_child,
+            "prev_delivery": F.when(c("p_found"), c("parent")),
+            "prev_last_state": F.when(copy_child, F.lit(code[WAITING_RETRY])).otherwise(
+                c("p_last_state")
+            ),
+            "prev_last_ms": F.when(copy_child, c("p_copy_ms")).otherwise(c("p_last_ms")),
+            "prev_next_ready_ms": F.when(copy_child, c("p_copy_ready_ms")).otherwise(
+                c("p_next_ready_ms")
+            ),
+        }
+    )
+    replayed = c("t_ready_reason") == REASON_CODE[READY_REPLAYED]
+    texts = [F.max(name).alias(f"n_{name}") for name in _ROUTE_TEXT[:3]] if explain else []
+    kids = (
+        joined.where(c("delivered") & ~c("copy_child") & c("prev_delivery").isNotNull())
+        .groupBy(*keys, c("parent").alias("delivery"))
+        .agg(
+            F.max("t_ready_ms").alias("next_ready_ms"),
+            F.max(replayed).alias("next_replayed"),
+            F.max("t_route").alias("next_route"),
+            *texts,
+        )
+        .withColumn("has_next", F.lit(True))
+    )
+    return joined.join(kids, [*keys, "delivery"], "left").withColumn(
+        "is_last", c("has_next").isNull()
+    )
 
 
 def _delivery_flags() -> dict[str, Column]:
@@ -401,16 +480,27 @@ def _delivery_flags() -> dict[str, Column]:
     retried = c("next_ready_ms").isNotNull() & ~replayed_next
     late = retried & differs(c("next_ready_ms"), c("a_next_ready_ms"))
     is_dlq = F.coalesce(result == code[DLQ], F.lit(False))
-    dead_wrong = (c("d_n") == 1) & (
-        differs(c("d_at_ms"), c("a_settled_ms"))
+    # a 4.9 client's second copy may be a dead letter of the same delivery (model.md §6)
+    copy_dead = F.coalesce(c("a_copy_state") == code[DLQ], F.lit(False))
+    own_at = F.when(is_dlq, c("a_settled_ms"))
+    copy_at = F.when(copy_dead, c("a_copy_ms"))
+    dead_wrong = (c("d_n") >= 1) & (
+        differs(c("d_first_ms"), F.least(own_at, copy_at))
+        | differs(c("d_at_ms"), F.greatest(own_at, copy_at))
         | (c("d_bad_topic") == 1)
         | differs(c("d_replayed_at_ms"), F.when(replayed_next, c("next_ready_ms")))
     )
+    # a message sent back twice numbers its deliveries as they start: a later one
     step = F.when(c("prev_delivery").isNull(), c("delivery") == 1).otherwise(
-        c("delivery") == c("prev_delivery") + 1
+        F.when(c("a_parent_delivery").isNotNull(), c("delivery") > c("prev_delivery")).otherwise(
+            c("delivery") == c("prev_delivery") + 1
+        )
     )
     after_backoff = c("t_end_state") == code[WAITING_RETRY]
     until = F.coalesce(c("a_next_ready_ms"), c("a_settled_ms"))
+    copy_open = (c("a_copy_state") == code[WAITING_RETRY]) & (
+        c("a_copy_ready_ms") >= c("load_end_ms")
+    )
     has_path = c("a_n") > 0
     rt, broker_rt = _expected_counts()
     # time_order's part from the transitions; the attempt's own times are another part
@@ -423,7 +513,8 @@ def _delivery_flags() -> dict[str, Column]:
         "reconsume_times": (c("a_n") == 1)
         & (differs(c("a_reconsume_times"), rt) | differs(c("a_broker_reconsume_times"), broker_rt)),
         "deliveries_consecutive": flagged(~step),
-        "dead_letters": (is_dlq != (c("d_n") >= 1)) | (c("d_n") > 1) | flagged(dead_wrong),
+        "dead_letters": (c("d_n") != is_dlq.cast("int") + copy_dead.cast("int"))
+        | flagged(dead_wrong),
         "attempts_routing": _broke("unrouted")
         | (retried & differs(c("next_route"), c("a_next_route")))
         # (a message without its row is messages_attempts' finding)
@@ -436,7 +527,10 @@ def _delivery_flags() -> dict[str, Column]:
     }
     return {
         **{f"bad_{name}": c("delivered") & flag for name, flag in flags.items()},
-        "open_waiting_retry": after_backoff & (until.isNull() | (until >= c("load_end_ms"))),
+        "open_waiting_retry": F.coalesce(
+            after_backoff & (until.isNull() | (until >= c("load_end_ms"))), F.lit(False)
+        ).cast("int")
+        + F.coalesce(copy_open, F.lit(False)).cast("int"),
     }
 
 
@@ -527,11 +621,16 @@ def _final_counts() -> dict[str, Column]:
     """On a message's last delivery, its final state (summary's commits, dlq, discards)."""
     c = F.col
     code = STATE_CODE
-    last = c("t_last_state")
+    last, copy = c("t_last_state"), c("a_copy_state")
+
+    def ends(state: str) -> Column:  # a 4.9 client's second copy ends at once out of retries
+        own = (c("is_last") & (last == code[state])).cast("int")
+        return own + F.coalesce(copy == code[state], F.lit(False)).cast("int")
+
     return {
         "final_commit": (c("is_last") & (last == code[COMMIT])).cast("int"),
-        "final_dlq": (c("is_last") & (last == code[DLQ])).cast("int"),
-        "final_discard": (c("is_last") & (last == code[DISCARD])).cast("int"),
+        "final_dlq": ends(DLQ),
+        "final_discard": ends(DISCARD),
     }
 
 
@@ -572,7 +671,7 @@ def checked_counts(checked: DataFrame) -> DataFrame:
         ),
         F.count_if(still_inflight()).alias("end_inflight"),
         F.count_if(c("a_state") == STATE_CODE[READY]).alias("end_ready_backlog"),
-        F.count_if(c("open_waiting_retry")).alias("end_waiting_retry"),
+        F.sum("open_waiting_retry").alias("end_waiting_retry"),
         F.count_if(c("m_n") >= 1).alias("message_rows"),
         F.max("size_bytes").alias("size_bytes"),
     )

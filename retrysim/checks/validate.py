@@ -129,14 +129,17 @@ def _group_problems(values: dict[str, Any]) -> dict[str, list[str]]:
     v = _zeroed(values)
     messages, final = v["message_rows"], (v["final_commit"], v["final_dlq"], v["final_discard"])
     summed = v["s_commits"] + v["s_dlq"] + v["s_discards"] + v["s_pending"]
+    # a message a 4.9 client sent back twice ends once per copy (docs/model.md §6)
+    copies = messages + v["t_late_send_backs"]
     summary = [
         ("summary rows", v["summary_rows"], 1),
         ("summary.messages", v["s_messages"], messages),
+        ("summary.late_send_backs", v["s_late_send_backs"], v["t_late_send_backs"]),
         ("summary.commits (final Commit states)", v["s_commits"], final[0]),
         ("summary.dlq (final DLQ states)", v["s_dlq"], final[1]),
         ("summary.discards (final Discard states)", v["s_discards"], final[2]),
-        ("summary.pending (messages not settled)", v["s_pending"], messages - sum(final)),
-        ("commits + dlq + discards + pending", summed, v["s_messages"]),
+        ("summary.pending (copies not settled)", v["s_pending"], copies - sum(final)),
+        ("commits + dlq + discards + pending", summed, v["s_messages"] + v["s_late_send_backs"]),
         ("summary.deliveries", v["s_deliveries"], v["t_deliveries"]),
         ("summary.retries", v["s_retries"], v["t_retries"]),
         ("summary.replayed", v["s_replayed"], v["t_replays"]),
@@ -241,7 +244,7 @@ def validate_tables(
     row_by_row = not all(_chains_whole(values) for values in groups.values())
     if row_by_row:
         # a chain is broken somewhere: check every delivery against its neighbours
-        checked = row_checks.checked_counts(row_checks.delivery_rows(tables, _load_ends(tables)))
+        checked = row_checks.checked_counts(row_checks.delivery_rows(tables, load_ends(tables)))
         _collect_parts({"checked": lambda: checked}, groups, runs)
     else:
         for values in groups.values():
@@ -255,7 +258,7 @@ def validate_tables(
     }
     if any(broken.values()):
         # the same rows with the texts, which take every step column: only now
-        explained = row_checks.delivery_rows(tables, _load_ends(tables), explain=True)
+        explained = row_checks.delivery_rows(tables, load_ends(tables), explain=True)
         rows = {"delivery": explained, "message": row_checks.message_rows(explained)}
         for prefix, names in broken.items():
             if names:
@@ -294,7 +297,7 @@ def _fast_counts(
         "derived": lambda: digests.derived_digest(
             tables["attempts"], digests.pop_groups(tables["runs"]), hashed=not transitions_derived
         ),
-        "chains": lambda: digests.attempt_chain_digest(tables, _load_ends(tables)),
+        "chains": lambda: digests.attempt_chain_digest(tables, load_ends(tables)),
         "messages": lambda: digests.message_chain_digest(tables["messages"], tables["runs"]),
         "dead": lambda: digests.dead_letter_chain_digest(tables["dead_letters"]),
         "runs": lambda: counts.runs_counts(tables["runs"], STATUS_COMPLETE),
@@ -348,7 +351,7 @@ def _file_passes() -> ModuleType:
     return file_passes
 
 
-def _load_ends(tables: Mapping[str, DataFrame]) -> DataFrame:
+def load_ends(tables: Mapping[str, DataFrame]) -> DataFrame:
     """Each group's load end (``load_end_ms``), which the chains and row-by-row passes read."""
     return counts.load_counts(tables["load"]).select(*invariants.GROUP, "load_end_ms")
 

@@ -73,6 +73,10 @@ def retrysim_messages(staged: pd.DataFrame) -> pd.DataFrame:
     last = staged.sort_values("delivery").groupby("msg_id").tail(1).set_index("msg_id")
     state = last["result_state"].map({COMMIT: COMMITTED, DLQ: DEAD, DISCARD: DROPPED})
     state = state.fillna(PENDING)
+    # as the broker's side: a message with a dead letter is in the DLQ, whichever of its
+    # copies (a 4.9 client's second send-back, docs/model.md §6) put it there
+    dead = staged.loc[(staged["result_state"] == DLQ) | (staged["copy_state"] == DLQ), "msg_id"]
+    state[state.index.isin(dead)] = DEAD
     deliveries = started.groupby("msg_id")["delivery"].max()
     return pd.DataFrame({"deliveries": deliveries, "state": state}).fillna({"deliveries": 0})
 
@@ -106,6 +110,8 @@ def retrysim_puts(staged: pd.DataFrame, policy: Policy) -> dict[str, int]:
     add(staged.loc[waiting & (staged["end_topic"] == limits.SCHEDULE_TOPIC), "end_topic"])
     add(staged.loc[staged["end_state"] == DLQ, "end_topic"])
     add(staged.loc[staged["leave_state"] == DLQ, "leave_topic"])
+    # a 4.9 client's second send-back: into the schedule topic, or a dead letter
+    add(staged.loc[staged["copy_state"].isin([WAITING_RETRY, DLQ]), "copy_topic"])
     dead = staged["result_state"] == DLQ
     if policy.retry_path == REVIVE and dead.any():
         add(pd.Series(policy.retry_topic, index=staged.index[dead]))
@@ -272,14 +278,29 @@ def _time_to_commit(
 def _dlq_times(staged: pd.DataFrame, run: BrokerRun, policy: Policy) -> Figure:
     """Each dead letter's time from its send to the DLQ, the worst difference (a 5.x
     dead letter is the reviver's copy too: one retry's tolerance more)."""
-    mine = _settle_times(staged, DEAD)
+    copies = staged[staged["copy_state"] == DLQ]  # a 4.9 client's second copy's dead letter
+    mine = pd.concat([
+        _settle_times(staged, DEAD),
+        pd.DataFrame({"age": (copies["copy_ms"] - copies["born_ms"]).to_numpy(float),
+                      "deliveries": copies["delivery"].to_numpy()},
+                     index=copies["msg_id"].to_numpy()),
+    ])  # fmt: skip
     theirs = _broker_ages(run, run.dead_letters, "dlq_at_ms")
     youngest = float(mine["age"].min()) if len(mine) else 0.0
     revived = int(policy.retry_path == REVIVE)
     retries = int(mine["deliveries"].max()) - 1 + revived if len(mine) else 0
     late = _late_by(retries, retry_tolerance(policy)) if len(mine) else 0.0
-    return Figure("DLQ time, worst difference (ms)", 0, _worst(mine["age"], theirs),
+    return Figure("DLQ time, worst difference (ms)", 0,
+                  _worst(_in_order(mine["age"]), _in_order(theirs)),
                   _capped(late, youngest))  # fmt: skip
+
+
+def _in_order(ages: pd.Series) -> pd.Series:
+    """``ages`` by (msg_id, k): a message's k-th dead letter in time, so that two copies'
+    dead letters pair up in order."""
+    ages = ages.sort_values(kind="stable")
+    k = ages.groupby(level=0).cumcount().to_numpy()
+    return pd.Series(ages.to_numpy(), index=pd.MultiIndex.from_arrays([ages.index, k]))
 
 
 def _instances(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
@@ -313,10 +334,11 @@ def _instances(staged: pd.DataFrame, run: BrokerRun) -> list[Figure]:
     ]  # fmt: skip
 
 
-def duplicates(run: BrokerRun) -> int:
-    """Deliveries the broker made without a retry to explain them: a copy whose
-    reconsumeTimes its message had already been delivered with."""
-    return int(run.deliveries.duplicated(["msg_id", "reconsume_times"]).sum())
+def duplicates(deliveries: pd.DataFrame) -> int:
+    """Deliveries made again with a reconsumeTimes their message had already been delivered
+    with: a 4.9 client's second copy (docs/model.md §6), or any the client makes anyway."""
+    started = deliveries[deliveries["start_ms"].notna()]
+    return int(started.duplicated(["msg_id", "reconsume_times"]).sum())
 
 
 def timed_figures(staged: pd.DataFrame, run: BrokerRun, policy: Policy) -> list[Figure]:
@@ -349,7 +371,7 @@ def exact_figures(staged: pd.DataFrame, run: BrokerRun, policy: Policy) -> list[
                int((both["state_retrysim"] != both["state_broker"]).sum())),
         Figure("DLQ messages (mismatches)", 0, len(
             set(mine.index[mine["state"] == DEAD]) ^ set(run.dead_letters["msg_id"]))),
-        Figure("duplicate deliveries", 0, duplicates(run)),
+        Figure("duplicate deliveries", duplicates(staged), duplicates(run.deliveries)),
     ]  # fmt: skip
     mine_puts = retrysim_puts(staged, policy)
     for topic in sorted((set(mine_puts) | set(run.puts)) - set(pop_bookkeeping(run.puts))):

@@ -102,6 +102,10 @@ def refuse_unsupported(scenario: Scenario, group: Group, spec: KeySpec) -> None:
         why = "consumers: unlimited has no real pool; give instances and threads"
     elif policy.topology.brokers != 1:
         why = "brokers: the harness starts one broker"
+    elif harness == "broker4" and "client_version" in group.flavor_record.reads and (
+        group.client_version != "4.9"
+    ):  # fmt: skip
+        why = "client_version: the 4.x harness runs rocketmq-client 4.9.7"
     elif behavior.windows or behavior.downstream is not None:
         why = "outages, behavior profiles and a downstream: the outcome file is per delivery"
     elif behavior.send_back_failure_probability or behavior.send_back_fallback_probability:
@@ -169,9 +173,11 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
 
     listen = Listener(spec.behavior, spec.seed, spec.group, client_time=False)
     poisoned = listen.poisoned(msg_ids)
-    # no more than fit before the horizon (an orderly group retries without end by default)
+    # no more than fit before the horizon (an orderly group retries without end by default);
+    # a message a 4.9 client sends back twice numbers its copies' deliveries together
     shortest = max(min(spec.policy.intervals_ms, default=1), 1)
-    deliveries = min(spec.policy.max_retries + 1, spec.horizon_ms // shortest + 1)
+    copies = 4 if spec.policy.may_send_back_twice(longest_processing_ms(spec.behavior)) else 1
+    deliveries = min(copies * (spec.policy.max_retries + 1), spec.horizon_ms // shortest + 1)
     rows = []
     for msg_id, poison in zip(msg_ids.tolist(), poisoned.tolist(), strict=True):
         for delivery in range(1, deliveries + 1):

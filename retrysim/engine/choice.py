@@ -236,12 +236,15 @@ def needs_events(plan: GroupPlan) -> bool:
     """Whether a group is simulated event by event from the start, whatever its pool:
     ordered queues and batches are decided by dispatch order, so is a 4.x cleaner's run that
     may find more expired than it sends back, and a downstream that answers to load makes
-    each call depend on the calls in flight (the round engine declines both)."""
+    each call depend on the calls in flight (the round engine declines both); a 4.9 client
+    that may send a delivery back twice numbers its copies' deliveries as they start."""
     behavior = plan.group.behavior
+    longest = longest_processing_ms(behavior)
     return (
         plan.policy.sequential
         or behavior.downstream is not None
-        or plan.policy.cleaner_may_fill(longest_processing_ms(behavior))
+        or plan.policy.cleaner_may_fill(longest)
+        or plan.policy.may_send_back_twice(longest)
     )
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from retrysim.model.behavior import longest_processing_ms
 from retrysim.model.policy import Policy
 from retrysim.model.topology import Units
 from retrysim.scenario.spec import Behavior, Workload
@@ -147,6 +148,8 @@ def units_of(spec: KeySpec) -> Units | None:
         or lanes
         or shared
         or policy.retry_topic != policy.topology.retry_topic
+        # a message sent back twice numbers its deliveries as they start, over every unit
+        or policy.may_send_back_twice(longest_processing_ms(spec.behavior))
     ):
         return None
     return policy.topology.units()

@@ -30,7 +30,6 @@ from retrysim.engine.event_loop import (
     _buffers,
     _first_delivery,
     _grow_slots,
-    _next_delivery,
     _pending,
     _pending_first,
     _push_eligible,
@@ -51,6 +50,7 @@ from retrysim.engine.event_rules import (
     K_ACK_INDEX,
     K_HORIZON,
     K_INSTANCES,
+    K_LATE_SEND_BACK,
     K_PERIODIC,
     K_REPLAY_AT,
     K_REPLAY_QUEUES,
@@ -81,6 +81,9 @@ from retrysim.engine.event_rules import (
     _instance,
     _lane,
     _listen,
+    _next_delivery,
+    _number_waiting,
+    _send_back_again,
     _settled_step,
     _sweep_state,
     _swept,
@@ -201,11 +204,14 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
     sends = np.empty(max(batch_size, 1), np.int64)
     next_arrival = 0 if not blocking else count
     replay_at = k[K_REPLAY_AT]
-    # a message reaches the DLQ at most once before the replay, which is the only one
-    dead = np.empty((4, len(msg_ids) if replay_at != n else 0), np.int64)
+    # a message reaches the DLQ once before the replay, which is the only one (each copy of
+    # one a 4.9 client sent back twice: the array grows then)
+    dead = np.empty((4, max(len(msg_ids), 1) if replay_at != n else 0), np.int64)
     dead_count = 0
     swept = k[K_PERIODIC] == 1
     sweeps = _sweep_state(k)
+    twice = k[K_LATE_SEND_BACK] == 1  # a 4.9 client's late send-back (event_loop._turns)
+    forked = Dict.empty(key_type=types.int64, value_type=types.int64)
     for lane in range(len(queue_ids_used)):  # every ordered queue is free at 0
         if events == len(event_keys):
             event_keys, event_values = _grow(event_keys), _grow(event_values)
@@ -387,6 +393,10 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                 concurrency = (busy_all if per_group else busy[instance]) + 1
                 for j in range(taken):
                     slot = batch[j]
+                    msg_j = slots[S_MSG_ID, slot]
+                    if twice and len(forked) > 0 and msg_j in forked:  # numbered as it starts
+                        forked[msg_j] += 1
+                        slots[S_DELIVERY, slot] = forked[msg_j]
                     outcome_j, processing_j, send_j = _listen(
                         k, d, prefixes, conditions, slots[S_MSG_ID, slot],
                         slots[S_DELIVERY, slot],
@@ -440,8 +450,27 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
                         out = _wider(out)
                     _row(out, rows, k, born, slots, slot, now, processing, end, outcome,
                          step, taken)  # fmt: skip
+                    if twice and outcome == TIMEOUT and (failing != SUCCESS or (
+                        ack_index != n and j > ack_index
+                    )) and now + processing < horizon:  # fmt: skip
+                        if slots[S_MSG_ID, slot] not in forked:  # its first fork: the
+                            forked[slots[S_MSG_ID, slot]] = slots[S_DELIVERY, slot]  # count
+                        if spare_count == 0 and used == slots.shape[1]:
+                            slots, spare = _grow_slots(slots), _grow(spare)
+                        spare_count, used, copy = _take_slot(slots, spare, spare_count, used)
+                        if _send_back_again(k, intervals, levels, resend_levels, resend_intervals,
+                                            slots, slot, copy, failing, now + processing, out,
+                                            rows):  # fmt: skip
+                            if events == len(event_keys):
+                                event_keys, event_values = _grow(event_keys), _grow(event_values)
+                            events = _push_eligible(event_keys, event_values, events, slots, copy)
+                        else:
+                            spare[spare_count] = copy
+                            spare_count += 1
                     rows += 1
                     if step[0] == DLQ and replay_at != n:  # a dead letter the replay may re-send
+                        if dead_count == dead.shape[1]:  # a message sent back twice: its copies'
+                            dead = _wider(dead)
                         dead[0, dead_count], dead[1, dead_count] = step[3], slots[S_MSG_ID, slot]
                         dead[2, dead_count] = slots[S_INDEX, slot]
                         dead[3, dead_count] = slots[S_DELIVERY, slot]
@@ -477,11 +506,14 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
             yield out, rows, now, deliveries, first
             rows = 0
     # what is Ready before the horizon and never started (docs/model.md §7)
+    waiting = rows
     out, rows = _pending(
         out, rows, k, born, slots, event_keys, event_values, events, waits, wait_sizes
     )
     out, rows = _pending(out, rows, k, born, slots, event_keys, event_values, 0, replays,
                          replay_sizes)  # fmt: skip
+    if len(forked) > 0:
+        _number_waiting(out, waiting, rows, forked)
     scratch = np.empty((S_FIELDS, 1), np.int64)
     for lane in range(len(queue_ids_used)):
         for j in range(cursor[lane], queue_end[lane]):

@@ -26,9 +26,9 @@ run); the rules, the heaps and the row writes that take scalars are helpers inli
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numba.np.unsafe.ndarray import to_fixed_tuple
-from numba.typed import List
+from numba.typed import Dict, List
 
 from retrysim.engine.event_heaps import (
     _event_pop,
@@ -48,11 +48,11 @@ from retrysim.engine.event_rules import (
     D_REPLAY_RATE,
     D_SIZE,
     DLQ,
-    FALLBACK_REASON,
     INFLIGHT,
     K_ACK_INDEX,
     K_HORIZON,
     K_INSTANCES,
+    K_LATE_SEND_BACK,
     K_PERIODIC,
     K_POP_CACHE,
     K_POP_THREADS,
@@ -76,13 +76,13 @@ from retrysim.engine.event_rules import (
     S_FIXED,
     S_INDEX,
     S_MSG_ID,
+    S_PARENT,
     S_QUEUE,
     S_READY,
     S_REASON,
     S_RT,
     S_TOPIC,
     S_WITHDRAWN,
-    SEND_BACK_FAILED_REASON,
     SUCCESS,
     T_SOURCE,
     TIMEOUT,
@@ -95,6 +95,9 @@ from retrysim.engine.event_rules import (
     _instance,
     _lane,
     _listen,
+    _next_delivery,
+    _number_waiting,
+    _send_back_again,
     _settled_step,
     _sweep_state,
     _swept,
@@ -173,6 +176,10 @@ def _row_at(out, n, instance, born, slots, slot, start, processing, end, outcome
     out[19, n], out[20, n], out[21, n], out[22, n] = step[4], step[5], step[6], step[7]
     out[23, n], out[24, n], out[25, n], out[26, n] = step[8], step[9], step[10], step[11]
     out[27, n], out[28, n], out[29, n] = step[12], step[13], step[14]
+    parent = slots[S_PARENT, slot]
+    out[30, n] = parent if parent != slots[S_DELIVERY, slot] - 1 else NULL
+    out[31, n], out[32, n], out[33, n], out[34, n] = NULL, NULL, NULL, NULL
+    out[35, n], out[36, n] = NULL, NULL
     out[_FIXED_ROW, n] = slots[S_FIXED, slot]
 
 
@@ -194,29 +201,10 @@ def _take_slot(slots, spare, spare_count, used):
 
 
 @njit(cache=True, inline="always")
-def _next_delivery(k, slots, slot, step):
-    """Turn ``slot`` into the delivery its retry ``step`` leads to (the reconsume counts as
-    :func:`retrysim.model.policy.next_reconsume_columns` gives them)."""
-    rt, broker_rt = slots[S_RT, slot], slots[S_BROKER_RT, slot]
-    reason = step[7]
-    if reason == SEND_BACK_FAILED_REASON:
-        rt, broker_rt = rt + 1, broker_rt
-    elif reason == FALLBACK_REASON:
-        rt, broker_rt = rt + 1, rt + 1
-    else:
-        rt, broker_rt = broker_rt + 1, broker_rt + 1
-    due = step[2]
-    slots[S_DELIVERY, slot] += 1
-    slots[S_RT, slot], slots[S_BROKER_RT, slot] = rt, broker_rt
-    slots[S_TOPIC, slot], slots[S_QUEUE, slot] = step[12], step[13]
-    slots[S_READY, slot], slots[S_REASON, slot] = due, step[14]
-    slots[S_ELIGIBLE, slot] = _eligible(k, due)
-
-
-@njit(cache=True, inline="always")
 def _first_delivery(slots, slot, position, msg_ids, queue_ids, born, eligible):
     """Fill ``slot`` with the first delivery of the message at ``position``."""
     slots[S_INDEX, slot], slots[S_DELIVERY, slot] = position, 1
+    slots[S_PARENT, slot] = 0
     slots[S_RT, slot], slots[S_BROKER_RT, slot] = 0, 0
     slots[S_TOPIC, slot], slots[S_QUEUE, slot] = T_SOURCE, queue_ids[position]
     slots[S_READY, slot], slots[S_REASON, slot] = born[position], PUBLISHED
@@ -316,6 +304,7 @@ def _replayed(k, ready, rank, dead, i, slots, slot):
     next delivery of its message on the source topic, queue ``rank % queues``, Ready at
     ``ready``; the poison fixed where the replay says so."""
     slots[S_INDEX, slot], slots[S_DELIVERY, slot] = dead[2, i], dead[3, i] + 1
+    slots[S_PARENT, slot] = dead[3, i]
     slots[S_RT, slot], slots[S_BROKER_RT, slot] = 0, 0
     slots[S_TOPIC, slot], slots[S_QUEUE, slot] = T_SOURCE, rank % k[K_REPLAY_QUEUES]
     slots[S_READY, slot], slots[S_REASON, slot] = ready, REPLAYED
@@ -464,7 +453,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
            first_instance, order, taken, arrived, free, busy, touched, touched_list, heaps,
            sizes, slots, spare, event_keys, event_values, out, state, dead, cached, overflow,
            fifo_ends, lane_pos, lane_wait, lane_next, entered, ring, entry, held, pop,
-           caches, sweeps):  # fmt: skip
+           caches, sweeps, forked):  # fmt: skip
     """:func:`_run`'s turns, until a chunk is full, every so many turns, the end, or a turn
     that might not fit its arrays; returns (the simulated moment, _CHUNK, _DONE or _ROOM).
     No array is replaced in here: numba counts references (atomic operations) to an array
@@ -498,7 +487,12 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     A receive due is an event of the free phase whose value is -1 - the instance.
 
     With the 4.x cleaner's periodic check (``K_PERIODIC``), ``sweeps`` holds each process
-    queue's latest cleaner run and how many it sent back (:func:`_swept`)."""
+    queue's latest cleaner run and how many it sent back (:func:`_swept`).
+
+    With a 4.9 client's late send-back (``K_LATE_SEND_BACK``), a timed-out delivery whose
+    listener fails sends a second copy of its message (:func:`_send_back_again`);
+    ``forked`` maps each such message to the last delivery number it started: its copies'
+    deliveries are numbered as they start, the number their draws take."""
     n = NULL
     k = to_fixed_tuple(k_array, K_SIZE)
     d = to_fixed_tuple(d_array, D_SIZE)
@@ -508,6 +502,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     ack_index = k[K_ACK_INDEX]
     acked_later = ack_index != n and ack_index < 0  # a success is retried (docs/model.md §7)
     swept = k[K_PERIODIC] == 1
+    twice = k[K_LATE_SEND_BACK] == 1
     threshold = k[K_PULL_THRESHOLD]
     capped = threshold != n
     popped = k[K_POP_CACHE] != n
@@ -553,8 +548,11 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             most += 2 * dead_count
         if popped:  # each instance's receive an event
             most += k[K_INSTANCES]
+        if twice:  # each delivery may send a second copy: a slot and an event more
+            most *= 2
         if (rows + most > out.shape[1] or events + 2 * most > len(event_keys)
-                or spare_count + slots.shape[1] - used < most):  # fmt: skip
+                or spare_count + slots.shape[1] - used < most
+                or (replay_at != n and dead_count + most > dead.shape[1])):  # fmt: skip
             status = _ROOM
             state[_MOST] = most
             break
@@ -781,6 +779,10 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                         sizes[instance] -= 1
                 index = slots[S_INDEX, slot]
                 msg_id, delivery = slots[S_MSG_ID, slot], slots[S_DELIVERY, slot]
+                if twice and len(forked) > 0 and msg_id in forked:  # numbered as it starts
+                    delivery = forked[msg_id] + 1
+                    forked[msg_id] = delivery
+                    slots[S_DELIVERY, slot] = delivery
                 concurrency = (busy[everyone] if per_group else busy[instance]) + 1
                 outcome, processing, send_back = _listen(
                     k,
@@ -843,6 +845,30 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 _row_at(
                     out, rows, instance, born, slots, slot, now, processing, end, outcome, step, 1
                 )
+                if twice and outcome == TIMEOUT and (listened != SUCCESS or acked_later) and (
+                    now + processing < horizon
+                ):  # fmt: skip
+                    if msg_id not in forked:  # its first fork: from now on it counts
+                        forked[msg_id] = delivery
+                    spare_count, used, copy = _take_slot(slots, spare, spare_count, used)
+                    if _send_back_again(
+                        k,
+                        intervals,
+                        levels,
+                        resend_levels,
+                        resend_intervals,
+                        slots,
+                        slot,
+                        copy,
+                        listened,
+                        now + processing,
+                        out,
+                        rows,
+                    ):
+                        events = _push_eligible(event_keys, event_values, events, slots, copy)
+                    else:
+                        spare[spare_count] = copy
+                        spare_count += 1
                 rows += 1
                 if step[0] == DLQ and replay_at != n:  # a dead letter the replay may re-send
                     dead[0, dead_count], dead[1, dead_count] = step[3], msg_id
@@ -1001,16 +1027,18 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
         for _ in range(2 * instances):
             overflow.append(np.empty(16, np.int64))
         fifo_ends = np.zeros((2, 2 * instances), np.int64)
-    # a message reaches the DLQ at most once before the replay, which is the only one
-    dead = np.empty((4, len(msg_ids) if k[K_REPLAY_AT] != n else 0), np.int64)
+    # a message reaches the DLQ once before the replay, which is the only one (each copy of
+    # one a 4.9 client sent back twice: the array grows then)
+    dead = np.empty((4, max(len(msg_ids), 1) if k[K_REPLAY_AT] != n else 0), np.int64)
     sweeps = _sweep_state(k)
+    forked = Dict.empty(key_type=types.int64, value_type=types.int64)
     while True:
         now, status = _turns(
             k, d, windows, prefixes, intervals, levels, resend_levels, resend_intervals,
             msg_ids, queue_ids, born, poisoned, count, member, eligible, first_instance, order,
             taken, arrived, free, busy, touched, touched_list, heaps, sizes, slots, spare,
             event_keys, event_values, out, state, dead, cached, overflow, fifo_ends, lane_pos,
-            lane_wait, lane_next, entered, ring, entry, held, pop, caches, sweeps,
+            lane_wait, lane_next, entered, ring, entry, held, pop, caches, sweeps, forked,
         )  # fmt: skip
         if status == _DONE:
             break
@@ -1024,16 +1052,21 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
                 event_keys, event_values = _grow(event_keys), _grow(event_values)
             if len(held) < len(event_keys):
                 held = np.empty(len(event_keys), np.int64)
+            while dead.shape[1] and state[_DEAD] + most > dead.shape[1]:  # copies' dead letters
+                dead = _wider(dead)
             continue
         yield out, state[_ROWS], now, state[_DELIVERIES], state[_FIRST]
         state[_ROWS] = 0
     rows, events = state[_ROWS], state[_EVENTS]
     deliveries, first = state[_DELIVERIES], state[_FIRST]
     # what is Ready before the horizon and never started (docs/model.md §7)
+    waiting = rows
     out, rows = _pending(out, rows, k, born, slots, event_keys, event_values, events, heaps, sizes)
     scratch = np.empty((S_FIELDS, 1), np.int64)
     # and those waiting on the broker for a process queue or a 5.x cache, or in a 5.x cache
     out, rows = _pending_waits(out, rows, k, born, slots, overflow, fifo_ends)
+    if len(forked) > 0:
+        _number_waiting(out, waiting, rows, forked)
     out, rows = _pending_cached(out, rows, k, born, scratch, slots, pop, caches, msg_ids,
                                 queue_ids, eligible)  # fmt: skip
     # and the first deliveries that waited on the broker, or entered their instance's FIFO

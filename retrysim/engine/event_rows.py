@@ -33,6 +33,7 @@ from retrysim.engine.event_rules import (
     S_FIXED,
     S_INDEX,
     S_MSG_ID,
+    S_PARENT,
     S_QUEUE,
     S_READY,
     S_REASON,
@@ -252,6 +253,7 @@ def _import_slots(policy: Policy, imports, msg_ids: np.ndarray, names: pa.Array)
     fixed = imports.get("poison_fixed", None)
     slots[S_FIXED] = 0 if fixed is None else fixed.to_numpy(bool)
     slots[S_WITHDRAWN] = 0
+    slots[S_PARENT] = slots[S_DELIVERY] - 1  # units run no message sent back twice
     return slots
 
 

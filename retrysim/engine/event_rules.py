@@ -64,7 +64,7 @@ _SEND_BACK_DONE, _SEND_BACK_FALLBACK, _SEND_BACK_FAILED = (
  K_ACK_INDEX, K_PULL, K_READY_WAIT, K_BALANCING, K_INSTANCES, K_THREADS, K_QUEUES, K_BROKERS,
  K_RETRY_QUEUE_NUMS, K_BY_CIRCLE, K_HAS_TOPOLOGY_RETRY, K_RETRY_IS_TOPOLOGY, K_FAIL_FIRST,
  K_HORIZON, K_REPLAY_AT, K_REPLAY_FIXED, K_REPLAY_QUEUES, K_NULL_DLQ, K_REVIVE_LAG,
- K_PULL_THRESHOLD, K_POP_CACHE, K_POP_THREADS, K_SIZE) = range(36)  # fmt: skip
+ K_PULL_THRESHOLD, K_POP_CACHE, K_POP_THREADS, K_LATE_SEND_BACK, K_SIZE) = range(37)  # fmt: skip
 # The listener's doubles: base probability, kind and send-back thresholds, base distribution.
 # A downstream that answers to load: its capacity (0: none), whether the group's instances
 # share it, its timeout (-1: none) and how much of the load beyond capacity it sheds.
@@ -81,7 +81,10 @@ CHUNK_ROWS = 100_000
 # A delivery's fields, one column of the slots array per retry in flight (field-major, so
 # that the waiting heaps compare contiguous values).
 (S_INDEX, S_DELIVERY, S_RT, S_BROKER_RT, S_TOPIC, S_QUEUE, S_READY, S_REASON, S_ELIGIBLE,
- S_MSG_ID, S_FIXED, S_WITHDRAWN, S_FIELDS) = range(13)  # fmt: skip
+ S_MSG_ID, S_FIXED, S_WITHDRAWN, S_PARENT, S_FIELDS) = range(14)  # fmt: skip
+# A message sent back twice numbers its deliveries as they start; until then the first
+# delivery of its second copy is ordered as parent + 1 + COPY_ORDER (docs/model.md §6)
+COPY_ORDER = 1 << 20
 
 # --------------------------------------------------------------------------- hashed draws
 
@@ -415,6 +418,86 @@ def _settled_step(k, intervals, levels, resend_levels, resend_intervals, slots, 
     return step
 
 
+@njit(cache=True, inline="always")
+def _next_delivery(k, slots, slot, step):
+    """Turn ``slot`` into the delivery its retry ``step`` leads to (the reconsume counts as
+    :func:`retrysim.model.policy.next_reconsume_columns` gives them)."""
+    rt, broker_rt = slots[S_RT, slot], slots[S_BROKER_RT, slot]
+    reason = step[7]
+    if reason == SEND_BACK_FAILED_REASON:
+        rt, broker_rt = rt + 1, broker_rt
+    elif reason == FALLBACK_REASON:
+        rt, broker_rt = rt + 1, rt + 1
+    else:
+        rt, broker_rt = broker_rt + 1, broker_rt + 1
+    due = step[2]
+    slots[S_PARENT, slot] = slots[S_DELIVERY, slot]
+    slots[S_DELIVERY, slot] += 1
+    slots[S_RT, slot], slots[S_BROKER_RT, slot] = rt, broker_rt
+    slots[S_TOPIC, slot], slots[S_QUEUE, slot] = step[12], step[13]
+    slots[S_READY, slot], slots[S_REASON, slot] = due, step[14]
+    slots[S_ELIGIBLE, slot] = _eligible(k, due)
+
+
+# --------------------------------------------------------------------------- second copies
+
+
+@njit(cache=True)
+def _number_waiting(out, first, last, forked):
+    """Number the deliveries of messages sent back twice that rows ``first`` to ``last``
+    of ``out`` show Ready at the horizon: after the message's last started, in the order
+    they became Ready (then as they were ordered), as the reference does."""
+    picked = np.empty(last - first, np.int64)
+    m = 0
+    for r in range(first, last):
+        if out[0, r] in forked:
+            picked[m] = r
+            m += 1
+    if m == 0:
+        return
+    picked = picked[:m]
+    for i in range(1, m):  # by (msg_id, ready_ms, delivery): a few rows at most
+        j = i
+        while j > 0 and (out[0, picked[j - 1]], out[8, picked[j - 1]], out[1, picked[j - 1]]) > (
+            out[0, picked[j]], out[8, picked[j]], out[1, picked[j]]
+        ):  # fmt: skip
+            picked[j - 1], picked[j] = picked[j], picked[j - 1]
+            j -= 1
+    for r in picked:
+        parent = out[30, r] if out[30, r] != NULL else out[1, r] - 1
+        delivery = forked[out[0, r]] + 1
+        forked[out[0, r]] = delivery
+        out[1, r] = delivery
+        out[30, r] = parent if parent != delivery - 1 else NULL
+
+
+@njit(cache=True)
+def _send_back_again(k, intervals, levels, resend_levels, resend_intervals, slots, slot, copy,
+                     listened, at, out, row):  # fmt: skip
+    """A 4.9 client's second send-back (docs/model.md §6): the listener of the delivery in
+    ``slot``, which the cleaner sent back, returned ``listened`` at ``at``, and
+    ``processConsumeResult`` sends the message back again, as a failure's send-back (its RPC
+    taken to succeed, as the cleaner's is). Writes the copy's columns into row ``row`` of
+    ``out``; where the copy is retried before the horizon, fills ``copy`` with its delivery
+    and returns True."""
+    n = NULL
+    step = _next_step(
+        k, intervals, levels, resend_levels, resend_intervals, slots[S_RT, slot],
+        slots[S_BROKER_RT, slot], LATER if listened == SUCCESS else listened, at, at,
+        _SEND_BACK_DONE, slots[S_TOPIC, slot], slots[S_QUEUE, slot], slots[S_MSG_ID, slot],
+        slots[S_DELIVERY, slot],
+    )  # fmt: skip
+    waits = step[0] == WAITING_RETRY
+    out[31, row], out[32, row], out[33, row], out[34, row] = step[0], at, step[5], step[6]
+    out[35, row], out[36, row] = step[1], step[2] if waits else n
+    if not waits or step[2] >= k[K_HORIZON]:
+        return False
+    slots[:, copy] = slots[:, slot]
+    _next_delivery(k, slots, copy, step)
+    slots[S_DELIVERY, copy] += COPY_ORDER
+    return True
+
+
 # --------------------------------------------------------------------------- the Python side
 
 
@@ -483,6 +566,7 @@ def _scalars(policy: Policy, behavior, horizon_ms: int) -> np.ndarray:
     k[K_AFTER_BACKOFF] = policy.leave_after_backoff
     k[K_TIMEOUT] = given(policy.timeout_ms)
     k[K_PERIODIC] = policy.periodic_timeout
+    k[K_LATE_SEND_BACK] = policy.may_send_back_twice(listener.longest_processing_ms(behavior))
     k[K_TIMEOUT_LEVEL] = given(policy.timeout_level)
     k[K_TIMEOUT_INTERVAL] = given(policy.timeout_interval_ms)
     k[K_DLQ_NOW] = policy.dlq_now

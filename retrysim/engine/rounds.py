@@ -46,7 +46,7 @@ from retrysim.model.states import (
 from retrysim.model.workload import all_messages
 from retrysim.progress import Progress
 from retrysim.scenario.spec import Group, Scenario
-from retrysim.tables.schemas import STAGE, schema_columns
+from retrysim.tables.schemas import LATE_SEND_BACK_COLUMNS, STAGE, schema_columns
 
 if TYPE_CHECKING:  # the round tail's pandas UDF loads it on its workers alone
     import pandas as pd
@@ -101,7 +101,11 @@ FRONTIER_COLUMNS = (
 )
 # set when the delivery is given to an instance, before it starts
 ASSIGNED = "consumer_instance"
-_AFTER_READY = tuple(f.name for f in STAGE.fields if f.name not in (*FRONTIER_COLUMNS, ASSIGNED))
+_AFTER_READY = tuple(
+    f.name
+    for f in STAGE.fields
+    if f.name not in (*FRONTIER_COLUMNS, ASSIGNED, *LATE_SEND_BACK_COLUMNS)
+)
 _AFTER_START = (
     "end_ms",
     "outcome",
@@ -235,7 +239,12 @@ class Round:
             ]
             rows = (F.col("group") == F.lit(plan.name)) & F.col(RUN).isin(*numbers)
             self.groups.append((plan.name, numbers, rows, projections))
-        self.stage = [*schema_columns(STAGE), F.col(RUN)]
+        # no delivery is sent back twice by rounds (choice.needs_events)
+        self.stage = [
+            F.lit(None).cast(STAGE[c.name].dataType).alias(c.name)
+            if c.name in LATE_SEND_BACK_COLUMNS else column
+            for c, column in zip(STAGE.fields, schema_columns(STAGE), strict=True)
+        ] + [F.col(RUN)]  # fmt: skip
 
     def attempts(
         self, frontier: DataFrame | dict[tuple[int, str], DataFrame], runs: list[int]

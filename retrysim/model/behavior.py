@@ -104,11 +104,16 @@ def _longest_ms(spec: ProcessingTime) -> float:
 
 
 def longest_processing_ms(behavior: Behavior) -> float:
-    """The longest processing time any delivery can draw (before a downstream's load):
-    each window's distribution at its most extreme draw, and the client's time rounded up."""
+    """The longest processing time any delivery can draw: each window's distribution at its
+    most extreme draw, and the client's time rounded up. A downstream's load stretches a
+    call without bound, or up to its timeout."""
     specs = [behavior.processing_time]
     specs += [w.processing_time for w in behavior.windows if w.processing_time is not None]
-    return max(_longest_ms(spec) for spec in specs) + 1 + math.ceil(behavior.client_overhead)
+    drawn = max(_longest_ms(spec) for spec in specs)
+    downstream = behavior.downstream
+    if downstream is not None:
+        drawn = math.inf if downstream.timeout is None else max(drawn, downstream.timeout)
+    return drawn + 1 + math.ceil(behavior.client_overhead)
 
 
 def _in_window(start_ms: Column, outage_start: int, outage_end: int) -> Column:

@@ -54,6 +54,7 @@ Rules = Callable[[Group, tuple[int, ...]], dict[str, object]]
 FLAVOR_KEYS = (
     "delay_level_when_next_consume",
     "consume_timeout_check",
+    "client_version",
     "consume_message_batch_max_size",
     "ack_index",
     "pull_interval",
@@ -358,6 +359,7 @@ CATALOGUE: tuple[Flavor, ...] = (
             {
                 "delay_level_when_next_consume",
                 "consume_timeout_check",
+                "client_version",
                 "consume_message_batch_max_size",
                 "ack_index",
                 "pull_interval",

@@ -89,6 +89,8 @@ class Policy:
     leave_after_backoff: bool
     timeout_ms: int | None
     periodic_timeout: bool
+    # a 4.9 client sends a delivery the cleaner sent back again when its listener fails
+    late_send_back: bool
     timeout_level: int | None
     timeout_interval_ms: int | None
     dlq_now: bool
@@ -149,12 +151,19 @@ class Policy:
         )
         return self.blocking or self.batch_size > 1 or small_cache
 
+    def may_expire(self, longest_ms: float) -> bool:
+        """Whether a consume request can outlast the timeout: a processing time up to
+        ``longest_ms`` a delivery, a batch's members one after another."""
+        return self.timeout_ms is not None and longest_ms * self.batch_size > self.timeout_ms
+
     def cleaner_may_send_back(self, longest_ms: float) -> bool:
-        """Whether the 4.x periodic check may send a delivery back: a processing time up to
-        ``longest_ms`` can outlast the timeout."""
-        return (
-            self.periodic_timeout and self.timeout_ms is not None and longest_ms > self.timeout_ms
-        )
+        """Whether the 4.x periodic check may send a delivery back (:meth:`may_expire`)."""
+        return self.periodic_timeout and self.may_expire(longest_ms)
+
+    def may_send_back_twice(self, longest_ms: float) -> bool:
+        """Whether a 4.9 client may send a delivery back twice: its timeout can expire before
+        a processing time up to ``longest_ms`` ends (docs/model.md §6, the late send-back)."""
+        return self.late_send_back and self.may_expire(longest_ms)
 
     def cleaner_may_fill(self, longest_ms: float) -> bool:
         """Whether a run of the 4.x periodic check may find more than CLEANER_MESSAGES of a
@@ -447,6 +456,8 @@ def policy_for(group: Group, delay_table_ms: tuple[int, ...]) -> Policy:
         # the 4.x client's cleaner (its flavors' default); every other flavor checks exactly
         periodic_timeout=group.consume_timeout_check == "periodic"
         and "consume_timeout_check" in group.flavor_record.reads,
+        late_send_back=group.client_version == "4.9"
+        and "client_version" in group.flavor_record.reads,
         dlq_enabled=group.dlq_enabled,
         batch_size=group.consume_message_batch_max_size,
         ack_index=group.ack_index,

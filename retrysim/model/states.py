@@ -20,6 +20,9 @@ REASON_BEYOND_ACK = "beyond_ack_index"
 # a 5.x FIFO push listener returned null: the client dead-letters it at once (only a
 # failure is retried)
 REASON_NULL_RESULT = "null_result"
+# a 4.9 client sent a delivery the cleaner had sent back again, when its listener failed: a
+# second copy of the message, through the schedule topic or to the DLQ
+REASON_LATE_SEND_BACK = "late_send_back"
 READY_PUBLISHED, READY_RETRY_DUE, READY_LOCAL, READY_VISIBLE, READY_REPLAYED = (
     "published",
     "retry_due",

@@ -75,6 +75,9 @@ DEFAULT_INVISIBLE_MS = 30 * SECOND_MS
 # lines 181-222). The client itself never times a listener out.
 DEPLOYMENTS = ("apache", "apsaramq")
 DEFAULT_DEPLOYMENT = "apache"
+# The 4.x push client a rocketmq4.concurrently group runs: "4.9" (up to 5.0.x: a delivery the
+# cleaner sent back is sent back again when its listener fails) or "5.1" (5.1.0 and later)
+DEFAULT_CLIENT_VERSION = "4.9"
 APACHE_POP_INVISIBLE_MS = MINUTE_MS
 APACHE_RENEW_STEPS_MS = tuple(m * MINUTE_MS for m in (1, 3, 5, 10, 30, 60))
 APACHE_RENEW_AHEAD_MS = 10 * SECOND_MS

@@ -493,6 +493,7 @@ class Group(_Model):
         None
     )
     consume_timeout_check: Literal["exact", "periodic"] = "periodic"
+    client_version: Literal["4.9", "5.1"] = limits.DEFAULT_CLIENT_VERSION
     deployment: Literal["apache", "apsaramq"] = limits.DEFAULT_DEPLOYMENT
     dlq_enabled: bool = True
     suspend_current_queue_time: Annotated[

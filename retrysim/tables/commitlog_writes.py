@@ -8,6 +8,7 @@ the horizon. docs/flavors.md cites the source of each kind:
   (the schedule topic's delivery to ``%RETRY%``, or the 5.x reviver's copy);
 * a 4.x send-back into ``SCHEDULE_TOPIC_XXXX`` (WaitingRetry there);
 * a dead letter, and an expired broadcast message's copy that nobody reads;
+* a 4.9 client's second send-back: into the schedule topic, or a dead letter;
 * a 5.x pop's bookkeeping (:func:`pop_write_times`).
 """
 
@@ -151,6 +152,7 @@ def write_times(scenario: Scenario) -> list[Column]:
         F.when(ready_copy, c("ready_ms")),
         F.when(scheduled, c("end_ms")),
         F.when(dead, c("settled_ms")),
+        F.when(c("copy_state").isin(WAITING_RETRY, DLQ), c("copy_ms")),
     ]
     settings = pop_settings(scenario)
     if settings:

@@ -18,6 +18,7 @@ from retrysim.tables.schemas import (
     local_rows,
     select_schema,
 )
+from retrysim.tables.transitions import parent_of
 
 
 def dead_letters_from_attempts(
@@ -32,7 +33,7 @@ def dead_letters_from_attempts(
         attempts = attempts.where(~F.col("group").isin(*quiet))
     origin = literal_map({g.name: g.source_topic for g in scenario.groups})
     replays = attempts.where(F.col("ready_reason") == F.lit(READY_REPLAYED)).select(
-        "group", "msg_id", (F.col("delivery") - 1).alias("delivery"),
+        "group", "msg_id", parent_of(F.col("delivery"), F.col("parent_delivery")).alias("delivery"),
         F.col("ready_ms").alias("replayed_at_ms"),
     )  # fmt: skip
     dead = attempts.where(F.col("result_state") == F.lit(DLQ)).select(
@@ -44,6 +45,17 @@ def dead_letters_from_attempts(
         F.col("delivery").alias("deliveries"),
         origin[F.col("group")].alias("origin_topic"),
     )
+    # a 4.9 client's second copy sent to the DLQ: a dead letter of its own, never replayed
+    copies = attempts.where(F.col("copy_state") == F.lit(DLQ)).select(
+        "group",
+        "msg_id",
+        F.lit(None).cast("int").alias("delivery"),
+        F.col("copy_topic").alias("dlq_topic"),
+        F.col("copy_ms").alias("dlq_at_ms"),
+        F.col("delivery").alias("deliveries"),
+        origin[F.col("group")].alias("origin_topic"),
+    )
+    dead = dead.unionByName(copies)
     return select_schema(
         dead.join(replays, ["group", "msg_id", "delivery"], "left"), data_schema(DEAD_LETTERS)
     )

@@ -145,6 +145,13 @@ class Attempts:
         )
         # WaitingRetry until the next delivery is Ready (or the dead letter lands)
         self.waited_until = np.where(self.next_ready != NULL, self.next_ready, self.settled)
+        # a 4.9 client's second send-back: its copy's state from copy_ms (WaitingRetry in
+        # the schedule topic until copy_ready_ms, or the DLQ or a discard)
+        self.copy = columns.longs("copy_ms")
+        self.copy_ready = columns.longs("copy_ready_ms")
+        self.copy_level = columns.longs("copy_delay_level")
+        self.copy_waits = columns.isin("copy_state", WAITING_RETRY)
+        self.copy_dead = columns.isin("copy_state", DLQ)
 
     def write_times(self, pop: tuple[int, bool] | None, horizon: int) -> list[np.ndarray]:
         """:func:`retrysim.tables.commitlog_writes.write_times` of these rows: each possible write's
@@ -161,6 +168,7 @@ class Attempts:
             ),
             _when(self.scheduled, self.end),
             np.where(dead, self.settled, NULL),
+            np.where((self.copy_waits == 1) | (self.copy_dead == 1), self.copy, NULL),
         ]
         if pop is not None:
             times += self._pop_write_times(*pop)
@@ -246,6 +254,10 @@ class CompactCounter:
                 ),
                 NULL,
             ),
+            rows.columns.index_in("copy_state", STATES),
+            _floor_div(rows.copy, b),
+            _floor_div(rows.copy_ready, b),
+            rows.copy_level,
         ]
         waited = (rows.start == NULL) | (rows.start > rows.ready)
         busy = rows.busy == 1
@@ -291,7 +303,9 @@ class CompactCounter:
                     flags[key[5]],
                     flags[key[6]],
                     longs[7 : 7 + writes],
-                    *longs[7 + writes :],
+                    *longs[7 + writes : -4],
+                    None if key[-4] < 0 else STATES[key[-4]],
+                    *longs[-3:],
                     count,
                     starts if busy_rows else None,
                     ends if busy_rows else None,

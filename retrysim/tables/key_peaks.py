@@ -92,6 +92,8 @@ class GroupSummer:
                 kept = (rows.columns.isin("result_state", kind) == 1) & (rows.settled != _NULL)
                 kept &= born != _NULL
                 self.settled[kind].append(rows.settled[kept] - born[kept])
+            copied = (rows.copy_dead == 1) & (born != _NULL)  # a second copy's dead letter
+            self.settled[DLQ].append(rows.copy[copied] - born[copied])
         if self.peaks:
             self._add_peaks(rows)
         return batch
@@ -109,6 +111,7 @@ class GroupSummer:
         waited = ~started | (start > ready)
         # Attempts' three-valued flags, true only where Spark's when() takes them
         waits_retry, scheduled, busy = rows.waits_retry == 1, rows.scheduled == 1, rows.busy == 1
+        copied = rows.copy_waits == 1
         # Spark's FLOOR(1.0E12 / CAST(batch_size AS DOUBLE)), as a long
         share = np.where(
             busy, np.floor(THREAD_UNITS / np.maximum(batch_size, 1).astype(np.float64)), 0
@@ -147,6 +150,11 @@ class GroupSummer:
             ),
             (scheduled & ended, end, level, {"schedule": one}),
             (scheduled & (waited_until != _NULL), waited_until, level, {"schedule": -one}),
+            # a 4.9 client's second copy, WaitingRetry in the schedule topic until it is due
+            (copied, rows.copy, ALL_LEVELS, {"waiting_retry": one, "schedule": one}),
+            (copied, rows.copy_ready, ALL_LEVELS, {"waiting_retry": -one, "schedule": -one}),
+            (copied, rows.copy, rows.copy_level, {"schedule": one}),
+            (copied, rows.copy_ready, rows.copy_level, {"schedule": -one}),
         )
         for when, at, at_level, changes in gauge_moments:
             chosen = when & (at < self.horizon) & self._mine(at)
@@ -224,7 +232,8 @@ class GroupSummer:
             sums = replace(
                 sums,
                 compact=tuple(compact),
-                dead_letters=sum(row[-4] for row in compact if row[5] == DLQ),
+                # its own move to the DLQ and its second copy's (CompactCounter.finish)
+                dead_letters=sum(row[-4] * ((row[5] == DLQ) + (row[-8] == DLQ)) for row in compact),
             )
         return sums
 

@@ -105,6 +105,12 @@ def _compact(attempts: DataFrame, scenario: Scenario) -> DataFrame:
         "b_busy_last": F.when(busy, F.floor((busy_end - 1) / F.lit(bucket_ms))).cast("long"),
         "batch_size": F.col("batch_size"),
         **_retry_columns(),
+        # a 4.9 client's second send-back: its copy's state, WaitingRetry from its moment's
+        # bucket until its retry's, at its level, or the DLQ or a discard
+        "copy_state": F.col("copy_state"),
+        "b_copy": _bucket_of("copy_ms", bucket_ms),
+        "b_copy_until": _bucket_of("copy_ready_ms", bucket_ms),
+        "copy_level": F.col("copy_delay_level"),
     }
     waited = F.col("start_ms").isNull() | (F.col("start_ms") > F.col("ready_ms"))
     return (
@@ -147,11 +153,19 @@ def retries_by_level(attempts: DataFrame, compact: DataFrame | None = None) -> p
         compact
         if compact is not None
         else attempts.select(
-            "group", *[c.alias(n) for n, c in _retry_columns().items()]
+            "group",
+            *[c.alias(n) for n, c in _retry_columns().items()],
+            F.col("copy_delay_level").alias("copy_level"),
+            F.col("copy_state"),
         ).withColumn("n", F.lit(1))
     )
+    # a 4.9 client's second copy waiting in the schedule topic is a retry too, the same one
+    copies = counted.where(F.col("copy_state") == F.lit(WAITING_RETRY)).withColumn(
+        "retry_level", F.col("copy_level")
+    )
     return (
-        counted.where(F.col("retry_number").isNotNull())
+        counted.unionByName(copies)
+        .where(F.col("retry_number").isNotNull())
         .groupBy(
             "group",
             F.col("retry_level").alias("delay_level"),
@@ -173,16 +187,21 @@ def _events(compact: DataFrame) -> DataFrame:
     started, waits_retry = F.col("started"), F.col("waits_retry")
     scheduled = F.col("level").isNotNull()
 
-    def event(when: Column, bucket: str, kind: str, sign: int = 1, level: bool = False) -> Column:
+    def event(
+        when: Column, bucket: str, kind: str, sign: int = 1, level: str | None = None
+    ) -> Column:
         return F.when(
             when & F.col(bucket).isNotNull(),
             F.struct(
                 F.col(bucket).alias("bucket"),
                 F.lit(kind).alias("kind"),
                 (n * F.lit(sign)).alias("amount"),
-                (F.col("level") if level else F.lit(None)).cast("int").alias("level"),
+                (F.col(level) if level else F.lit(None)).cast("int").alias("level"),
             ),
         )
+
+    copy = F.col("copy_state")
+    copied = copy == F.lit(WAITING_RETRY)
 
     # a small array over the few compact rows: the lambda's interpreted evaluation is cheap here
     writes = F.transform(
@@ -213,8 +232,14 @@ def _events(compact: DataFrame) -> DataFrame:
                         event(waits_retry, "b_wr_until", "waiting_retry", -1),
                         event(F.lit(True), "b_ready", "ready_backlog"),
                         event(started, "b_start", "ready_backlog", -1),
-                        event(scheduled, "b_end", "schedule", 1, level=True),
-                        event(scheduled, "b_wr_until", "schedule", -1, level=True),
+                        event(scheduled, "b_end", "schedule", 1, level="level"),
+                        event(scheduled, "b_wr_until", "schedule", -1, level="level"),
+                        event(copy == F.lit(DLQ), "b_copy", "dlq"),
+                        event(copy == F.lit(DISCARD), "b_copy", "discards"),
+                        event(copied, "b_copy", "waiting_retry"),
+                        event(copied, "b_copy_until", "waiting_retry", -1),
+                        event(copied, "b_copy", "schedule", 1, level="copy_level"),
+                        event(copied, "b_copy_until", "schedule", -1, level="copy_level"),
                     ),
                     writes,
                 )

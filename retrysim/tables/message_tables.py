@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from retrysim.model.states import DLQ, INFLIGHT, READY, WAITING_RETRY
+from retrysim.model.states import DLQ, INFLIGHT, READY, REASON_LATE_SEND_BACK, WAITING_RETRY
 from retrysim.tables.schemas import SCHEMAS, data_schema
 from retrysim.tables.transitions import REASON_DELIVERED, SEQ_PER_DELIVERY
 
@@ -50,6 +50,8 @@ def transitions_of(attempts: pa.RecordBatch) -> pa.Table:
     first_seq = (delivery.astype(np.int32) - 1) * SEQ_PER_DELIVERY
     no_level = pa.nulls(rows, pa.int32())
     waiting = pc.equal(column("end_state"), WAITING_RETRY)
+    left = pc.is_valid(column("leave_state"))
+    copied = pc.is_valid(column("copy_state"))
     steps = [
         (None, 1, _filled(READY, rows, pa.string()), "ready_ms", "source_topic", "queue_id",
          no_level, column("ready_reason")),
@@ -57,8 +59,13 @@ def transitions_of(attempts: pa.RecordBatch) -> pa.Table:
          "source_topic", "queue_id", no_level, _filled(REASON_DELIVERED, rows, pa.string())),
         (column("end_state"), 3, column("end_state"), "end_ms", "end_topic", "end_queue_id",
          pc.if_else(waiting, column("delay_level"), no_level), column("end_reason")),
-        (column("leave_state"), 4, column("leave_state"), "settled_ms", "leave_topic",
-         "leave_queue_id", no_level, column("leave_reason")),
+        (pc.or_(left, copied), 4, pc.coalesce(column("leave_state"), column("copy_state")),
+         pc.if_else(left, column("settled_ms"), column("copy_ms")),
+         pc.if_else(left, column("leave_topic"), column("copy_topic")),
+         pc.if_else(left, column("leave_queue_id"), column("copy_queue_id")),
+         pc.if_else(left, no_level, column("copy_delay_level")),
+         pc.if_else(left, column("leave_reason"),
+                    _filled(REASON_LATE_SEND_BACK, rows, pa.string()))),
     ]  # fmt: skip
     parts = []
     for present, k, state, at_ms, topic, queue_id, level, reason in steps:
@@ -69,35 +76,54 @@ def transitions_of(attempts: pa.RecordBatch) -> pa.Table:
                 column("delivery"),
                 pa.array(first_seq + k, pa.int32()),
                 state,
-                column(at_ms),
-                column(topic),
-                column(queue_id),
+                _column(attempts, at_ms),
+                _column(attempts, topic),
+                _column(attempts, queue_id),
                 level,
                 reason,
             ],
             schema=schema,
         )
-        parts.append(step if present is None else step.filter(pc.is_valid(present)))
+        if present is not None and present.type != pa.bool_():
+            present = pc.is_valid(present)
+        parts.append(step if present is None else step.filter(present))
     return pa.concat_tables(parts)
+
+
+def _column(attempts: pa.RecordBatch, value: str | pa.Array) -> pa.Array:
+    """A column of ``attempts`` by name, or a derived one as it is."""
+    return attempts.column(value) if isinstance(value, str) else value
 
 
 def dead_letters_of(attempts: pa.RecordBatch, origin_topic: str) -> pa.Table:
     """A batch of staged attempts' dead letters (one per delivery that moved its message to
     the DLQ), of a group that replays nothing."""
-    dead = pa.Table.from_batches([attempts]).filter(pc.equal(attempts.column("result_state"), DLQ))
-    rows = dead.num_rows
-    return pa.table(
-        [
-            dead.column("group"),
-            dead.column("msg_id"),
-            pc.coalesce(dead.column("leave_topic"), dead.column("end_topic")),
-            dead.column("settled_ms"),
-            dead.column("delivery"),
-            _filled(origin_topic, rows, pa.string()),
-            pa.nulls(rows, pa.int64()),
-        ],
-        schema=ARROW["dead_letters"],
-    )
+    table = pa.Table.from_batches([attempts])
+    dead = table.filter(pc.equal(attempts.column("result_state"), DLQ))
+    # a 4.9 client's second copy sent to the DLQ: a dead letter of its own
+    copies = table.filter(pc.equal(attempts.column("copy_state"), DLQ))
+    parts = []
+    sides = (
+        (dead, pc.coalesce(dead.column("leave_topic"), dead.column("end_topic")),
+         dead.column("settled_ms")),
+        (copies, copies.column("copy_topic"), copies.column("copy_ms")),
+    )  # fmt: skip
+    for rows, topic, at in sides:
+        parts.append(
+            pa.table(
+                [
+                    rows.column("group"),
+                    rows.column("msg_id"),
+                    topic,
+                    at,
+                    rows.column("delivery"),
+                    _filled(origin_topic, rows.num_rows, pa.string()),
+                    pa.nulls(rows.num_rows, pa.int64()),
+                ],
+                schema=ARROW["dead_letters"],
+            )
+        )
+    return pa.concat_tables(parts)
 
 
 def messages_of(

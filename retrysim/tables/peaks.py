@@ -78,6 +78,7 @@ def _moments(scenario: Scenario, writes: bool) -> Column:
     # a retry leaves the schedule topic when it is due; a 4.9.7 fallback's dead letter when
     # it reaches the DLQ
     waited_until = F.coalesce(c("next_ready_ms"), c("settled_ms"))
+    copied = c("copy_state") == F.lit(WAITING_RETRY)
     moments = [
         _moment(waited, c("ready_ms"), ready_backlog=one),
         _moment(
@@ -102,6 +103,11 @@ def _moments(scenario: Scenario, writes: bool) -> Column:
         _moment(waits_retry, waited_until, waiting_retry=-one, schedule=-flag(scheduled)),
         _moment(scheduled, c("end_ms"), c("delay_level"), schedule=one),
         _moment(scheduled, waited_until, c("delay_level"), schedule=-one),
+        # a 4.9 client's second copy, WaitingRetry in the schedule topic until it is due
+        _moment(copied, c("copy_ms"), waiting_retry=one, schedule=one),
+        _moment(copied, c("copy_ready_ms"), waiting_retry=-one, schedule=-one),
+        _moment(copied, c("copy_ms"), c("copy_delay_level"), schedule=one),
+        _moment(copied, c("copy_ready_ms"), c("copy_delay_level"), schedule=-one),
     ]
     if not writes:
         return F.array(*moments)

@@ -243,6 +243,36 @@ ATTEMPTS = nullable_schema(
         BooleanType(),
         "true after a replay with replay.poison_fixed: the message's poison no longer fails it",
     ),
+    # A 4.x concurrently client before 5.1.0 sends a delivery back a second time when the
+    # cleaner already sent it back and its listener then fails: two copies of the message
+    # live on, each with its deliveries (docs/model.md §6, the late send-back). A message's
+    # deliveries are numbered in the order they start, so the one a delivery retries is
+    # named where it is not the one before.
+    (
+        "parent_delivery",
+        IntegerType(),
+        "the delivery whose send-back or dead letter this one follows, where that is not "
+        "delivery - 1 (a message sent back twice); else null",
+    ),
+    (
+        "copy_state",
+        StringType(),
+        "the second send-back's state: WaitingRetry, DLQ or Discard, entered at copy_ms; null "
+        "unless the listener of a delivery the cleaner sent back failed on a 4.9 client",
+    ),
+    ("copy_ms", LongType(), f"when the second send-back happened (the listener's end), {_IN_MS}"),
+    ("copy_topic", StringType(), "the topic of the second send-back's state"),
+    ("copy_queue_id", IntegerType(), "the queue of the second send-back's state"),
+    (
+        "copy_delay_level",
+        IntegerType(),
+        "the schedule level of the second send-back's WaitingRetry, else null",
+    ),
+    (
+        "copy_ready_ms",
+        LongType(),
+        f"when the second copy becomes Ready on the retry topic, {_IN_MS}; else null",
+    ),
 )
 
 # The attempts columns that exist so transitions can be derived from attempts.
@@ -257,6 +287,12 @@ DERIVATION_COLUMNS = (
     "leave_queue_id",
     "leave_reason",
 )
+# The attempts columns of a 4.9 client's second send-back (null without one): only the
+# event-by-event engine sends a delivery back twice (engine/choice.py).
+LATE_SEND_BACK_COLUMNS = (
+    "parent_delivery", "copy_state", "copy_ms", "copy_topic", "copy_queue_id",
+    "copy_delay_level", "copy_ready_ms",
+)  # fmt: skip
 # The attempts columns the engine carries into the next delivery.
 ROUTING_COLUMNS = ("born_ms", "next_topic", "next_queue_id", "next_reason", "poison_fixed")
 
@@ -446,6 +482,14 @@ SUMMARY = nullable_schema(
         "messages neither committed, dead-lettered nor discarded by the horizon",
     ),
     ("replayed", LongType(), "dead letters re-sent by a DLQ replay"),
+    # a message a 4.9 client sent back twice lives on as two copies, each ending once: the
+    # commits, dlq, discards and pending count copies, messages + late_send_backs in all
+    (
+        "late_send_backs",
+        LongType(),
+        "second copies a 4.9 client sent back after the cleaner (commits, dlq, discards and "
+        "pending count each copy: they add up to messages + late_send_backs)",
+    ),
     ("amplification", DoubleType(), "deliveries per message"),
     ("commitlog_writes", LongType(), "broker commit-log writes before the horizon"),
     ("write_amplification", DoubleType(), "commit-log writes per message"),
@@ -516,7 +560,9 @@ _STAGE_ORDER = (
     "end_ms", "outcome",
     "result_state", "delay_level", "next_ready_ms", "settled_ms", "batch_size", "end_state",
     "end_topic", "end_queue_id", "end_reason", "leave_state", "leave_topic", "leave_queue_id",
-    "leave_reason", "next_topic", "next_queue_id", "next_reason", "poison_fixed",
+    "leave_reason", "next_topic", "next_queue_id", "next_reason", "parent_delivery",
+    "copy_state", "copy_ms", "copy_topic", "copy_queue_id", "copy_delay_level", "copy_ready_ms",
+    "poison_fixed",
 )  # fmt: skip
 STAGE = without_comments(StructType([ATTEMPTS[name] for name in _STAGE_ORDER]))
 assert sorted(STAGE.fieldNames()) == sorted(ATTEMPTS.fieldNames()[1:]), "STAGE != attempts"

@@ -102,13 +102,17 @@ def summary_from(
         return F.coalesce(F.sum(F.when(kind, F.col("n"))), F.lit(0)).cast("long")
 
     ended_in = F.col("state")  # the compact rows' result_state
+    copy = F.col("copy_state")  # and their second copy's (docs/model.md §6)
     per_group = compact.groupBy("group").agg(
         total(F.col("started")).alias("deliveries"),
         total(F.col("retry")).alias("retries"),
         total(ended_in == F.lit(COMMIT)).alias("commits"),
-        (total(ended_in == F.lit(DLQ)) - total(F.col("replayed"))).alias("dlq"),
-        total(ended_in == F.lit(DISCARD)).alias("discards"),
+        (
+            total(ended_in == F.lit(DLQ)) + total(copy == F.lit(DLQ)) - total(F.col("replayed"))
+        ).alias("dlq"),
+        (total(ended_in == F.lit(DISCARD)) + total(copy == F.lit(DISCARD))).alias("discards"),
         total(F.col("replayed")).alias("replayed"),
+        total(copy.isNotNull()).alias("late_send_backs"),
     )
     per_group = per_group.join(times, on="group", how="left")
     from_load = load.groupBy("group").agg(
@@ -124,7 +128,7 @@ def summary_from(
         F.col("schedule").alias("max_schedule_backlog"),
         *[F.col(rate).alias(f"peak_{rate}_per_s") for rate in RATE_COLUMNS],
     )
-    counted = ("deliveries", "retries", "commits", "dlq", "discards", "replayed")
+    counted = ("deliveries", "retries", "commits", "dlq", "discards", "replayed", "late_send_backs")
     peaks = (
         "max_ready_backlog",
         "max_waiting_retry",
@@ -142,7 +146,11 @@ def summary_from(
         .fillna(0, subset=[*counted, "commitlog_writes", *peaks])
     )
     columns = {
-        "pending": F.col("messages") - F.col("commits") - F.col("dlq") - F.col("discards"),
+        "pending": F.col("messages")
+        + F.col("late_send_backs")
+        - F.col("commits")
+        - F.col("dlq")
+        - F.col("discards"),
         "amplification": F.col("deliveries") / F.col("messages"),
         "write_amplification": F.col("commitlog_writes") / F.col("messages"),
         "engine": literal_map(engines)[F.col("group")],
@@ -166,15 +174,14 @@ def times_to_settle(
     state = F.col("result_state")
 
     def times_of(rows: DataFrame) -> DataFrame:
+        settled = rows.where(state.isin(COMMIT, DLQ)).select(
+            "group", state.alias("kind"), (F.col("settled_ms") - F.col("born_ms")).alias("value")
+        )
+        copies = rows.where(F.col("copy_state") == F.lit(DLQ)).select(  # a second copy's
+            "group", F.lit(DLQ).alias("kind"), (F.col("copy_ms") - F.col("born_ms")).alias("value")
+        )
         return (
-            exact_percentiles(
-                rows.where(state.isin(COMMIT, DLQ)).select(
-                    "group",
-                    state.alias("kind"),
-                    (F.col("settled_ms") - F.col("born_ms")).alias("value"),
-                ),
-                QUANTILES,
-            )
+            exact_percentiles(settled.unionByName(copies), QUANTILES)
             .groupBy("group")
             .pivot("kind", [COMMIT, DLQ])
             .agg(F.first("percentiles"))

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from retrysim.model.policy import policy_for
-from retrysim.model.states import COMMIT, DISCARD, DLQ
+from retrysim.model.states import COMMIT, DISCARD, DLQ, WAITING_RETRY
 from retrysim.model.topology import BROADCAST
 from retrysim.scenario.spec import Scenario
 from retrysim.tables.group_sums import (
@@ -69,6 +69,10 @@ class _Compact(NamedTuple):
     batch_size: int | None
     retry_level: int | None
     retry_number: int | None
+    copy_state: str | None
+    b_copy: int | None
+    b_copy_until: int | None
+    copy_level: int | None
     n: int
     busy_start_sum: int | None
     busy_end_sum: int | None
@@ -183,6 +187,13 @@ def _load_rows(
         if row.level is not None:
             add_scheduled(row.level, row.b_end, n)
             add_scheduled(row.level, row.b_wr_until, -n)
+        if row.copy_state in _SETTLED:  # a 4.9 client's second copy
+            add(_SETTLED[row.copy_state], row.b_copy, n)
+        if row.copy_state == WAITING_RETRY:
+            add("waiting_retry", row.b_copy, n)
+            add("waiting_retry", row.b_copy_until, -n)
+            add_scheduled(row.copy_level, row.b_copy, n)
+            add_scheduled(row.copy_level, row.b_copy_until, -n)
         for bucket in row.b_writes:
             add("commitlog_writes", bucket, n)
         if row.b_busy_last is not None:  # _busy_ms
@@ -353,16 +364,21 @@ def _summary_row(
         "deliveries": total(lambda r: r.started),
         "retries": total(lambda r: r.retry),
         "commits": total(lambda r: r.state == COMMIT),
-        "dlq": total(lambda r: r.state == DLQ) - replayed,
-        "discards": total(lambda r: r.state == DISCARD),
+        "dlq": total(lambda r: r.state == DLQ) + total(lambda r: r.copy_state == DLQ) - replayed,
+        "discards": total(lambda r: r.state == DISCARD) + total(lambda r: r.copy_state == DISCARD),
         "replayed": replayed,
+        "late_send_backs": total(lambda r: r.copy_state is not None),
     }
     writes = sum(row["commitlog_writes"] for row in load)
     row = {
         "group": name,
         "messages": messages,
         **counted,
-        "pending": messages - counted["commits"] - counted["dlq"] - counted["discards"],
+        "pending": messages
+        + counted["late_send_backs"]
+        - counted["commits"]
+        - counted["dlq"]
+        - counted["discards"],
         "amplification": counted["deliveries"] / messages,
         "commitlog_writes": writes,
         "write_amplification": writes / messages,
@@ -441,6 +457,8 @@ def _retries(compact: dict[str, list[_Compact]]) -> pd.DataFrame:
         for row in rows:
             if row.retry_number is not None:
                 counted[row.group, row.retry_level, row.retry_number] += row.n
+                if row.copy_state == WAITING_RETRY:  # a 4.9 client's second copy
+                    counted[row.group, row.copy_level, row.retry_number] += row.n
     keys = sorted(counted, key=lambda k: (k[0], k[2], k[1] is not None, k[1] or 0))  # nulls first
     frame = pd.DataFrame(
         [(*key, counted[key]) for key in keys],

@@ -3,7 +3,9 @@
 Each delivery is Ready (published, due again, or replayed), then Inflight when it starts, then
 one end state (Commit, WaitingRetry, DLQ or Discard) when it settles, and, for flavors that
 move a message to the DLQ one backoff after its last failure, the DLQ or Discard that
-follows that WaitingRetry (docs/model.md §9). ``seq = 4 * (delivery - 1) + k``.
+follows that WaitingRetry (docs/model.md §9). The fourth step is also where a 4.9 client's
+second send-back of a delivery the cleaner sent back enters its copy's state (a timed-out
+delivery has no leave). ``seq = 4 * (delivery - 1) + k``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,14 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from retrysim.model.states import DISCARD, INFLIGHT, READY, REASON_BROADCAST, WAITING_RETRY
+from retrysim.model.states import (
+    DISCARD,
+    INFLIGHT,
+    READY,
+    REASON_BROADCAST,
+    REASON_LATE_SEND_BACK,
+    WAITING_RETRY,
+)
 from retrysim.tables.schemas import PARTITION_COLUMN, TRANSITIONS, data_schema, select_schema
 
 SEQ_PER_DELIVERY = 4
@@ -37,6 +46,13 @@ def _transition(
         "delay_level": delay_level.cast("int"),
         "reason": reason,
     }
+
+
+def parent_of(delivery: Column, parent_delivery: Column) -> Column:
+    """The delivery a delivery follows (0: its message): ``parent_delivery`` where the row
+    names one (a message sent back twice numbers its deliveries as they start), else the one
+    before."""
+    return F.coalesce(parent_delivery, delivery - F.lit(1))
 
 
 def lands_unread(state: Column, reason: Column) -> Column:
@@ -67,20 +83,21 @@ def step_columns() -> list[tuple[Column, dict[str, Column]]]:
         F.when(F.col("end_state") == F.lit(WAITING_RETRY), F.col("delay_level")),
         F.col("end_reason"),
     )
+    left = F.col("leave_state").isNotNull()
     leave = _transition(
         4,
-        F.col("leave_state"),
-        F.col("settled_ms"),
-        F.col("leave_topic"),
-        F.col("leave_queue_id"),
-        null_int,
-        F.col("leave_reason"),
+        F.coalesce(F.col("leave_state"), F.col("copy_state")),
+        F.when(left, F.col("settled_ms")).otherwise(F.col("copy_ms")),
+        F.when(left, F.col("leave_topic")).otherwise(F.col("copy_topic")),
+        F.when(left, F.col("leave_queue_id")).otherwise(F.col("copy_queue_id")),
+        F.when(~left, F.col("copy_delay_level")),
+        F.when(left, F.col("leave_reason")).otherwise(F.lit(REASON_LATE_SEND_BACK)),
     )
     return [
         (F.lit(True), ready),
         (F.col("start_ms").isNotNull(), inflight),
         (F.col("end_state").isNotNull(), end),
-        (F.col("leave_state").isNotNull(), leave),
+        (left | F.col("copy_state").isNotNull(), leave),
     ]
 
 

@@ -23,9 +23,12 @@ import retrysim.runner
 import retrysim.tables.staging
 from retrysim.checks import invariants as inv
 from retrysim.checks.invariants import INVARIANTS
+from retrysim.checks.rows import checked_counts, delivery_rows
 from retrysim.checks.validate import (
     Report,
     ValidationError,
+    load_ends,
+    published_tables,
     validate_output,
     validate_tables,
     whole_chains,
@@ -472,6 +475,13 @@ SCENARIO = {
          "consume_timeout": "1s", "workload": {"messages": 40, "over": "1m"},
          "behavior": {"fail_probability": 0.2,
                       "processing_time": {"dist": "exponential", "mean": "1s"}}},
+        # a 4.9 client's late send-backs (docs/model.md §6): listeners past the cleaner's
+        # runs that then fail send a second copy, some of them to the DLQ
+        {"name": "late", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 2,
+         "consume_timeout": "1s", "consumers": {"instances": 1, "threads": 4},
+         "workload": {"messages": 60, "over": "1m", "queues": 2},
+         "behavior": {"fail_probability": 0.4,
+                      "processing_time": {"dist": "exponential", "mean": "1s"}}},
     ],
 }  # fmt: skip
 
@@ -485,6 +495,40 @@ def test_validator_passes_on_a_real_run(spark, real_run):
     assert summary["conc"]["replayed"] > 0  # dead letters replayed (and committed then)
     assert summary["push"]["discards"] > 0 and summary["cast"]["discards"] > 0
     assert summary["http"]["pending"] > 0  # poison messages still waiting at the horizon
+    late = summary["late"]
+    assert late["late_send_backs"] > 0 and late["engine"] == "sequential"
+    assert late["commits"] + late["dlq"] + late["pending"] == 60 + late["late_send_backs"]
+
+
+def test_a_second_copys_missing_retry_breaks_the_chains(spark, real_run):
+    """A retry of a second copy taken out of the attempts: the links its copy offered are
+    no longer taken, and the row-by-row pass names the delivery."""
+    tables = published_tables(spark, real_run, "real")
+    copies = F.col("parent_delivery").isNotNull() & (F.col("group") == "late")
+    tables["attempts"] = tables["attempts"].where(~copies)
+    report = validate_tables(tables)
+    assert not report.ok and report.row_by_row
+    assert {"attempts_transitions", "summary_counts"} <= {f.invariant.name for f in report.broken}
+
+
+def test_the_row_by_row_pass_follows_a_second_copy(spark, real_run):
+    """The row-by-row pass, run on a whole run (validation runs it only on a broken one),
+    finds nothing wrong where a message lives on as two copies, and counts the copies' ends
+    as the digests do: each copy's retry follows the delivery it was sent back from."""
+    tables = published_tables(spark, real_run, "real")
+    checked = delivery_rows(tables, load_ends(tables))
+    late = checked.where((F.col("group") == "late") & F.col("a_parent_delivery").isNotNull())
+    assert late.count() > 0  # deliveries of a message sent back twice
+    counted = {row["group"]: row for row in checked_counts(checked).collect()}
+    summary = {row["group"]: row for row in read_table(spark, real_run, "summary").collect()}
+    for group, row in counted.items():
+        broken = {
+            name: row[f"delivery_{name}"] for name in inv.DELIVERY_CHECKS if row[f"delivery_{name}"]
+        }
+        assert not broken, (group, broken)
+        ends = (row["final_commit"], row["final_dlq"], row["final_discard"])
+        want = summary[group]
+        assert ends == (want["commits"], want["dlq"], want["discards"]), group
 
 
 SMALL = {**SCENARIO, "groups": [{**SCENARIO["groups"][0], "workload": {"messages": 30}}]}

@@ -119,6 +119,8 @@ SATURATED = {
         "name": "busy", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 1,
         "consumers": {"instances": 3, "threads": 2}, "retry_queue_nums": 2,
         "pull_interval": "100ms", "consume_timeout": "1s",
+        # a 5.1 client: a 4.9 client's late send-back runs a group whole (no units)
+        "client_version": "5.1",
         "workload": {"messages": 6000, "over": "2m", "queues": 4},
         "behavior": {"fail_probability": 0.2, "poison_fraction": 0.01,
                      "processing_time": {"dist": "lognormal", "mean": "80ms", "p99": "900ms"},
@@ -131,8 +133,11 @@ SATURATED = {
 
 
 def with_group(**changes) -> dict:
-    """SATURATED with its group changed."""
-    return {**SATURATED, "groups": [{**SATURATED["groups"][0], **changes}]}
+    """SATURATED with its group changed (client_version only where the flavor reads it)."""
+    group = {**SATURATED["groups"][0], **changes}
+    if group["flavor"] != "rocketmq4.concurrently":
+        del group["client_version"]
+    return {**SATURATED, "groups": [group]}
 
 
 def test_a_pool_that_stays_full_gives_the_references_rows():
@@ -324,7 +329,8 @@ def test_ordered_queues_and_batches_on_a_full_pool_give_the_references_rows(grou
             "workload": {"messages": 3000, "over": "2m", "queues": 4}}  # fmt: skip
     if "flavor" in group:  # the 4.x concurrent options do not apply to ordered flavors
         data = {key: value for key, value in data.items()
-                if key not in ("retry_queue_nums", "pull_interval", "consume_timeout")}  # fmt: skip
+                if key not in ("retry_queue_nums", "pull_interval", "consume_timeout",
+                               "client_version")}  # fmt: skip
         data["behavior"] = _STORMY
     rows = loop_rows_are_the_references({**SATURATED, "groups": [data]})
     waited = rows["start_ms"] - rows["ready_ms"]
@@ -503,3 +509,24 @@ def test_messages_take_publish_order(ids):
     if ids == "shuffled":
         msg_ids = rng.permutation(msg_ids)
     assert (_publish_order(born, msg_ids) == np.lexsort((msg_ids, born))).all()
+
+
+def test_a_49_client_sends_a_timed_out_message_back_twice():
+    """docs/model.md §6, the late send-back, on conf/conformance/timeout-4x.yaml: message 13's
+    first listener outlives the cleaner's run at 120 s and fails at 150.5 s. The real 4.9.7
+    broker delivered two copies with reconsumeTimes 1 (at 140.2 s and 153.5 s) and two with 2
+    (177.1 s and 221.3 s), numbered as they started; the loop and the reference make the
+    same. A 5.1 client skips the second send-back."""
+    data = yaml.safe_load((SWEEP.parent / "timeout-4x.yaml").read_text())
+    rows = loop_rows_are_the_references(data)
+    message = rows[rows["msg_id"] == 13].sort_values("delivery")
+    assert message["reconsume_times"].tolist() == [0, 1, 1, 2, 2]
+    assert (message["start_ms"] // 100).tolist() == [425, 1401, 1535, 1770, 2212]
+    first = message.iloc[0]
+    sent_back = (first["outcome"], first["end_ms"], first["copy_state"])
+    assert sent_back == ("TIMEOUT", 120_000, "WaitingRetry")
+    assert message["parent_delivery"].tolist()[2:] == [1, 2, 3]
+    group = {**data["groups"][0], "client_version": "5.1"}
+    once = loop_rows_are_the_references({**data, "groups": [group]})
+    assert once[once["msg_id"] == 13]["delivery"].max() == 3
+    assert once["copy_state"].isna().all()

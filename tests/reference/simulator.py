@@ -322,6 +322,9 @@ class _Group:
     # a 5.x simple consumer: each thread pops one message when it is free
     pops_per_thread: bool
     periodic: bool
+    # a 4.x concurrently client before 5.1.0: a delivery the cleaner sent back whose listener
+    # then fails is sent back a second time (client_version 4.9)
+    late_send_back: bool
     dlq_enabled: bool
     # 4.x concurrently
     levels: list[int]
@@ -445,7 +448,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
     suspend_raw = g.get("suspend_current_queue_time")
     suspend = parse_duration_ms(suspend_raw if suspend_raw is not None else "1s")
 
-    kind, blocking, periodic = "after_backoff", False, False
+    kind, blocking, periodic, late = "after_backoff", False, False, False
     receive_invisible, revive_lag = None, 0
     path, from_start, interval_of = "revive", False, None
     max_retries: float = 16
@@ -453,6 +456,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
     if flavor == "rocketmq4.concurrently":
         kind, max_retries, timeout = "concurrently", _max_retries(mrt, 16), timeout_or("15m")
         periodic = g.get("consume_timeout_check", "periodic") == "periodic"
+        late = str(g.get("client_version", "4.9")) == "4.9"
     elif flavor == "rocketmq4.orderly":
         kind, blocking, max_retries = "local", True, _max_retries(mrt, INF)
         suspend = min(30_000, max(10, suspend))
@@ -558,6 +562,7 @@ def _group_config(scenario: dict, g: dict) -> _Group:
         ),
         pops_per_thread=flavor == "rocketmq5.simple",
         periodic=periodic,
+        late_send_back=late,
         dlq_enabled=bool(g.get("dlq_enabled", True)),
         levels=levels,
         next_level=int(g.get("delay_level_when_next_consume", 0) or 0),
@@ -665,7 +670,9 @@ class _Msg:
     poisoned: bool
     replayed: bool = False
     last_d: int = 0
-    dlq_ms: int | None = None
+    # sent back twice: its copies' deliveries are numbered as they start (model.md §6)
+    forked: bool = False
+    last_started: int = 0
 
 
 @dataclass(eq=False)
@@ -679,6 +686,7 @@ class _Delivery:
     reason: str
     lane_entry: bool  # a publication/replay: enters its lane at the back (blocking lanes)
     brt: int = 0  # the reconsume_times of the commit-log copy it was pulled from
+    parent: int | None = None  # the delivery whose retry this is
     start_ms: int | None = None
     processing_ms: int | None = None
     end_ms: int | None = None
@@ -693,6 +701,7 @@ class _Delivery:
     ended: bool = False
     ends: list[tuple] = field(default_factory=list)  # (k, state, at, topic, queue, lvl, why)
     offset: tuple | None = None  # its place in its process queue (the 4.x cleaner's sweep)
+    copy: tuple | None = None  # a second send-back: (state, at, topic, queue, level, ready)
 
     @property
     def lane(self) -> tuple[str, int]:
@@ -774,7 +783,7 @@ class _GroupSim:
         self.lanes: dict[tuple[str, int], _Lane] = {}
         self.touched: set[tuple[str, int]] = set()
         self.deliveries: list[_Delivery] = []
-        self.dead_letters: list[_Msg] = []
+        self.dead_letters: list[tuple[int, int, int, _Msg]] = []
         self.messages: list[_Msg] = []
         ids = np.arange(cfg.n, dtype=np.int64)
         poison = uniform_np(cfg.seed, cfg.name, "poison", ids, 0) if cfg.n else np.empty(0)
@@ -899,9 +908,10 @@ class _GroupSim:
                     self.enter(other, entry)
 
     def on_ready(self, t: int, spec: tuple) -> None:
-        msg, d, rt, topic, queue, reason, brt = spec
+        msg, d, rt, topic, queue, reason, brt, *link = spec
         fresh = reason in ("published", "replayed")
         dv = _Delivery(msg, d, rt, topic, queue, t, reason, fresh, brt)
+        dv.parent = link[0] if link else (d - 1 if d > 1 else None)
         msg.last_d = d
         self.deliveries.append(dv)
         cfg = self.cfg
@@ -918,14 +928,13 @@ class _GroupSim:
 
     def on_replay(self, t: int, obj: Any) -> None:
         cfg = self.cfg
-        letters = sorted(
-            (m for m in self.dead_letters if m.dlq_ms is not None and m.dlq_ms < t),
-            key=lambda m: (m.dlq_ms, m.msg_id),
-        )
-        for k, msg in enumerate(letters):
+        # (dlq_ms, msg_id, delivery, msg): a message sent back twice may have a dead letter
+        # of each copy
+        letters = sorted(letter for letter in self.dead_letters if letter[0] < t)
+        for k, (_, _, d, msg) in enumerate(letters):
             msg.replayed = True
             at = t + math.floor(Fraction(k * 1000) / cfg.replay_rate)
-            spec = (msg, msg.last_d + 1, 0, cfg.topic, k % cfg.queues, "replayed", 0)
+            spec = (msg, d + 1, 0, cfg.topic, k % cfg.queues, "replayed", 0, d)
             self.schedule_ready(at, spec)
 
     def on_end(self, t: int, batch: tuple) -> None:
@@ -933,8 +942,11 @@ class _GroupSim:
         cfg = self.cfg
         ack = cfg.ack_index
         for i, dv in enumerate(members):
-            if dv.ended:  # cleaned: its listener's return does nothing (a 5.x client's
-                continue  # processConsumeResult skips what the process queue lost)
+            beyond = ack is not None and i > min(ack, len(members) - 1)
+            if dv.ended:  # cleaned: its listener's return does nothing on a 5.1 client
+                if cfg.late_send_back and (outcome != SUCCESS or beyond):
+                    self.send_back_again(t, dv)  # (processConsumeResult skips what the
+                continue  # process queue lost), and sends it back again before
             dv.ended = True
             dv.end_ms, dv.outcome = t, outcome
             if outcome == SUCCESS and (ack is None or i <= min(ack, len(members) - 1)):
@@ -944,6 +956,14 @@ class _GroupSim:
             else:
                 why = "beyond_ack_index" if outcome == SUCCESS else outcome
                 self.after_failure(t, dv, outcome, why)
+
+    def on_late(self, t: int, batch: tuple) -> None:
+        """The listener of a delivery the exact check timed out returns at t."""
+        members, outcome = batch
+        ack = self.cfg.ack_index
+        for i, dv in enumerate(members):
+            if outcome != SUCCESS or (ack is not None and i > min(ack, len(members) - 1)):
+                self.send_back_again(t, dv)
 
     def on_leave(self, t: int, spec: tuple) -> None:
         dv, why, *landed = spec
@@ -1034,6 +1054,36 @@ class _GroupSim:
         self.retry(t, dv, why, due, schedule, level, retry_queue, "retry_due",
                    counts=(copy.reconsume_times, copy.stored.reconsume_times))  # fmt: skip
 
+    def send_back_again(self, t: int, dv: _Delivery) -> None:
+        """A 4.9 client: the listener of a delivery the cleaner already sent back failed at t,
+        and ``processConsumeResult`` sends it back again (4.9.7 lines 277-292, which 5.1.0
+        skips for a message its process queue lost): a second copy, through the schedule
+        topic at the level the listener's context asks, or the DLQ. The RPC is taken to
+        succeed, as the cleaner's is (source_rules.clean_expired_msg)."""
+        cfg = self.cfg
+        msg = source.MessageExt(dv.rt, source.Stored(dv.brt))
+        put = source.process_consume_result_member(
+            cfg.name, msg, cfg.next_level, cfg.max_retries, len(cfg.levels), False, False
+        )
+        dv.msg.forked = True
+        target = put.real_topic or put.topic
+        if target.startswith(source.DLQ_GROUP_TOPIC_PREFIX) and put.delay_level == 0:
+            state, where = ("DLQ", (cfg.dlq_topic, 0)) if cfg.dlq_enabled else (
+                "Discard", (dv.topic, dv.queue))  # fmt: skip
+            dv.copy = (state, t, *where, None, None)
+            dv.ends.append((4, state, t, *where, None, "late_send_back"))
+            return
+        level = put.delay_level
+        assert put.topic == SCHEDULE_TOPIC and level > 0 and put.real_topic == cfg.retry_topic_4x
+        due = t + cfg.levels[level - 1]
+        dv.copy = ("WaitingRetry", t, put.topic, put.queue_id, level, due)
+        dv.ends.append((4, "WaitingRetry", t, put.topic, put.queue_id, level, "late_send_back"))
+        copy = source.delivered_copy(put)
+        # ordered as d + 1 + COPY_ORDER until it starts, when it takes the message's next number
+        spec = (dv.msg, dv.d + 1 + COPY_ORDER, copy.reconsume_times, cfg.retry_topic_4x,
+                self.retry_queue(dv), "retry_due", copy.stored.reconsume_times, dv.d)  # fmt: skip
+        self.schedule_ready(due, spec)
+
     def orderly(self, t: int, dv: _Delivery, why: str) -> None:
         """4.x orderly: ``checkReconsumeTimes`` as the source does it (source_rules.py)."""
         cfg = self.cfg
@@ -1091,7 +1141,7 @@ class _GroupSim:
         dv.result_state, dv.delay_level, dv.next_ready_ms = "WaitingRetry", level, due
         dv.ends.append((3, "WaitingRetry", t, *wait_at, level, why))
         rt, brt = counts or (dv.rt + 1, dv.rt + 1)
-        self.schedule_ready(due, (dv.msg, dv.d + 1, rt, *ready_at, reason, brt))
+        self.schedule_ready(due, (dv.msg, dv.d + 1, rt, *ready_at, reason, brt, dv.d))
 
     def leave(
         self,
@@ -1111,8 +1161,7 @@ class _GroupSim:
             dv.result_state = "DLQ"
             dv.ends.append((k, "DLQ", t, cfg.dlq_topic, 0, None, why))
             if not dv.msg.replayed:
-                dv.msg.dlq_ms = t
-                self.dead_letters.append(dv.msg)
+                self.dead_letters.append((t, dv.msg.msg_id, dv.d, dv.msg))
         dv.settled_ms = t
         self.settled(t, dv)
 
@@ -1287,6 +1336,9 @@ class _GroupSim:
         load = (sum(self.calls) if shared else self.calls[instance]) + 1
         for dv in members:
             dv.started = True
+            if dv.msg.forked:  # its copies' deliveries are numbered as they start
+                dv.d = dv.msg.last_started + 1
+            dv.msg.last_started = max(dv.msg.last_started, dv.d)
             kind, proc = self.listen(dv.msg, dv.d, t, load)
             total += proc
             if outcome == SUCCESS and kind != SUCCESS:
@@ -1294,6 +1346,8 @@ class _GroupSim:
         end = t + total
         # periodic: the listener's end, unless a cleaner run sends it back first (sweep)
         if cfg.timeout is not None and total > cfg.timeout and not cfg.periodic:
+            if cfg.late_send_back and t + total < cfg.horizon:
+                self.push(t + total, 0, "late", (members, outcome))
             outcome, end = TIMEOUT, t + cfg.timeout
         if cfg.kind == "invisible" and outcome != SUCCESS:
             # not acknowledged: invisible until its duration ends and the reviver takes it
@@ -1379,6 +1433,14 @@ class _GroupSim:
             for m in self.messages
         ]
         attempts, transitions = [], []
+        # a message sent back twice: its copies still Ready are numbered after those started
+        waiting: dict[_Msg, list[_Delivery]] = {}
+        for dv in self.deliveries:
+            if dv.msg.forked and not dv.started:
+                waiting.setdefault(dv.msg, []).append(dv)
+        for msg, copies in waiting.items():
+            for i, dv in enumerate(sorted(copies, key=lambda x: (x.ready_ms, x.d))):
+                dv.d = msg.last_started + 1 + i
         for dv in sorted(self.deliveries, key=lambda x: (x.msg.msg_id, x.d)):
             finished = dv.ended
             attempts.append(
@@ -1402,6 +1464,8 @@ class _GroupSim:
                     "next_ready_ms": dv.next_ready_ms,
                     "settled_ms": dv.settled_ms,
                     "batch_size": dv.batch_size,
+                    "parent_delivery": dv.parent if dv.parent not in (None, dv.d - 1) else None,
+                    **dict(zip(COPY_COLUMNS, dv.copy or (None,) * 6, strict=True)),
                 }
             )
             steps = [(1, "Ready", dv.ready_ms, dv.topic, dv.queue, None, dv.reason)]
@@ -1424,6 +1488,17 @@ class _GroupSim:
                     }
                 )
         return messages, attempts, transitions
+
+
+COPY_COLUMNS = (
+    "copy_state",
+    "copy_ms",
+    "copy_topic",
+    "copy_queue_id",
+    "copy_delay_level",
+    "copy_ready_ms",
+)
+COPY_ORDER = 1 << 20  # a second copy's first delivery, until it starts (model.md §6)
 
 
 def simulate_scenario(scenario: dict) -> dict[str, list[dict]]:
