@@ -466,7 +466,8 @@ def _rows_bad(batch: Batch, steps: _Steps, a: dict, result, result_known) -> np.
     last_state, last_step, last_ms = steps.last_state, steps.last_step, steps.last_ms
     off_step, no_time, end_waiting = steps.off_step, steps.no_time, steps.end_waiting
     copied = steps.copied
-    end_dead = present["end"] & (state_of["end"][0] == code[DLQ])
+    # a timed-out delivery out of retries: the DLQ, or a discard without one
+    end_dead = present["end"] & np.isin(state_of["end"][0], [code[DLQ], code[DISCARD]])
     legal = (
         (last_step == t_n)
         & (off_step == 0)

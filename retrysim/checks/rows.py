@@ -236,7 +236,7 @@ def _local_rules() -> dict[str, Column]:
         & (
             state["leave"].isNull()
             | (~copied & (state["end"] == code[WAITING_RETRY]))
-            | (copied & state["end"].isin(code[WAITING_RETRY], code[DLQ]))
+            | (copied & state["end"].isin(code[WAITING_RETRY], code[DLQ], code[DISCARD]))
         )
     )
     settled = result.isin(code[COMMIT], code[DLQ], code[DISCARD])

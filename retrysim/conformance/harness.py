@@ -174,10 +174,12 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
     listen = Listener(spec.behavior, spec.seed, spec.group, client_time=False)
     poisoned = listen.poisoned(msg_ids)
     # no more than fit before the horizon (an orderly group retries without end by default);
-    # a message a 4.9 client sends back twice numbers its copies' deliveries together
+    # a message a 4.9 client sends back twice numbers its copies' deliveries together, as
+    # many as fit before the horizon
     shortest = max(min(spec.policy.intervals_ms, default=1), 1)
-    copies = 4 if spec.policy.may_send_back_twice(longest_processing_ms(spec.behavior)) else 1
-    deliveries = min(copies * (spec.policy.max_retries + 1), spec.horizon_ms // shortest + 1)
+    deliveries = spec.horizon_ms // shortest + 1
+    if not spec.policy.may_send_back_twice(longest_processing_ms(spec.behavior)):
+        deliveries = min(spec.policy.max_retries + 1, deliveries)
     rows = []
     for msg_id, poison in zip(msg_ids.tolist(), poisoned.tolist(), strict=True):
         for delivery in range(1, deliveries + 1):

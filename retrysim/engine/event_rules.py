@@ -456,13 +456,8 @@ def _number_waiting(out, first, last, forked):
     if m == 0:
         return
     picked = picked[:m]
-    for i in range(1, m):  # by (msg_id, ready_ms, delivery): a few rows at most
-        j = i
-        while j > 0 and (out[0, picked[j - 1]], out[8, picked[j - 1]], out[1, picked[j - 1]]) > (
-            out[0, picked[j]], out[8, picked[j]], out[1, picked[j]]
-        ):  # fmt: skip
-            picked[j - 1], picked[j] = picked[j], picked[j - 1]
-            j -= 1
+    for key in (1, 8, 0):  # by (msg_id, ready_ms, delivery): stable sorts, the last key first
+        picked = picked[np.argsort(out[key][picked], kind="mergesort")]
     for r in picked:
         parent = out[30, r] if out[30, r] != NULL else out[1, r] - 1
         delivery = forked[out[0, r]] + 1

@@ -473,13 +473,17 @@ SUMMARY = nullable_schema(
     ("messages", LongType(), "messages the group publishes"),
     ("deliveries", LongType(), "deliveries started"),
     ("retries", LongType(), "deliveries started that were retries"),
-    ("commits", LongType(), "messages committed"),
-    ("dlq", LongType(), "messages in the DLQ at the end (dead letters not replayed)"),
-    ("discards", LongType(), "messages discarded"),
+    ("commits", LongType(), "messages (copies, with late_send_backs) committed"),
+    (
+        "dlq",
+        LongType(),
+        "messages (copies) in the DLQ at the end (dead letters not replayed)",
+    ),
+    ("discards", LongType(), "messages (copies) discarded"),
     (
         "pending",
         LongType(),
-        "messages neither committed, dead-lettered nor discarded by the horizon",
+        "messages (copies) neither committed, dead-lettered nor discarded by the horizon",
     ),
     ("replayed", LongType(), "dead letters re-sent by a DLQ replay"),
     # a message a 4.9 client sent back twice lives on as two copies, each ending once: the

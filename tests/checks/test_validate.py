@@ -482,6 +482,13 @@ SCENARIO = {
          "workload": {"messages": 60, "over": "1m", "queues": 2},
          "behavior": {"fail_probability": 0.4,
                       "processing_time": {"dist": "exponential", "mean": "1s"}}},
+        # and without a DLQ: a timed-out delivery out of retries and its copy are discarded
+        {"name": "lost", "flavor": "rocketmq4.concurrently", "max_reconsume_times": 0,
+         "dlq_enabled": False, "consume_timeout": "1s",
+         "consumers": {"instances": 1, "threads": 4},
+         "workload": {"messages": 40, "over": "1m", "queues": 2},
+         "behavior": {"fail_probability": 0.5,
+                      "processing_time": {"dist": "exponential", "mean": "1s"}}},
     ],
 }  # fmt: skip
 
@@ -495,9 +502,10 @@ def test_validator_passes_on_a_real_run(spark, real_run):
     assert summary["conc"]["replayed"] > 0  # dead letters replayed (and committed then)
     assert summary["push"]["discards"] > 0 and summary["cast"]["discards"] > 0
     assert summary["http"]["pending"] > 0  # poison messages still waiting at the horizon
-    late = summary["late"]
+    late, lost = summary["late"], summary["lost"]
     assert late["late_send_backs"] > 0 and late["engine"] == "sequential"
     assert late["commits"] + late["dlq"] + late["pending"] == 60 + late["late_send_backs"]
+    assert lost["late_send_backs"] > 0 and lost["discards"] > lost["late_send_backs"]
 
 
 def test_a_second_copys_missing_retry_breaks_the_chains(spark, real_run):
