@@ -379,15 +379,37 @@ def delivery_rows(
     order = Window.partitionBy(*MSG_SORT).orderBy("delivery")
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     replayed = c("t_ready_reason") == REASON_CODE[READY_REPLAYED]
+    delivered = c("a_n") + c("d_n") > 0
+    whole = Window.partitionBy(*MSG_SORT)
     per = _per_delivery(message_union(tables, explain), explain).withColumns(
         {
-            "delivered": c("a_n") + c("d_n") > 0,
+            "delivered": delivered,
             "parent": parent_of(c("delivery"), c("a_parent_delivery")),
+            # a message a 4.9 client sent back twice: its deliveries follow parent links
+            "copies": F.max(
+                c("a_parent_delivery").isNotNull() | c("a_copy_state").isNotNull()
+            ).over(whole),
+            # else each follows the delivered row before it, as its number says
+            # (a row of a message alone can only be the first; it is nobody's predecessor)
+            "lag_delivery": F.lag(F.when(delivered, c("delivery"))).over(order),
+            "lag_last_state": F.lag("t_last_state").over(order),
+            "lag_last_ms": F.lag("t_last_ms").over(order),
+            "lag_next_rt": F.lag("a_next_rt").over(order),
+            "lag_next_ready_ms": F.lag("a_next_ready_ms").over(order),
+            "lag_next_broker_rt": F.lag("a_next_broker_rt").over(order),
+            "lead_ready_ms": F.lead("t_ready_ms").over(order),
+            "lead_replayed": F.lead(replayed).over(order),
+            "lead_is_last": F.lead("delivery").over(order).isNull(),
+            "lead_route": F.lead("t_route").over(order),
             "last_replay": F.max(F.when(replayed, c("delivery"))).over(so_far),
             # the message row stands at delivery 1, before any later delivery
             "message_born_ms": F.max("born_ms").over(so_far),
         }
     )
+    if explain:
+        per = per.withColumns(
+            {f"lead_{name}": F.lead(name).over(order) for name in _ROUTE_TEXT[:3]}
+        )
     per = _with_neighbours(per, explain)
     checked = (
         per.join(F.broadcast(ends), GROUP, "left")
@@ -451,8 +473,21 @@ def _with_neighbours(per: DataFrame, explain: bool) -> DataFrame:
         )
         .withColumn("has_next", F.lit(True))
     )
-    return joined.join(kids, [*keys, "delivery"], "left").withColumn(
+    linked = joined.join(kids, [*keys, "delivery"], "left").withColumn(
         "is_last", c("has_next").isNull()
+    )
+    # a message without copies: the rows before and after it by number, as they always were
+    copies = c("copies")
+    pairs = {
+        "prev_delivery": "lag_delivery", "prev_last_state": "lag_last_state",
+        "prev_last_ms": "lag_last_ms", "prev_next_rt": "lag_next_rt",
+        "prev_next_ready_ms": "lag_next_ready_ms", "prev_next_broker_rt": "lag_next_broker_rt",
+        "next_ready_ms": "lead_ready_ms", "next_replayed": "lead_replayed",
+        "is_last": "lead_is_last", "next_route": "lead_route",
+        **({f"n_{name}": f"lead_{name}" for name in _ROUTE_TEXT[:3]} if explain else {}),
+    }  # fmt: skip
+    return linked.withColumns(
+        {name: F.when(copies, c(name)).otherwise(c(lag)) for name, lag in pairs.items()}
     )
 
 
