@@ -369,6 +369,14 @@ class Consumers(_Model):
 
 ConsumersField = Annotated[Consumers, BeforeValidator(_unlimited)]
 
+
+def _version_text(value: Any) -> Any:
+    """``client_version: 4.9`` as YAML reads it (a number) is the version "4.9"."""
+    return str(value) if isinstance(value, float) else value
+
+
+ClientVersion = Annotated[Literal["4.9", "5.1"], BeforeValidator(_version_text)]
+
 # --------------------------------------------------------------------------- retry policies
 
 
@@ -493,7 +501,7 @@ class Group(_Model):
         None
     )
     consume_timeout_check: Literal["exact", "periodic"] = "periodic"
-    client_version: Literal["4.9", "5.1"] = limits.DEFAULT_CLIENT_VERSION
+    client_version: ClientVersion = limits.DEFAULT_CLIENT_VERSION
     deployment: Literal["apache", "apsaramq"] = limits.DEFAULT_DEPLOYMENT
     dlq_enabled: bool = True
     suspend_current_queue_time: Annotated[

@@ -508,3 +508,17 @@ def test_stored_scenario_loads_back_exactly(path):
     stored = scenario_json(scenario)
     assert json.loads(stored)["horizon"] == scenario.horizon
     assert scenario_from_json(stored) == scenario
+
+
+@pytest.mark.parametrize(("given", "kept"), [(4.9, "4.9"), ("4.9", "4.9"), (5.1, "5.1")])
+def test_client_version_takes_the_number_yaml_reads(given, kept):
+    """``client_version: 4.9`` unquoted is a YAML number: it names the 4.9 client."""
+    scenario = build_scenario(minimal(client_version=given))
+    assert scenario.groups[0].client_version == kept
+
+
+def test_client_version_names_the_field_and_the_values():
+    with pytest.raises(ScenarioError) as info:
+        build_scenario(minimal(client_version="5.0"))
+    assert info.value.field == "groups[0].client_version"
+    assert "must be one of '4.9' or '5.1'" in str(info.value)
