@@ -356,7 +356,8 @@ def _run_lanes(k, d, windows, prefixes, intervals, levels, resend_levels, resend
         # dispatch: each touched instance starts the lane with the smallest head while it
         # has a free thread, a batch of that lane's waits in order (in instance order where
         # they share a downstream)
-        if per_group and touched_count > 1:
+        # in instance order too where a message's copies may start together (numbered so)
+        if (per_group or twice) and touched_count > 1:
             touched_list[:touched_count].sort()
         for t in range(touched_count):
             instance = touched_list[t]

@@ -715,8 +715,9 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
         # dispatch: each touched instance starts what waits while it has a free thread, in
         # (eligible_ms, msg_id, delivery) order over its queue of first deliveries and its
         # heap of retries; in instance order where they share a downstream (each call
-        # counts the ones started before it)
-        if per_group and touched_count > 1:
+        # counts the ones started before it) or a message's copies may start together (they
+        # are numbered as they start, in the reference's instance order)
+        if (per_group or twice) and touched_count > 1:
             touched_list[:touched_count].sort()
         for t in range(touched_count):
             instance = touched_list[t]
