@@ -12,6 +12,10 @@ from retrysim.numba_cache import cache_by_source
 
 cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 
+# an event's phase within its millisecond: threads free before deliveries become eligible
+_FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
+_KEY_SPAN = 1 << 21  # above any message's deliveries: (msg_id, delivery) as one key
+
 # --------------------------------------------------------------------------- heaps
 
 

@@ -31,12 +31,30 @@ from numba.np.unsafe.ndarray import to_fixed_tuple
 from numba.typed import Dict, List
 
 from retrysim.engine.event_heaps import (
+    _ELIGIBLE_PHASE,
+    _FREE_PHASE,
+    _KEY_SPAN,
     _event_pop,
     _event_push,
     _fifo_push,
     _grow,
     _wait_pop,
     _wait_push,
+)
+from retrysim.engine.event_pops import (
+    _BORN,
+    _CACHE_HEAD,
+    _CACHE_TAIL,
+    _DUE,
+    _DUE_NOW,
+    _ON_FREE,
+    _RECEIVE_AT,
+    _backoff,
+    _cache_push,
+    _long_poll,
+    _pop_state,
+    _receive,
+    _shared_polls,
 )
 from retrysim.engine.event_rules import (
     _FIXED_ROW,
@@ -55,7 +73,6 @@ from retrysim.engine.event_rules import (
     K_LATE_SEND_BACK,
     K_PERIODIC,
     K_POP_CACHE,
-    K_POP_THREADS,
     K_PULL_THRESHOLD,
     K_QUEUES,
     K_REPLAY_AT,
@@ -103,20 +120,16 @@ from retrysim.engine.event_rules import (
     _swept,
     lanes,
 )
-from retrysim.model.xxh64 import uniform
 from retrysim.numba_cache import cache_by_source
-from retrysim.scenario.limits import CACHE_FULL_BACKOFF_MS, POP_BATCH, POP_FROM_RETRY_PROBABILITY
+from retrysim.scenario.limits import PULL_BATCH
 
 cache_by_source(__name__, __loader__, __file__)  # before the first @njit(cache=True)
 
 _TURNS_PER_LOOK = 1 << 15  # loop turns between reports to the heartbeat
-_KEY_SPAN = 1 << 21  # above any message's deliveries: (msg_id, delivery) as one key
-_PULL_BATCH = 32  # DefaultMQPushConsumer.pullBatchSize
 
 # --------------------------------------------------------------------------- the loop
 
 
-_FREE_PHASE, _ELIGIBLE_PHASE = 0, 1
 # An instance in a unit's loop: run by it, run by the retry owners' unit (a retry due
 # there is exported), or by any other (a retry due there breaks the partition).
 MEMBER, EXPORTED, ELSEWHERE = 1, 0, -1
@@ -220,8 +233,9 @@ def _arrivals(k, msg_ids, queue_ids, born, count):
     and arrive in that order, so they wait in a queue, not in the heap."""
     instance = np.empty(count, np.int64)
     eligible = np.empty(count, np.int64)
+    shared = _shared_polls(k)  # one queue on the broker, whichever instance takes them
     for p in range(count):
-        instance[p] = _instance(k, T_SOURCE, queue_ids[p], msg_ids[p], 1)
+        instance[p] = 0 if shared else _instance(k, T_SOURCE, queue_ids[p], msg_ids[p], 1)
         eligible[p] = _eligible(k, born[p])
     order = np.arange(count)
     p = 0
@@ -329,124 +343,6 @@ def _replay(k, d, now, dead, dead_count, slots, spare, spare_count, used, event_
     return events, spare_count, used
 
 
-# --------------------------------------------------------------------------- 5.x receives
-# An instance's state under a 5.x push client's cache (docs/model.md §5), one column per
-# instance: its next receive (NULL: a long poll waits for the next delivery), receives so far,
-# the moment and start of the cache's run of deliveries the long poll answered together, its
-# cache's FIFO ends, and the instances whose receives are due this turn.
-(_RECEIVE_AT, _RECEIVES, _POLL_AT, _POLL_SINCE, _CACHE_HEAD, _CACHE_TAIL, _DUE,
- _POP_FIELDS) = range(8)  # fmt: skip
-# _RECEIVE_AT of a simple consumer whose threads are all busy: its next receive is when one
-# frees; and of one whose receive is due this turn
-_ON_FREE, _DUE_NOW = -1, -2
-
-
-@njit(cache=True, inline="always")
-def _entry_key(value, msg_ids, slots):
-    """(msg_id, delivery) as one key of a cache entry: a first delivery's position, or -1 -
-    the slot of any other delivery."""
-    if value >= 0:
-        return msg_ids[value] * _KEY_SPAN + 1
-    return slots[S_MSG_ID, -1 - value] * _KEY_SPAN + slots[S_DELIVERY, -1 - value]
-
-
-@njit(cache=True)
-def _cache_push(caches, pop, cached, instance, value, now, polled, msg_ids, slots):
-    """Append the entry ``value`` (:func:`_entry_key`) to ``instance``'s cache, counted in
-    ``cached``: a receive's
-    entries in the order it took them; those a long poll answered at one moment among
-    themselves by (msg_id, delivery), the order they became eligible in."""
-    cached[instance] += 1
-    head, tail = pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance]
-    fifo, moved, tail = _fifo_push(caches[instance], head, tail, value)
-    caches[instance] = fifo
-    pop[_POLL_SINCE, instance] -= head - moved
-    pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance] = moved, tail
-    if not polled:
-        pop[_POLL_AT, instance] = NULL
-        return
-    if pop[_POLL_AT, instance] != now:
-        pop[_POLL_AT, instance], pop[_POLL_SINCE, instance] = now, tail - 1
-    key = _entry_key(value, msg_ids, slots)
-    j = tail - 1
-    while (
-        j > max(pop[_POLL_SINCE, instance], moved) and _entry_key(fifo[j - 1], msg_ids, slots) > key
-    ):
-        fifo[j] = fifo[j - 1]
-        j -= 1
-    fifo[j] = value
-
-
-@njit(cache=True)
-def _backoff(k, pop, instance, now, cached, event_keys, event_values, events):
-    """``instance``'s receive after it found its cache full: a second later
-    (``ProcessQueueImpl.receiveMessage``), or a simple consumer's when a thread frees.
-    Returns the event heap's size."""
-    if cached[instance] < k[K_POP_CACHE]:
-        return events
-    if k[K_POP_THREADS] == 1:
-        pop[_RECEIVE_AT, instance] = _ON_FREE
-        return events
-    at = now + CACHE_FULL_BACKOFF_MS
-    pop[_RECEIVE_AT, instance] = at
-    _event_push(event_keys, event_values, events, 2 * at + _FREE_PHASE, -1 - instance)
-    return events + 1
-
-
-@njit(cache=True)
-def _receive(k, prefix, instance, now, cached, pop, caches, overflow, fifo_ends, order, taken,
-             arrived, eligible, msg_ids, slots, event_keys, event_values, events):  # fmt: skip
-    """``instance``'s receives at ``now`` (docs/model.md §5): while its cache has room, a pop
-    of up to the batch (a simple consumer's thread: one), from the retry topic first one time
-    in five and else from the topic first; a pop that finds fewer leaves a long poll waiting;
-    a full cache receives again a second later (a simple consumer: when a thread frees).
-    What waits on the broker: its first deliveries in ``order[taken:arrived]``, its retries
-    in ``overflow[2 * instance]`` and its other deliveries of the topic (a replay) in
-    ``overflow[2 * instance + 1]``. Returns the event heap's size."""
-    threshold = k[K_POP_CACHE]
-    batch = 1 if k[K_POP_THREADS] == 1 else POP_BATCH
-    while cached[instance] < threshold:
-        want = min(threshold - cached[instance], batch)
-        draw = uniform(prefix, instance, pop[_RECEIVES, instance])
-        pop[_RECEIVES, instance] += 1
-        retry_first = draw < POP_FROM_RETRY_PROBABILITY
-        got = 0
-        for source in range(2):
-            retries = 2 * instance
-            topic = retries + 1
-            from_retry = (source == 0) == retry_first
-            while got < want:
-                if from_retry:
-                    if fifo_ends[0, retries] == fifo_ends[1, retries]:
-                        break
-                    value = -1 - overflow[retries][fifo_ends[0, retries]]
-                    fifo_ends[0, retries] += 1
-                else:  # the topic: its first deliveries and a replay's, in eligible order
-                    position = order[taken[instance]] if taken[instance] < arrived[instance] else -1
-                    slot = overflow[topic][fifo_ends[0, topic]] if (
-                        fifo_ends[0, topic] < fifo_ends[1, topic]) else -1  # fmt: skip
-                    if position < 0 and slot < 0:
-                        break
-                    first = position >= 0 and slot < 0
-                    if position >= 0 and slot >= 0:
-                        at, other = eligible[position], slots[S_ELIGIBLE, slot]
-                        first = at < other or (
-                            at == other and msg_ids[position] < slots[S_MSG_ID, slot]
-                        )  # fmt: skip
-                    if first:
-                        value = position
-                        taken[instance] += 1
-                    else:
-                        value = -1 - slot
-                        fifo_ends[0, topic] += 1
-                _cache_push(caches, pop, cached, instance, value, now, False, msg_ids, slots)
-                got += 1
-        if got < want:  # the broker had no more: a long poll waits
-            pop[_RECEIVE_AT, instance] = NULL
-            return events
-    return _backoff(k, pop, instance, now, cached, event_keys, event_values, events)
-
-
 @njit(cache=True)
 def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_levels,
            resend_intervals, msg_ids, queue_ids, born, poisoned, count, member, eligible,
@@ -506,6 +402,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
     threshold = k[K_PULL_THRESHOLD]
     capped = threshold != n
     popped = k[K_POP_CACHE] != n
+    shared = _shared_polls(k)  # the broker's pops answer whichever instance's long poll
     base = _base_conditions(d)
     loaded = d[D_CAPACITY] > 0
     per_group = d[D_PER_GROUP] > 0
@@ -574,8 +471,8 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     due += 1
             elif lane >= 0:  # its process queue has room: the next delivery waiting enters
                 cached[lane] -= 1
-                pulled = _PULL_BATCH  # a pull takes up to 32, while the queue caches <= T
-                while cached[lane] <= threshold or pulled < _PULL_BATCH:
+                pulled = PULL_BATCH  # a pull takes up to 32, while the queue caches <= T
+                while cached[lane] <= threshold or pulled < PULL_BATCH:
                     position = (
                         lane_pos[lane_wait[lane]] if lane_wait[lane] < lane_next[lane] else -1
                     )
@@ -583,7 +480,7 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                         fifo_ends[0, lane] < fifo_ends[1, lane]) else -1  # fmt: skip
                     if position < 0 and slot < 0:
                         break
-                    pulled = 1 if pulled == _PULL_BATCH else pulled + 1
+                    pulled = 1 if pulled == PULL_BATCH else pulled + 1
                     cached[lane] += 1
                     # in queue order: a first delivery before a retry eligible with it
                     if position >= 0 and (
@@ -636,10 +533,16 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     lane_wait[lane] = lane_next[lane]
                 else:  # its queue's cache is full: it waits on the broker
                     entry[position] = -1
-            if popped and pop[_RECEIVE_AT, instance] == n:  # the long poll answers it
-                taken[instance] += 1
-                _cache_push(caches, pop, cached, instance, position, now, True, msg_ids, slots)
-                events = _backoff(k, pop, instance, now, cached, event_keys, event_values, events)
+            if popped:  # a long poll answers it (shared: the one the broker wakes)
+                taker = _long_poll(k, pop, now) if shared else (
+                    instance if pop[_RECEIVE_AT, instance] == n else -1)  # fmt: skip
+                if taker >= 0:
+                    taken[instance] += 1
+                    _cache_push(caches, pop, cached, taker, position, now, True, msg_ids, slots)
+                    pop[_BORN, taker] = now  # and it asks again at once
+                    events = _backoff(k, pop, taker, now, cached, event_keys, event_values,
+                                      events)  # fmt: skip
+                    instance = taker
             if not touched[instance]:
                 touched[instance] = True
                 touched_list[touched_count] = instance
@@ -660,14 +563,18 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 slot = held[e]
                 instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
                                      slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
-                if popped:  # the long poll answers it, or it waits on the broker
-                    if pop[_RECEIVE_AT, instance] == n:
-                        _cache_push(caches, pop, cached, instance, -1 - slot, now, True, msg_ids,
+                if popped:  # a long poll answers it, or it waits on the broker
+                    taker = _long_poll(k, pop, now) if shared else (
+                        instance if pop[_RECEIVE_AT, instance] == n else -1)  # fmt: skip
+                    if taker >= 0:
+                        _cache_push(caches, pop, cached, taker, -1 - slot, now, True, msg_ids,
                                     slots)  # fmt: skip
-                        events = _backoff(k, pop, instance, now, cached, event_keys,
+                        pop[_BORN, taker] = now
+                        events = _backoff(k, pop, taker, now, cached, event_keys,
                                           event_values, events)  # fmt: skip
+                        instance = taker
                     else:
-                        lane = 2 * instance + (slots[S_TOPIC, slot] == T_SOURCE)
+                        lane = 2 * (0 if shared else instance) + (slots[S_TOPIC, slot] == T_SOURCE)
                         overflow[lane], fifo_ends[0, lane], fifo_ends[1, lane] = _fifo_push(
                             overflow[lane], fifo_ends[0, lane], fifo_ends[1, lane], slot
                         )
@@ -702,11 +609,14 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
             )  # fmt: skip
             dead_count, replay_at, replaying = 0, n, False
             state[_REPLAYED] = 1
+        if due > 1:  # in instance order: where they share the broker's line, the first takes
+            pop[_DUE, :due].sort()  # what waits
         for r in range(due):  # the receives due, after what became eligible now
             instance = pop[_DUE, r]
             events = _receive(
-                k, prefixes[6], instance, now, cached, pop, caches, overflow, fifo_ends, order,
-                taken, arrived, eligible, msg_ids, slots, event_keys, event_values, events,
+                k, prefixes[6], instance, 0 if shared else instance, now, cached, pop, caches,
+                overflow, fifo_ends, order, taken, arrived, eligible, msg_ids, slots, event_keys,
+                event_values, events,
             )  # fmt: skip
             if not touched[instance]:
                 touched[instance] = True
@@ -900,18 +810,6 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
 
 
 @njit(cache=True)
-def _pop_state(instances):
-    """``instances`` 5.x instances' receives (:data:`_RECEIVE_AT` ...: each one's long poll
-    waiting) and their empty caches."""
-    pop = np.zeros((_POP_FIELDS, instances), np.int64)
-    pop[_RECEIVE_AT], pop[_POLL_AT] = NULL, NULL
-    caches = List()
-    for _ in range(instances):
-        caches.append(np.empty(16, np.int64))
-    return pop, caches
-
-
-@njit(cache=True)
 def _pending_waits(out, rows, k, born, slots, overflow, fifo_ends):
     """Rows ``rows`` on of the deliveries waiting on the broker in ``overflow``'s FIFOs (for a
     4.x process queue or a 5.x cache). Returns (out, rows)."""
@@ -928,18 +826,20 @@ def _pending_waits(out, rows, k, born, slots, overflow, fifo_ends):
 @njit(cache=True)
 def _pending_cached(out, rows, k, born, scratch, slots, pop, caches, msg_ids, queue_ids,
                     eligible):  # fmt: skip
-    """Rows ``rows`` on of the deliveries received into a 5.x cache and never started.
-    Returns (out, rows)."""
+    """Rows ``rows`` on of the deliveries received into a 5.x cache and never started, each
+    at the instance whose cache holds it. Returns (out, rows)."""
     for instance in range(len(caches)):
         fifo = caches[instance]
         for w in range(pop[_CACHE_HEAD, instance], pop[_CACHE_TAIL, instance]):
-            if fifo[w] >= 0:
-                out, rows = _pending_first(out, rows, k, born, scratch, fifo[w], msg_ids,
-                                           queue_ids, eligible)  # fmt: skip
-                continue
             if rows == out.shape[1]:
                 out = _wider(out)
-            _row(out, rows, k, born, slots, -1 - fifo[w], NULL, NULL, NULL, NULL, _PENDING, NULL)
+            if fifo[w] >= 0:  # a first delivery: its slot made up in scratch
+                _first_delivery(scratch, 0, fifo[w], msg_ids, queue_ids, born, eligible[fifo[w]])
+                _row_at(out, rows, instance, born, scratch, 0, NULL, NULL, NULL, NULL, _PENDING,
+                        NULL)  # fmt: skip
+            else:
+                _row_at(out, rows, instance, born, slots, -1 - fifo[w], NULL, NULL, NULL, NULL,
+                        _PENDING, NULL)  # fmt: skip
             rows += 1
     return out, rows
 
@@ -1013,7 +913,7 @@ def _run(k, d, windows, prefixes, intervals, levels, resend_levels, resend_inter
     ring = np.zeros((_RING, instances), np.int64)
     if capped:
         for q in range(k[K_QUEUES]):
-            ring[_SIZE, _instance(k, T_SOURCE, q, 0, 1)] += k[K_PULL_THRESHOLD] + _PULL_BATCH
+            ring[_SIZE, _instance(k, T_SOURCE, q, 0, 1)] += k[K_PULL_THRESHOLD] + PULL_BATCH
         for i in range(instances):
             ring[_SIZE, i] = min(ring[_SIZE, i], starts[i + 1] - starts[i]) + 1
         ring[_OFFSET, 1:] = np.cumsum(ring[_SIZE])[:-1]

@@ -142,14 +142,23 @@ class Policy:
     def sequential(self) -> bool:
         """Whether this group needs the sequential engine from the start (not just on
         saturation): ordered queues and batches are decided by dispatch order, and so is a
-        pool whose threads could fill a queue's cache (the pull threshold) before the pool."""
+        pool whose threads could fill a queue's cache (the pull threshold) before the pool,
+        and which instance takes a 5.x push group's delivery (:attr:`shared_polls`)."""
         threads = self.topology.threads
         small_cache = threads is not None and (
             (self.pull_threshold is not None and self.pull_threshold < threads)
             # a full 5.x cache holds its next receive back a second, even with threads free
             or (self.pop_cache is not None and self.pop_cache <= threads)
         )
-        return self.blocking or self.batch_size > 1 or small_cache
+        return self.blocking or self.batch_size > 1 or small_cache or self.shared_polls
+
+    @property
+    def shared_polls(self) -> bool:
+        """Whether the broker picks the instance of each delivery: a 5.x push group of
+        several instances pops the topic together, and the broker answers the long poll made
+        first (docs/model.md §5), where the round engine fixes each delivery's instance."""
+        threads = self.topology.threads
+        return self.pop_cache is not None and threads is not None and self.topology.instances > 1
 
     def may_expire(self, longest_ms: float) -> bool:
         """Whether a consume request can outlast the timeout: a processing time up to

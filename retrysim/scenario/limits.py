@@ -46,6 +46,7 @@ DEFAULT_RETRY_QUEUE_NUMS, MAX_RETRY_QUEUE_NUMS = 1, 1_024
 # caches at most this many of its messages, pullBatchSize (32) a pull (checkConfig's range
 # 1 .. 65535).
 DEFAULT_PULL_THRESHOLD_FOR_QUEUE, MAX_PULL_THRESHOLD_FOR_QUEUE = 1_000, 65_535
+PULL_BATCH = 32
 # PushConsumerBuilderImpl.maxCacheMessageCount (rocketmq-clients java-5.2.0 line 41): a 5.x
 # push client receives only while it caches fewer than this many messages over its
 # assignments (an unordered group's one assignment: the topic); the proxy's receive batch,
@@ -57,6 +58,10 @@ DEFAULT_MAX_CACHE_MESSAGE_COUNT, MAX_MAX_CACHE_MESSAGE_COUNT = 1_024, 65_535
 POP_BATCH = 32
 POP_FROM_RETRY_PROBABILITY = 0.2
 CACHE_FULL_BACKOFF_MS = 1_000
+# How long the broker holds a 5.x pop that finds nothing: the proxy's
+# grpcClientConsumerMaxLongPollingTimeoutMillis (ProxyConfig, 5.3.3 line 137), which it sends
+# the client in its settings and caps a receive at (ReceiveMessageActivity lines 69-80).
+LONG_POLL_MS = 20_000
 
 # ApsaraMQ 5.x (the consumption-retry document, docs/flavors.md): push-consumer retry intervals for
 # unordered messages, 2 h after the 16th; default 16 and at most 1000 retries; the push

@@ -104,14 +104,21 @@ def test_a_saturated_4x_pool_agrees_on_every_message(tmp_path):
     """conf/conformance/saturated-4x.yaml: 12,000 messages through a pool that serves 2/3 of
     them as they come. Every message's deliveries and state, and the puts, agree; with the
     client's own time the broker measured (0.16 ms a delivery), the backlog's peak and the
-    times to commit are within their tolerances (without it they came 0.3 and 0.6 s late)."""
+    times to commit are within their tolerances (without it they came 0.3 and 0.6 s late),
+    and each retry and dead letter within the pull batches' order (``B``, 320 ms: two runs of
+    the broker differ by up to 439 ms on a retry)."""
     done = conformance(tmp_path, SUITE / "saturated-4x.yaml")
     figures = figures_of(done)
     assert_exact_figures_agree(figures)
     mine, _, within = figures["peak Ready backlog"]
     assert within and mine > 4_000, figures["peak Ready backlog"]
-    for quantile in ("p50", "p99"):
-        assert figures[f"{quantile} time to commit (ms)"][2], figures
+    for figure in (
+        "p50 time to commit (ms)",
+        "p99 time to commit (ms)",
+        "retry delay, worst difference (ms)",
+        "DLQ time, worst difference (ms)",
+    ):
+        assert figures[figure][2], (figure, figures[figure])  # fmt: skip
 
 
 @pytest.mark.broker
@@ -124,13 +131,10 @@ def test_a_small_cache_per_queue_holds_a_retry_behind_the_caches_not_the_backlog
     figures = figures_of(done)
     assert_exact_figures_agree(figures)
     assert figures["puts to %RETRY%search"][1] > 300
-    _, late, _ = figures["retry delay, worst difference (ms)"]
-    assert late < 400, late  # the schedule service's 100 ms and the pull batches' order
-    # the batches' order moves a dead letter too, two retries' worth: 157 and 165 ms in two
-    # runs, once beyond the tolerance's 350 (docs/conformance.md, what the model does not do
-    # yet, 1); behind the backlog it would be seconds late
-    _, dlq_late, _ = figures["DLQ time, worst difference (ms)"]
-    assert dlq_late < 800, dlq_late
+    # the schedule service's 100 ms and the pull batches' order (B, 160 ms here), for each
+    # retry of a dead letter too; behind the backlog a retry would be seconds late
+    for figure in ("retry delay, worst difference (ms)", "DLQ time, worst difference (ms)"):
+        assert figures[figure][2], (figure, figures[figure])
     mine, _, within = figures["peak Ready backlog"]
     assert within and mine > 900, figures["peak Ready backlog"]
 

@@ -530,3 +530,29 @@ def test_a_49_client_sends_a_timed_out_message_back_twice():
     once = loop_rows_are_the_references({**data, "groups": [group]})
     assert once[once["msg_id"] == 13]["delivery"].max() == 3
     assert once["copy_state"].isna().all()
+
+
+# a 5.x push group of two one-thread instances, its messages at the moments a test gives
+POLLS = {
+    "name": "polls", "seed": 1, "horizon": "1m",
+    "groups": [{"name": "g", "flavor": "rocketmq5.push",
+                "consumers": {"instances": 2, "threads": 1},
+                "workload": {"messages": 7, "over": "1s", "queues": 1},
+                "behavior": {"fail_probability": 0, "processing_time": "10ms"}}],
+}  # fmt: skip
+
+
+def test_a_5x_push_delivery_goes_to_the_long_poll_made_first():
+    """docs/model.md §5, which instance's long poll: three messages at 0 go to the first
+    instance's long poll, all three (its pop takes what is there), though the other instance
+    idles; the next ones alternate, each answered instance asking again at the back of the
+    line; a long poll left 20 s comes back and asks again, behind one that came back later,
+    so at 21.5 s instance 0's poll (made at 2 s) goes first, and at 22.5 s instance 1's.
+    The round robin by message would give 0, 1, 0, 1, 0, 1, 0."""
+    config = build_scenario(POLLS)
+    spec = key_specs(config, group_plans(config))[0]
+    born = np.array([0, 0, 0, 1_000, 2_000, 21_500, 22_500], np.int64)
+    ids = np.arange(len(born), dtype=np.int64)
+    rows = staged_frame(simulate_key(spec, ids, ids * 0, born)).sort_values("msg_id")
+    assert rows["consumer_instance"].tolist() == [0, 0, 0, 1, 0, 0, 1]
+    assert rows["start_ms"].tolist() == [0, 10, 20, 1_000, 2_000, 21_500, 22_500]

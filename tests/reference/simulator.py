@@ -692,6 +692,7 @@ class _Delivery:
     end_ms: int | None = None
     outcome: str | None = None
     instance: int = 0
+    cached: bool = False  # received into a 5.x client's cache, at ``instance``
     result_state: str = "Ready"
     delay_level: int | None = None
     next_ready_ms: int | None = None
@@ -725,6 +726,7 @@ class _Pop:
     receives: int = 0
     poll_at: int | None = None  # the moment of the long poll's entries at the cache's end
     poll_since: int = 0
+    born: int = 0  # when its long poll was made: the broker answers the one made first
     topic: list = field(default_factory=list)  # heap of (eligible, msg_id, d, dv)
     retries: deque = field(default_factory=deque)
 
@@ -778,7 +780,11 @@ class _GroupSim:
         self.popped = (cfg.pop_cache is not None or cfg.pops_per_thread) and cfg.threads != INF
         # a simple consumer receives into its threads: its cache is its pool
         self.room = int(cfg.threads) if cfg.pops_per_thread and self.popped else cfg.pop_cache
-        self.pops = [_Pop() for _ in range(cfg.instances)]
+        # each instance's first long poll made before the run, in instance order
+        self.pops = [_Pop(born=i - cfg.instances) for i in range(cfg.instances)]
+        # a 5.x push group's instances pop the topic together: what waits on the broker
+        # waits for any of them (in pops[0]'s lists), and the broker picks who takes it
+        self.shared = self.popped and not cfg.pops_per_thread and cfg.instances > 1
         self.receives_due: list[int] = []
         self.lanes: dict[tuple[str, int], _Lane] = {}
         self.touched: set[tuple[str, int]] = set()
@@ -863,7 +869,7 @@ class _GroupSim:
                 for dv in now:
                     self.make_waiting(t, dv)
                 due, self.receives_due = self.receives_due, []
-                for instance in due:
+                for instance in sorted(due):  # the first takes what waits for them all
                     self.receive(t, instance)
                 self.dispatch(t)
 
@@ -1191,10 +1197,12 @@ class _GroupSim:
         in the order the pop read them, those one long poll answers at t by message."""
         pop = self.pops[instance]
         pop.cached += 1
+        dv.instance, dv.cached = instance, True
         if not polled:
             pop.cache.append(dv)
             pop.poll_at = None
             return
+        pop.born = t  # the client asks again at once
         if pop.poll_at != t:
             pop.poll_at, pop.poll_since = t, len(pop.cache)
         j = len(pop.cache)
@@ -1218,12 +1226,31 @@ class _GroupSim:
             pop.receive_at = t + 1000
             self.push(t + 1000, 0, "receive", instance)
 
+    def long_poll(self, t: int) -> int | None:
+        """Which instance's long poll the broker answers with a delivery at t, where the
+        instances pop together: PopLongPollingService wakes the waiting pop that expires
+        first (PopRequest.COMPARATOR: born + poll time), and one answering at t takes what
+        else comes at t, up to its batch of 32. The proxy polls 20 s at most
+        (grpcClientConsumerMaxLongPollingTimeoutMillis); one not answered by then comes back
+        empty and its client asks again at once."""
+        best: tuple[int, int] | None = None
+        for i, pop in enumerate(self.pops):
+            if pop.receive_at is not None:
+                continue
+            if pop.poll_at == t and len(pop.cache) - pop.poll_since < 32:
+                return i
+            born = pop.born + (t - pop.born) // 20_000 * 20_000
+            if best is None or born < best[0]:
+                best = (born, i)
+        return None if best is None else best[1]
+
     def receive(self, t: int, instance: int) -> None:
         """Pops of up to 32 (the proxy's batch) while the cache has room; each reads the retry
         topic first when the broker draws below popFromRetryProbability (20 of 100), else the
         topic first and the retry topic for the rest (PopMessageProcessor). One that finds
         fewer than it asked for leaves a long poll waiting."""
         pop, room = self.pops[instance], self.room
+        broker = self.pops[0] if self.shared else pop
         while pop.cached < room:
             want = min(room - pop.cached, 1 if self.cfg.pops_per_thread else 32)
             ids = np.array([instance], dtype=np.int64)
@@ -1232,16 +1259,16 @@ class _GroupSim:
             got = 0
             for from_retry in (True, False) if u < 0.2 else (False, True):
                 while got < want:
-                    if from_retry and pop.retries:
-                        dv = pop.retries.popleft()
-                    elif not from_retry and pop.topic:
-                        dv = heapq.heappop(pop.topic)[3]
+                    if from_retry and broker.retries:
+                        dv = broker.retries.popleft()
+                    elif not from_retry and broker.topic:
+                        dv = heapq.heappop(broker.topic)[3]
                     else:
                         break
                     self.cache(t, instance, dv, polled=False)
                     got += 1
             if got < want:
-                pop.receive_at = None
+                pop.receive_at, pop.born = None, t
                 return
         self.back_off(t, instance)
 
@@ -1249,13 +1276,17 @@ class _GroupSim:
     def make_waiting(self, t: int, dv: _Delivery) -> None:
         dv.instance = self.instance_of(dv)
         if self.popped:
-            pop = self.pops[dv.instance]
-            if pop.receive_at is None:  # a long poll answers it
-                self.cache(t, dv.instance, dv, polled=True)
-            elif dv.topic == self.cfg.topic:
-                heapq.heappush(pop.topic, (t, dv.msg.msg_id, dv.d, dv))
+            if self.shared:
+                taker = self.long_poll(t)
             else:
-                pop.retries.append(dv)
+                taker = dv.instance if self.pops[dv.instance].receive_at is None else None
+            broker = self.pops[0 if self.shared else dv.instance]
+            if taker is not None:  # a long poll answers it
+                self.cache(t, taker, dv, polled=True)
+            elif dv.topic == self.cfg.topic:
+                heapq.heappush(broker.topic, (t, dv.msg.msg_id, dv.d, dv))
+            else:
+                broker.retries.append(dv)
             return
         # a 4.x push client pulls a queue only while it caches no more than its threshold: the
         # rest waits on the broker, and enters in queue order as cached ones are consumed
@@ -1452,7 +1483,8 @@ class _GroupSim:
                     "broker_reconsume_times": dv.brt,
                     "source_topic": dv.topic,
                     "queue_id": dv.queue,
-                    "consumer_instance": self.instance_of(dv),
+                    # the instance whose cache a 5.x delivery entered (the broker's pick)
+                    "consumer_instance": dv.instance if dv.cached else self.instance_of(dv),
                     "born_ms": dv.msg.born_ms,
                     "ready_ms": dv.ready_ms,
                     "start_ms": dv.start_ms,
