@@ -158,20 +158,24 @@ def retry_tolerance(policy: Policy) -> int:
 
 
 def batch_order_ms(staged: pd.DataFrame, policy: Policy) -> float:
-    """How far the order of a 4.x client's pull batches may move a delivery that waits in its
-    pool (docs/conformance.md, ``B``): one batch of each of the instance's other queues, at
-    the pool's pace. Once a queue caches more than its pull threshold, the client's one pull
-    thread takes it 32 at a time as its flow control lets it, and its pool runs the batches
-    in the order the pulls returned, which round trips and 50 ms timers decide: two broker
-    runs of one scenario differ by that much. 0 without the 4.x cache, or where retrysim
-    never has more waiting than one queue's cache (the client pulls each message as it
-    comes)."""
+    """How far the broker's own order may move a retry that waits in a client under a
+    backlog (docs/conformance.md, ``B``). A 4.x pool: one batch of each of the instance's
+    other queues, at the pool's pace. Once a queue caches more than its pull threshold, the
+    client's one pull thread takes it 32 at a time as its flow control lets it, and its pool
+    runs the batches in the order the pulls returned, which round trips and 50 ms timers
+    decide. A 5.x push client whose cache fills: one receive, a second, since the broker
+    draws at random which pop reads the retry topic first. Two broker runs of one scenario
+    differ by that much. 0 where retrysim never has more waiting than the caches hold (the
+    clients then take each message as it comes)."""
     topology = policy.topology
-    if policy.pull_threshold is None or topology.threads is None:
+    if topology.threads is None or (policy.pull_threshold is None and policy.pop_cache is None):
         return 0.0
     started = staged[staged["ready_ms"].notna()]
     waiting, _ = _backlog_peak(started["ready_ms"].to_numpy(float),
                                started["start_ms"].to_numpy(float))  # fmt: skip
+    if policy.pop_cache is not None:
+        full = waiting > policy.pop_cache * topology.instances
+        return float(limits.CACHE_FULL_BACKOFF_MS) if full else 0.0
     if waiting <= policy.pull_threshold:
         return 0.0
     queues = -(-topology.queues // topology.instances) + topology.retry_queue_nums
@@ -381,7 +385,7 @@ def timed_figures(staged: pd.DataFrame, run: BrokerRun, policy: Policy) -> list[
     Ready backlog, the DLQ times and each instance's work."""
     mine = _retry_delays(staged)
     per_retry = retry_tolerance(policy)
-    # a retry that waits in a 4.x pool may move by the pull batches' order too
+    # a retry that waits in a client under a backlog may move by the broker's order too
     moved = per_retry + batch_order_ms(staged, policy)
     theirs = broker_messages(run, policy)
     return [

@@ -86,14 +86,16 @@ def test_a_saturated_5x_pool_takes_a_retry_from_its_cache_not_behind_the_backlog
     deliveries, states, DLQ and puts. A retry's copy, written by the reviver 2 s to about 7 s
     after it is due (retrysim: 3 s), waits for a pop that reads the retry topic first (one
     in five) and behind the client's cache of 1,024, about 2 s, not behind the backlog of
-    thousands (20 s): every retry within the reviver's window, the DLQ times too."""
+    thousands (20 s): every retry within the reviver's window and one receive (the broker
+    draws which pop reads the retry topic first: three runs of it differ by up to 4.2 s on
+    a retry), the DLQ times too."""
     done = conformance(tmp_path, SUITE / "saturated-5x.yaml")
     assert done.returncode in (EXIT_OK, EXIT_FAILED), done.stdout + done.stderr
     figures = figures_of(done)
     assert_exact_figures_agree(figures)
     assert figures["puts to %RETRY%checkout_carts"][1] > 2_000
     _, late, within = figures["retry delay, worst difference (ms)"]
-    assert within and late <= 4_050, late
+    assert within and late <= 4_600, late  # a fifth of the smallest delay, 23 s
     assert figures["DLQ time, worst difference (ms)"][2], figures
     mine, _, within = figures["peak Ready backlog"]
     assert within and mine > 5_000, figures["peak Ready backlog"]

@@ -50,15 +50,19 @@ def figure(figures, name: str):
     return found
 
 
-def test_the_pull_batches_order_counts_only_where_deliveries_wait_in_a_4x_pool():
+def test_the_brokers_order_counts_only_where_a_backlog_fills_the_clients():
     """One batch of 32 of each of the instance's four other queues (its topic's four and
     %RETRY%: five), at 10 ms over four threads: 320 ms in saturated-4x, whose backlog holds
-    thousands; nothing in the ladder, whose pool keeps up; nothing without the 4.x cache."""
+    thousands; nothing in the ladder or push-5x, whose pools keep up, nor for a simple
+    consumer (a thread pops when it frees); a second in saturated-5x, whose cache fills."""
     spec, staged = simulated("saturated-4x")
     assert batch_order_ms(staged, spec.policy) == pytest.approx(32 * 4 * 10 / 4, rel=0.02)
-    for quiet in ("ladder-4x", "push-5x"):
+    for quiet in ("ladder-4x", "push-5x", "saturated-simple-5x"):
         spec, staged = simulated(quiet)
         assert batch_order_ms(staged, spec.policy) == 0, quiet
+    # a 5.x push client's full cache: one receive (a second), whatever the threads
+    spec, staged = simulated("saturated-5x")
+    assert batch_order_ms(staged, spec.policy) == 1_000
 
 
 def test_a_retry_moved_by_the_batches_order_is_within_and_one_moved_further_is_not():
