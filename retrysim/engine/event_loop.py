@@ -42,7 +42,6 @@ from retrysim.engine.event_heaps import (
     _wait_push,
 )
 from retrysim.engine.event_pops import (
-    _BORN,
     _CACHE_HEAD,
     _CACHE_TAIL,
     _DUE,
@@ -51,10 +50,10 @@ from retrysim.engine.event_pops import (
     _RECEIVE_AT,
     _backoff,
     _cache_push,
-    _long_poll,
     _pop_state,
     _receive,
     _shared_polls,
+    _taker,
 )
 from retrysim.engine.event_rules import (
     _FIXED_ROW,
@@ -533,16 +532,12 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                     lane_wait[lane] = lane_next[lane]
                 else:  # its queue's cache is full: it waits on the broker
                     entry[position] = -1
-            if popped:  # a long poll answers it (shared: the one the broker wakes)
-                taker = _long_poll(k, pop, now) if shared else (
-                    instance if pop[_RECEIVE_AT, instance] == n else -1)  # fmt: skip
-                if taker >= 0:
-                    taken[instance] += 1
-                    _cache_push(caches, pop, cached, taker, position, now, True, msg_ids, slots)
-                    pop[_BORN, taker] = now  # and it asks again at once
-                    events = _backoff(k, pop, taker, now, cached, event_keys, event_values,
-                                      events)  # fmt: skip
-                    instance = taker
+            taker = _taker(k, pop, instance, now, shared) if popped else -1
+            if taker >= 0:  # a long poll answers it
+                taken[instance] += 1
+                _cache_push(caches, pop, cached, taker, position, now, True, msg_ids, slots)
+                events = _backoff(k, pop, taker, now, cached, event_keys, event_values, events)
+                instance = taker
             if not touched[instance]:
                 touched[instance] = True
                 touched_list[touched_count] = instance
@@ -564,12 +559,10 @@ def _turns(k_array, d_array, windows, prefix_array, intervals, levels, resend_le
                 instance = _instance(k, slots[S_TOPIC, slot], slots[S_QUEUE, slot],
                                      slots[S_MSG_ID, slot], slots[S_DELIVERY, slot])  # fmt: skip
                 if popped:  # a long poll answers it, or it waits on the broker
-                    taker = _long_poll(k, pop, now) if shared else (
-                        instance if pop[_RECEIVE_AT, instance] == n else -1)  # fmt: skip
+                    taker = _taker(k, pop, instance, now, shared)
                     if taker >= 0:
                         _cache_push(caches, pop, cached, taker, -1 - slot, now, True, msg_ids,
                                     slots)  # fmt: skip
-                        pop[_BORN, taker] = now
                         events = _backoff(k, pop, taker, now, cached, event_keys,
                                           event_values, events)  # fmt: skip
                         instance = taker

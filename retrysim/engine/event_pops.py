@@ -66,6 +66,7 @@ def _cache_push(caches, pop, cached, instance, value, now, polled, msg_ids, slot
     if not polled:
         pop[_POLL_AT, instance] = NULL
         return
+    pop[_BORN, instance] = now  # answered: its client asks again at once
     if pop[_POLL_AT, instance] != now:
         pop[_POLL_AT, instance], pop[_POLL_SINCE, instance] = now, tail - 1
     key = _entry_key(value, msg_ids, slots)
@@ -169,6 +170,16 @@ def _shared_polls(k):
     instance takes a delivery (:func:`_long_poll`): a 5.x push group of several instances.
     A simple consumer's instances keep the round robin of docs/model.md §5."""
     return k[K_POP_CACHE] != NULL and k[K_POP_THREADS] == 0 and k[K_INSTANCES] > 1
+
+
+@njit(cache=True, inline="always")
+def _taker(k, pop, instance, now, shared):
+    """The instance whose waiting long poll takes a delivery of ``instance`` that becomes
+    eligible at ``now``, or -1 (it waits on the broker): its own, or where the instances
+    share the broker's line the one :func:`_long_poll` picks."""
+    if shared:
+        return _long_poll(k, pop, now)
+    return instance if pop[_RECEIVE_AT, instance] == NULL else -1
 
 
 @njit(cache=True)
