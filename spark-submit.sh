@@ -76,6 +76,26 @@ while [ "$i" -lt "${#args[@]}" ]; do
   i=$((i + 1))
 done
 
+# The job's input (its options, the scenario, the output folder) is checked before a JVM
+# starts, by the job's own parser and checks, in Python without Spark (retrysim/cli/precheck.py):
+# bad input is one line, exit code 2; --help and --dry-run are done there. On a go it names,
+# on file descriptor 3, the file under the output folder the JVM's logs go to.
+log_file=""
+if [ -n "$app" ]; then
+  export RETRYSIM_PROG="$0 $app" # what the user ran, for the job's usage and error lines
+  exec 4>&1
+  set +e
+  log_file="$("$ROOT/.venv/bin/python" -m retrysim.cli.precheck "$app" ${job[@]+"${job[@]}"} 3>&1 1>&4)"
+  checked=$?
+  set -e
+  exec 4>&-
+  case "$checked" in
+    0) ;;
+    3) exit 0 ;; # done without Spark: --help, --dry-run
+    *) exit "$checked" ;;
+  esac
+fi
+
 # The Delta Lake JARs (scripts/delta-jars.sh: fetched once, then read from build/jars) on the
 # driver's class path (where the JVM's class archive can hold their classes) and, through
 # --jars, the executors', unless the command brings Delta itself (--packages
@@ -129,6 +149,10 @@ if [ -z "${SPARK_CONF_DIR:-}" ]; then
   export SPARK_CONF_DIR="$ROOT/build/spark-conf"
   mkdir -p "$SPARK_CONF_DIR"
   SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:+$SPARK_SUBMIT_OPTS }\"-Dlog4j2.configurationFile=$ROOT/conf/spark/log4j2.properties\""
+  if [ -n "$log_file" ]; then # the JVM's logs (and Python's warnings) to a file, not the console
+    SPARK_SUBMIT_OPTS+=" \"-Dretrysim.log.file=$log_file\""
+    export RETRYSIM_LOG_FILE="$log_file"
+  fi
   if [ -n "${RETRYSIM_CLASS_ARCHIVE_RECORD:-}" ]; then
     SPARK_SUBMIT_OPTS+=" \"-XX:ArchiveClassesAtExit=$RETRYSIM_CLASS_ARCHIVE_RECORD\""
   else
@@ -207,7 +231,9 @@ if [ -n "$own_conf" ] && [[ " ${submit[*]} " != *" --properties-file "* ]] &&
   defaults=(--properties-file "$ROOT/conf/spark/spark-defaults.conf")
 fi
 
+# The JVM's one warning that no setting turns off (Spark's launcher always adds the vector
+# module, and the JVM then says it uses an incubator module) is left out of the console.
 exec "$ROOT/.venv/bin/spark-submit" \
   --conf spark.ui.showConsoleProgress=false \
   ${defaults[@]+"${defaults[@]}"} \
-  "$@"
+  "$@" 2> >(grep --line-buffered -v '^WARNING: Using incubator modules' >&2)

@@ -3,9 +3,7 @@
 Thin on purpose: all logic lives in the retrysim package (retrysim/cli/plan.py).
 """
 
-import sys
-
-from retrysim.cli.main import run_process
+from retrysim.cli.main import run_job
 
 if __name__ == "__main__":
-    run_process(["plan", *sys.argv[1:]])
+    run_job("plan")

@@ -25,9 +25,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from retrysim.checks.validate import StagedRun, check_staged_runs
 from retrysim.engine.choice import SMALL_GROUP_MESSAGES, simulate_runs_attempts
-from retrysim.engine.rounds import TAIL_ROWS
 from retrysim.progress import Progress
 from retrysim.scenario.errors import ScenarioError
+from retrysim.scenario.limits import TAIL_ROWS
 from retrysim.scenario.spec import Scenario
 from retrysim.store import views
 from retrysim.store.lease import Lease, acquire_lease

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from retrysim.cli.common import EXIT_FAILED, EXIT_OK, add_scenario_options, check_output, say
+from retrysim.cli.common import EXIT_FAILED, EXIT_OK, check_output, say
 from retrysim.conformance.harness import HarnessError, UnsupportedScenario
 from retrysim.conformance.run import check_runnable, run_conformance
 from retrysim.runner import check_run_id, default_run_id
@@ -17,20 +17,6 @@ from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.loading import load_scenario
 from retrysim.session import build_session, stop_session
 from retrysim.store.sinks import choose_sink
-
-
-def add_conformance_command(commands: argparse._SubParsersAction) -> None:
-    """``retrysim conformance --scenario FILE --output DIR`` (wired into retrysim.cli)."""
-    command = commands.add_parser(
-        "conformance",
-        help="run a scenario on a real RocketMQ broker and in retrysim, figure by figure",
-        description="Run each group of the scenario on a real RocketMQ 4.9.7 namesrv, broker "
-        "and push consumer, with the outcomes retrysim draws, and compare every figure "
-        "(docs/conformance.md). Prints one line per figure and writes the Delta tables "
-        "conformance and broker_deliveries; exits 0 only when every figure agrees.",
-    )
-    add_scenario_options(command, "override a scenario key, as for simulate")
-    command.add_argument("--run-id", help="run id (default: <name>-<UTC time>-<random>)")
 
 
 def format_figures(results) -> str:

@@ -8,34 +8,43 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
 from retrysim.checks.validate import ValidationError
 from retrysim.cli import conformance, digest, plan, report, runs, simulate, validate
+from retrysim.cli.arguments import Parser, add_scenario_command, job_parser
 from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, stderr_to_the_launcher
 from retrysim.scenario.errors import ScenarioError
 
 # Each command's parser and its run, looked up when called (so a test can replace one).
 COMMANDS = {
-    "simulate": (simulate.add_simulate_command, lambda args: simulate.simulate_command(args)),
+    "simulate": (
+        functools.partial(add_scenario_command, name="simulate"),
+        lambda args: simulate.simulate_command(args),
+    ),
     "digest": (digest.add_digest_command, lambda args: digest.digest_command(args)),
     "validate": (validate.add_validate_command, lambda args: validate.validate_command(args)),
-    "plan": (plan.add_plan_command, lambda args: plan.plan_command(args)),
+    "plan": (
+        functools.partial(add_scenario_command, name="plan"),
+        lambda args: plan.plan_command(args),
+    ),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
     "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
     "conformance": (
-        conformance.add_conformance_command,
+        functools.partial(add_scenario_command, name="conformance"),
         lambda args: conformance.conformance_command(args),
     ),
 }
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="retrysim", description="Simulate RocketMQ consumer retry and dead-letter flow."
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -44,9 +53,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, job: str | None = None) -> int:
+    """Run ``retrysim COMMAND ARGS`` (``argv``), or with ``job`` the job that runs that
+    command alone (``jobs/simulate.py ARGS``), under the program name the user ran."""
     stderr_to_the_launcher()
-    args = _parser().parse_args(argv)
+    _warnings_to_the_log()
+    if job is None:
+        args = _parser().parse_args(argv)
+    else:
+        prog = os.environ.get("RETRYSIM_PROG") or sys.argv[0]
+        args = job_parser(job, prog).parse_args(argv)
     try:
         return COMMANDS[args.command][1](args)
     except ScenarioError as error:
@@ -57,13 +73,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-def run_process(argv: Sequence[str] | None = None) -> NoReturn:
+def _warnings_to_the_log() -> None:
+    """Python's warnings (PySpark's, pandas') go to the run's log file, beside the JVM's,
+    where spark-submit.sh named one (``RETRYSIM_LOG_FILE``), not between progress lines."""
+    log = os.environ.get("RETRYSIM_LOG_FILE")
+    if not log:
+        return
+
+    def to_the_log(message, category, filename, lineno, file=None, line=None) -> None:
+        try:
+            with open(log, "a", encoding="utf-8") as handle:
+                handle.write(warnings.formatwarning(message, category, filename, lineno, line))
+        except OSError:
+            pass
+
+    warnings.showwarning = to_the_log
+
+
+def run_job(command: str) -> NoReturn:
+    """A jobs/ entrypoint: ``command`` with this process's arguments (:func:`run_process`)."""
+    run_process(sys.argv[1:], job=command)
+
+
+def run_process(argv: Sequence[str] | None = None, job: str | None = None) -> NoReturn:
     """Run a command as the whole work of this process, then end it with the command's exit
     code. What a normal exit does that matters still happens (other threads finish, exit
     handlers run, output is flushed); the interpreter's teardown of its modules (numba,
     pyarrow, pandas, PySpark: work spent on memory the operating system frees at once
     anyway) is skipped. An exception or argparse's exit ends the process as ever."""
-    code = main(argv)
+    code = main(argv, job)
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()

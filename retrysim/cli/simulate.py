@@ -10,16 +10,10 @@ import functools
 
 from deltalake.exceptions import DeltaError
 
-from retrysim.cli.common import (
-    EXIT_OK,
-    add_replications_option,
-    add_scenario_options,
-    check_output,
-    check_spark,
-    say,
-)
-from retrysim.engine.rounds import TAIL_ROWS
-from retrysim.engine.sizing import check_size
+from retrysim.cli.common import EXIT_OK, check_output, check_spark, say
+from retrysim.engine.choice import planned_engines
+from retrysim.engine.event_stage import ENGINE_SEQUENTIAL
+from retrysim.engine.sizing import GroupEstimate, check_size, estimate_seconds, human_bytes
 from retrysim.planning.replications import Replications, check_replications, replicate
 from retrysim.planning.targets import aligned, show
 from retrysim.reporting.report import draw_run_report
@@ -29,55 +23,6 @@ from retrysim.scenario.units import human_ms
 from retrysim.session import build_session, stop_session
 from retrysim.store.sinks import run_rows
 from retrysim.tables.schemas import ALL_SCHEMAS, TABLE_SETS
-
-
-def add_simulate_command(commands: argparse._SubParsersAction) -> None:
-    """``retrysim simulate [--scenario FILE] [--set key=value] ...``."""
-    sim = commands.add_parser("simulate", help="run a scenario and write the Delta tables")
-    add_scenario_options(
-        sim, "override a scenario key, e.g. groups.0.behavior.fail_probability=0.05"
-    )
-    sim.add_argument("--run-id", help="run id (default: <name>-<UTC time>-<random>)")
-    sim.add_argument(
-        "--delta-sink",
-        choices=("auto", "delta-rs", "delta-spark"),
-        default="auto",
-        help="auto: delta-spark when its JARs are on the classpath, else delta-rs commits",
-    )
-    sim.add_argument(
-        "--tables",
-        choices=("full", "lean"),
-        default="full",
-        help="lean: skip the transitions and messages tables, derived when read (large runs)",
-    )
-    sim.add_argument("--quiet", action="store_true", help="no per-round progress")
-    sim.add_argument(
-        "--tail-rows",
-        type=_non_negative,
-        default=TAIL_ROWS,
-        metavar="N",
-        help=f"finish a retry frontier of at most N messages event by event in one stage "
-        f"(default {TAIL_ROWS:,}; 0: one Spark stage per round)",
-    )
-    sim.add_argument(
-        "--force", action="store_true", help="run even when the size estimate says it cannot fit"
-    )
-    sim.add_argument(
-        "--no-validate",
-        dest="validate",
-        action="store_false",
-        help="publish without checking the invariants first (`retrysim validate` can check "
-        "later); for benchmarks and very large trusted runs",
-    )
-    sim.add_argument("--no-report", action="store_true", help="do not write the HTML report")
-    add_replications_option(sim)
-
-
-def _non_negative(text: str) -> int:
-    """An argparse type: argparse reports the option and exits with code 2."""
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"value {text!r}: must be an integer >= 0")
-    return int(text)
 
 
 def _print_summary(result) -> None:
@@ -150,12 +95,37 @@ def _print_intervals(reps: Replications) -> None:
             say(line)
 
 
+def _dry_run(scenario, sizes: list[GroupEstimate], args: argparse.Namespace) -> int:
+    """What the run would do, from the scenario alone: each group's engine (and why), its
+    expected deliveries and disk, and a time estimate; no Spark, nothing written."""
+    say(f"dry run of {scenario.name}: nothing is simulated or written")
+    engines = planned_engines(scenario, say)
+    for size in sizes:
+        engine = engines[size.name]
+        how = "event by event" if engine == ENGINE_SEQUENTIAL else "by rounds (event by event "
+        how += "" if engine == ENGINE_SEQUENTIAL else "if a pool turns out full)"
+        say(
+            f"group {size.name}: engine {engine} ({how}); about {size.deliveries:,.0f} "
+            f"deliveries (x{size.per_message:.2f} per message), {human_bytes(size.disk_bytes)} "
+            "of disk"
+        )
+    seconds = estimate_seconds(sizes, engines, not args.no_report, args.replications)
+    disk = args.replications * sum(size.disk_bytes for size in sizes)
+    say(
+        f"estimate: about {human_bytes(disk)} of disk at {args.output}, about {seconds:.0f} s "
+        "launch to exit on 2 cores (docs/performance.md)"
+    )
+    return EXIT_OK
+
+
 def simulate_command(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     output = check_output(args.output)
     run_id = check_run_id(args.run_id or default_run_id(scenario))
     check_replications(args.replications, run_id)
-    check_size(scenario, output, args.master, force=args.force, runs=args.replications)
+    sizes = check_size(scenario, output, args.master, force=args.force, runs=args.replications)
+    if args.dry_run:
+        return _dry_run(scenario, sizes, args)
     check_spark(args.master, args.delta_sink)
     for group in scenario.groups:
         pool = group.consumers.pool_size

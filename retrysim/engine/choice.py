@@ -232,6 +232,18 @@ def _from_start(plans: list[GroupPlan], small_group: int, say: Progress) -> set[
     )
 
 
+def planned_engines(scenario: Scenario, say: Progress) -> dict[str, str]:
+    """Each group's engine as a run chooses it before it starts (``say`` gets the reasons
+    a run prints): :data:`ENGINE_SEQUENTIAL` from the start, else :data:`ENGINE_ROUNDS`
+    (which a pool the rounds show full still sends event by event). What ``--dry-run``
+    prints; the run itself decides through :func:`_from_start`, the same rule."""
+    plans = group_plans(scenario)
+    from_start = _from_start(plans, SMALL_GROUP_MESSAGES, say)
+    return {
+        plan.name: ENGINE_SEQUENTIAL if plan.name in from_start else ENGINE_ROUNDS for plan in plans
+    }
+
+
 def needs_events(plan: GroupPlan) -> bool:
     """Whether a group is simulated event by event from the start, whatever its pool:
     ordered queues and batches are decided by dispatch order, so is a 4.x cleaner's run that

@@ -45,6 +45,7 @@ from retrysim.model.states import (
 )
 from retrysim.model.workload import all_messages
 from retrysim.progress import Progress
+from retrysim.scenario.limits import TAIL_ROWS
 from retrysim.scenario.spec import Group, Scenario
 from retrysim.tables.schemas import LATE_SEND_BACK_COLUMNS, STAGE, schema_columns
 
@@ -53,12 +54,6 @@ if TYPE_CHECKING:  # the round tail's pandas UDF loads it on its workers alone
 
 ENGINE_ROUNDS = "rounds"  # the engine column of its groups' summaries, its staging folder
 
-# A frontier this thin is finished event by event in one stage (frontier_attempts, below)
-# rather than one Spark stage per remaining round: a round has a fixed cost however small its
-# frontier, and a thin frontier is mostly poison messages that stay for every round (an
-# always-failing HTTP message alone takes 289 rounds), so the event loop wins below a few
-# thousand messages and loses well above (docs/performance.md).
-TAIL_ROWS = 5_000
 # A frontier this thin is not worth a Parquet round trip per round: its rounds are kept in
 # executor memory (localCheckpoint, lineage cut as with the files) and written together once
 # the frontier is done: a round's write, re-read and count cost the same whatever its size,

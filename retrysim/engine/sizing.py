@@ -198,7 +198,8 @@ def free_disk(output: str) -> int:
     return shutil.disk_usage(existing).free
 
 
-def _human(count: float) -> str:
+def human_bytes(count: float) -> str:
+    """A byte count as people read it: 1,024 B, 16.8 MiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if count < 1024 or unit == "TiB":
             return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
@@ -225,13 +226,13 @@ def check_size(
     needs, refuse = [], False
     if disk > free / 2:
         refuse |= disk > free
-        needs.append(f"about {_human(disk)} of disk at {output} ({_human(free)} free)")
+        needs.append(f"about {human_bytes(disk)} of disk at {output} ({human_bytes(free)} free)")
     if widest.key_bytes > budget / 2:
         refuse |= widest.key_bytes > budget
         needs.append(
-            f"about {_human(widest.key_bytes)} of memory in one Python task for group "
+            f"about {human_bytes(widest.key_bytes)} of memory in one Python task for group "
             f"{widest.name} ({widest.key_messages:,} messages in one key of the sequential "
-            f"engine; {_human(budget)} {budget_name})"
+            f"engine; {human_bytes(budget)} {budget_name})"
         )
     if not needs:
         return groups
@@ -249,3 +250,39 @@ def check_size(
         )
     warn(f"{field}: {message}" + ("; running anyway (--force)" if refuse else ""))
     return groups
+
+
+# --------------------------------------------------------------------------- time
+
+# A run's time launch to exit through spark-submit.sh on 2 cores, as fixed costs and costs
+# per delivery (bench/dry_run_estimate.py fits and checks them on the scenarios of conf/;
+# docs/performance.md): the JVM, the session and exit; a Spark stage's start; a delivery
+# simulated event by event, staged and checked; a round of the round engine and a delivery
+# of it; the report, drawn beside the check.
+RUN_FIXED_S = 4.0
+STAGE_START_S = 1.5
+EVENT_DELIVERY_S = 12e-6
+ROUND_S = 0.8
+ROUND_DELIVERY_S = 8e-6
+REPORT_S = 1.0
+MOST_ROUNDS = 18
+
+
+def estimate_seconds(
+    groups: list[GroupEstimate], engines: dict[str, str], report: bool = True, runs: int = 1
+) -> float:
+    """A rough time for the run, launch to exit, from its groups' expected deliveries and
+    engines (:func:`retrysim.engine.choice.planned_engines`): for ``--dry-run``; within 2x
+    on the scenarios of conf/ on the machine docs/performance.md names. A cluster's cores
+    divide the per-delivery terms."""
+    seconds = 0.0
+    by_rounds = [g for g in groups if engines.get(g.name) == "rounds"]
+    if len(by_rounds) < len(groups):
+        seconds += STAGE_START_S
+    for group in groups:
+        if group in by_rounds:  # its retries take a round each (the bench's 17)
+            rounds = MOST_ROUNDS - 1 if group.per_message > 1 else 1
+            seconds += ROUND_S * rounds + ROUND_DELIVERY_S * group.deliveries
+        else:
+            seconds += EVENT_DELIVERY_S * group.deliveries
+    return RUN_FIXED_S + runs * (seconds + (REPORT_S if report else 0.0))

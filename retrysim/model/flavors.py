@@ -18,8 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from retrysim.model.states import LOCAL, NO_RETRY, REVIVE, SCHEDULE, VISIBLE
-from retrysim.model.topology import BROADCAST, BY_MESSAGE, BY_QUEUE
+from retrysim.model.states import (
+    BROADCAST,
+    BY_MESSAGE,
+    BY_QUEUE,
+    LOCAL,
+    NO_RETRY,
+    REVIVE,
+    SCHEDULE,
+    VISIBLE,
+)
 from retrysim.scenario import limits
 from retrysim.scenario.units import parse_delay_levels
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# How a flavor's instances share a topic's messages (model/topology.py): here, without
+# Spark, so that reading a scenario (the flavor catalogue) needs no pyspark.
+BY_QUEUE, BY_MESSAGE, BROADCAST = "queue", "message", "broadcast"
+
 COMMIT, WAITING_RETRY, DLQ, DISCARD, INFLIGHT, READY = (
     "Commit",
     "WaitingRetry",

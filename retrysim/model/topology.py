@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-BY_QUEUE, BY_MESSAGE, BROADCAST = "queue", "message", "broadcast"
+from retrysim.model.states import BROADCAST, BY_MESSAGE, BY_QUEUE
+
 AVERAGELY, AVERAGELY_BY_CIRCLE = "averagely", "averagely_by_circle"
 ALLOCATE_STRATEGIES = (AVERAGELY, AVERAGELY_BY_CIRCLE)
 

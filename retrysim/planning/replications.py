@@ -40,14 +40,13 @@ from retrysim.runner import (
     simulate_runs,
 )
 from retrysim.scenario.errors import ScenarioError
-from retrysim.scenario.limits import MAX_REPLICATIONS
+from retrysim.scenario.limits import DEFAULT_CONFIDENCE, MAX_REPLICATIONS
 from retrysim.scenario.spec import Scenario
 from retrysim.store.sinks import read_table
 from retrysim.tables.schemas import PARTITION_COLUMN, SUMMARY
 from retrysim.tables.staging import RunLabel
 
 INTERVAL_LEVEL = 0.95  # the level of every metric's interval
-DEFAULT_CONFIDENCE = 0.95  # the share of replications a recommended pool must meet
 _SEED_MASK = 2**63 - 1
 # the summary's numeric columns: the metrics an interval is given for
 METRIC_COLUMNS = tuple(

@@ -24,26 +24,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from retrysim.model.topology import BY_QUEUE, Topology
+from retrysim.planning.metrics import COUNT, DURATION, FRACTION, METRICS, RATIO
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.units import human_ms, parse_duration
 
-DURATION, COUNT, FRACTION, RATIO = "duration", "count", "fraction", "ratio"
-
-# Target name -> (plan table column, kind). Every one is an upper bound.
-METRICS: dict[str, tuple[str, str]] = {
-    "p50_time_to_commit": ("p50_time_to_commit_ms", DURATION),
-    "p95_time_to_commit": ("p95_time_to_commit_ms", DURATION),
-    "p99_time_to_commit": ("p99_time_to_commit_ms", DURATION),
-    "max_ready_backlog": ("max_ready_backlog", COUNT),
-    "max_waiting_retry": ("max_waiting_retry", COUNT),
-    "max_oldest_ready_age": ("max_oldest_ready_age_ms", DURATION),
-    "dlq": ("dlq", COUNT),
-    "discards": ("discards", COUNT),
-    "pending": ("pending", COUNT),
-    "peak_utilization": ("peak_utilization", FRACTION),
-    "amplification": ("amplification", RATIO),
-    "write_amplification": ("write_amplification", RATIO),
-}
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 __all__ = [

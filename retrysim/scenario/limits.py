@@ -150,9 +150,16 @@ DEFAULT_PROCESSING_MS = 10
 # A lognormal with p99 above exp(z99^2 / 2) ~ 14.97 x its mean does not exist.
 LOGNORMAL_MAX_P99_RATIO = 14.97
 Z_99 = 2.3263478740408408
+# A frontier this thin is finished event by event in one stage (engine/rounds.frontier_attempts)
+# rather than one Spark stage per remaining round: a round has a fixed cost however small its
+# frontier, and a thin frontier is mostly poison messages that stay for every round (an
+# always-failing HTTP message alone takes 289 rounds), so the event loop wins below a few
+# thousand messages and loses well above (docs/performance.md).
+TAIL_ROWS = 5_000
 # Replications of a scenario or plan point (--replications), and runs in one plan.
 MAX_REPLICATIONS = 100
 MAX_PLAN_RUNS = 1_000
+DEFAULT_CONFIDENCE = 0.95  # the share of replications a recommended pool must meet
 # Traffic shapes: the highest rate of a profile piece, and the largest scale of a file.
 MAX_PROFILE_RATE = 10_000_000.0
 MAX_TRAFFIC_SCALE = 1_000.0

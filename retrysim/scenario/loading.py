@@ -53,9 +53,26 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or str(error)
         raise ScenarioError("--scenario", f"{path} is not valid YAML{where}: {problem}") from None
+    if data is None:
+        raise ScenarioError(
+            "--scenario", f"{path} is empty; a scenario is a mapping of keys ({_EXAMPLE})"
+        )
     if not isinstance(data, dict):
-        raise ScenarioError("--scenario", f"{path} must hold a mapping of keys, not {data!r}")
+        raise ScenarioError(
+            "--scenario",
+            f"{path} holds {_kind(data)}, not a mapping of keys; a scenario is one ({_EXAMPLE})",
+        )
     return _files_beside(data, path.resolve().parent)
+
+
+_EXAMPLE = "name, seed, horizon, groups, ...; conf/default.yaml is one"
+
+
+def _kind(data: Any) -> str:
+    """What a YAML document that is not a mapping holds, in words."""
+    if isinstance(data, list):
+        return f"a list of {len(data)} items"
+    return f"a single value ({data!r})"
 
 
 def _files_beside(data: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -71,7 +88,11 @@ def _files_beside(data: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``--set a.b.c=value`` overrides; list items by index or by group name."""
+    """Apply ``--set a.b.c=value`` overrides in order; list items by index or by group name.
+    A ``null`` value (what ``--unset a.b.c`` passes) removes the key, so it takes its
+    default again, the flavor's where the flavor decides it: that is how a key the file sets
+    for one flavor is dropped before switching to another (no key takes null to mean
+    anything but its default). A list item set to null is removed from its list."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -80,7 +101,11 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str,
             value = parse_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        _set_path(data, key.strip().split("."), value, key.strip())
+        parts = key.strip().split(".")
+        if value is None:
+            _unset_path(data, parts, key.strip(), [])
+        else:
+            _set_path(data, parts, value, key.strip())
     return data
 
 
@@ -100,6 +125,33 @@ def _set_path(node: Any, parts: list[str], value: Any, full_key: str) -> None:
         return
     node.setdefault(head, {})
     _set_path(node[head], rest, value, full_key)
+
+
+def _unset_path(node: Any, parts: list[str], full_key: str, seen: list[Any]) -> None:
+    """Remove the key at ``parts``; a key the file does not set is left as it is, but only
+    when the scenario knows it there (a misspelt key is named, with the nearest one)."""
+    head, rest = parts[0], parts[1:]
+    if isinstance(node, list):
+        index = _list_index(node, head, full_key)
+        if not rest:
+            del node[index]
+            return
+        _unset_path(node[index], rest, full_key, [*seen, index])
+        return
+    if isinstance(node, dict) and head in node:
+        if not rest:
+            del node[head]
+            return
+        _unset_path(node[head], rest, full_key, [*seen, head])
+        return
+    if not isinstance(node, dict):
+        raise ScenarioError("--set", f"{full_key}: {head!r} is inside a value, not a mapping")
+    model = _model_at(tuple(seen))
+    allowed = sorted(model.model_fields) if model is not None else []
+    if head not in allowed:
+        guess = difflib.get_close_matches(head, allowed, n=1)
+        hint = f"; did you mean {guess[0]!r}?" if guess else ""
+        raise ScenarioError("--set", f"{full_key}: unknown key {head!r}{hint}")
 
 
 def _list_index(items: list[Any], head: str, full_key: str) -> int:

@@ -99,8 +99,14 @@ CASES = [
         ("--scenario", "is not valid YAML at line 3", "expected ',' or '}'"),
         scenario="groups: [\n  {name: a\n",
     ),
-    Case("yaml-list", ("--scenario", "must hold a mapping of keys"), scenario="- a\n- b\n"),
-    Case("yaml-empty", ("--scenario", "must hold a mapping of keys"), scenario=""),
+    Case(
+        "yaml-list",
+        ("--scenario", "holds a list of 2 items, not a mapping of keys"),
+        scenario="- a\n- b\n",
+    ),
+    Case("yaml-scalar", ("--scenario", "holds a single value ('x'), not a mapping"), scenario="x"),
+    Case("yaml-empty", ("--scenario", "is empty; a scenario is a mapping of keys"), scenario=""),
+    Case("yaml-comments-only", ("--scenario", "is empty"), scenario="# nothing yet\n"),
     Case("missing-file", ("--scenario", "cannot read", "No such file or directory"), scenario=None),
     Case(
         "scenario-is-directory",
@@ -529,7 +535,7 @@ CASES = [
     ),
     Case(
         "output-parent-is-a-file",
-        ("--output", "afile is not a writable folder"),
+        ("--output", "afile is a file, not a folder"),
         output="afile/out",
         setup=_file("afile"),
     ),
