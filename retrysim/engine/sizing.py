@@ -45,6 +45,7 @@ class GroupEstimate:
     per_message: float
     sequential: bool
     key_messages: int
+    downstream: bool = False  # a downstream that answers to load: a costlier delivery
 
     @property
     def deliveries(self) -> float:
@@ -150,6 +151,7 @@ def estimate(scenario: Scenario) -> list[GroupEstimate]:
                     if lanes_are_independent(plan)
                     else workload.messages
                 ),
+                downstream=group.behavior.downstream is not None,
             )
         )
     return found
@@ -258,10 +260,12 @@ def check_size(
 # per delivery (bench/dry_run_estimate.py fits and checks them on the scenarios of conf/;
 # docs/performance.md): the JVM, the session and exit; a Spark stage's start; a delivery
 # simulated event by event, staged and checked; a round of the round engine and a delivery
-# of it; the report, drawn beside the check.
+# of it; the report, drawn beside the check. A downstream that answers to load costs more a
+# delivery (each call scores the calls in flight), though fewer happen than estimated.
 RUN_FIXED_S = 4.0
 STAGE_START_S = 1.5
 EVENT_DELIVERY_S = 12e-6
+DOWNSTREAM_DELIVERY_S = 24e-6
 ROUND_S = 0.8
 ROUND_DELIVERY_S = 8e-6
 REPORT_S = 1.0
@@ -284,5 +288,17 @@ def estimate_seconds(
             rounds = MOST_ROUNDS - 1 if group.per_message > 1 else 1
             seconds += ROUND_S * rounds + ROUND_DELIVERY_S * group.deliveries
         else:
-            seconds += EVENT_DELIVERY_S * group.deliveries
+            each = DOWNSTREAM_DELIVERY_S if group.downstream else EVENT_DELIVERY_S
+            seconds += each * group.deliveries
     return RUN_FIXED_S + runs * (seconds + (REPORT_S if report else 0.0))
+
+
+def slowdown(master: str | None) -> tuple[float, float]:
+    """(how many times slower than on a quiet machine a local run is now, the 1-minute
+    load average): the load over twice the cores, plus the run's own two, at least 1. On a
+    shared 2-core machine runs took 3-4x their quiet time at a load of 9-11, which this
+    gives (bench/dry_run_estimate.py). A cluster's load is not known here: 1."""
+    if master is not None and not master.startswith("local"):
+        return 1.0, 0.0
+    load = os.getloadavg()[0]
+    return max(1.0, (load + 2) / (2 * (os.cpu_count() or 1))), load

@@ -62,3 +62,8 @@ def test_a_flavor_example_through_spark_submit(tmp_path):
     assert "group reports: 200 messages" in done.stdout
     summary = deltalake.DeltaTable(str(out / "summary")).to_pandas()
     assert summary["messages"].tolist() == [200]
+    # the console has no Spark, log4j or JVM warning; the JVM's logs are in the run's file
+    console = (done.stdout + done.stderr).splitlines()
+    assert [line for line in console if "WARN" in line] == []
+    (log,) = (out / "logs").glob("simulate-*.log")
+    assert "INFO SparkContext: Running Spark version" in log.read_text(encoding="utf-8")

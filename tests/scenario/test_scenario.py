@@ -205,7 +205,6 @@ def test_apply_overrides_replaces_whole_list_item():
         ("-1", -1),
         ("true", True),
         ("false", False),
-        ("null", None),
         ("10s", "10s"),
         ("rocketmq4.concurrently", "rocketmq4.concurrently"),
         ("[1, 2]", [1, 2]),
@@ -222,6 +221,13 @@ def test_apply_overrides_values_are_yaml_typed(raw, value):
     apply_overrides(data, [f"key={raw}"])
     assert data["key"] == value
     assert type(data["key"]) is type(value)
+
+
+@pytest.mark.parametrize("raw", ["null", "~", "Null"])
+def test_apply_overrides_null_removes_the_key_so_it_takes_its_default(raw):
+    data: dict[str, Any] = {"horizon": "1h", "groups": [{"name": "g", "topic": "t"}]}
+    apply_overrides(data, [f"horizon={raw}", f"groups.g.topic={raw}"])
+    assert data == {"groups": [{"name": "g"}]}
 
 
 def test_apply_overrides_strips_key_whitespace():
@@ -321,9 +327,9 @@ def test_load_scenario_from_custom_file(tmp_path):
     ("text", "expected"),
     [
         ("groups: [\n  {name: a\n", "is not valid YAML at line"),
-        ("- a\n- b\n", "must hold a mapping of keys"),
-        ("", "must hold a mapping of keys"),
-        ("just text\n", "must hold a mapping of keys"),
+        ("- a\n- b\n", "holds a list of 2 items, not a mapping of keys"),
+        ("", "is empty; a scenario is a mapping of keys"),
+        ("just text\n", "holds a single value ('just text'), not a mapping of keys"),
     ],
 )
 def test_load_scenario_bad_files(tmp_path, text, expected):
