@@ -156,10 +156,13 @@ def build_session(
     master: str | None = None,
     conf: dict[str, str] | None = None,
     light_jit: bool = False,
+    log_file: str | None = None,
 ) -> SparkSession:
     """Get or create the session with retrysim's settings; ``conf`` entries win.
     ``light_jit``: the driver JVM compiles with C1 alone until a run asks for more
-    (:func:`light_jit`); the commands that simulate ask for it."""
+    (:func:`light_jit`); the commands that simulate ask for it. ``log_file``: where a driver
+    JVM this session starts writes its logs (conf/spark/log4j2.properties: the console gets
+    errors only), as spark-submit.sh does for the jobs; the commands give one."""
     if os.environ.get("PYSPARK_GATEWAY_PORT"):
         # spark-submit's JVM: connects, starts nothing; SparkConf() then reads its settings
         SparkContext._ensure_initialized()
@@ -185,6 +188,8 @@ def build_session(
         # the JVM starts with this session (a notebook, the tests). Under spark-submit it is
         # running already and conf/spark passed the options, where a user's --conf wins.
         settings.update({key: JVM_OPTIONS for key in JVM_OPTION_KEYS})
+        if log_file:
+            settings[JVM_OPTION_KEYS[0]] += f" {_log_options(log_file)}"
     if not os.environ.get("PYSPARK_PYTHON"):
         # Python workers (the sequential engine's pandas UDFs) need this interpreter's
         # packages. spark-submit.sh sets PYSPARK_PYTHON; a notebook or a script may not, and
@@ -198,6 +203,17 @@ def build_session(
     if light_jit:
         _compile_lightly(spark.sparkContext._gateway)
     return spark
+
+
+LOG4J_CONF = os.path.join(PROJECT_ROOT, "conf", "spark", "log4j2.properties")
+
+
+def _log_options(log_file: str) -> str:
+    """The driver JVM's options that send its logs to ``log_file`` (a path without spaces:
+    Spark splits these options at them)."""
+    if " " in log_file or " " in LOG4J_CONF:
+        return ""
+    return f"-Dlog4j2.configurationFile={LOG4J_CONF} -Dretrysim.log.file={log_file}"
 
 
 # The JVM's JIT: HotSpot compiles hot code with C1 at once and again, optimised, with C2.

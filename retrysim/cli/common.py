@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 from deltalake import DeltaTable
 from pyspark import SparkConf
 
-from retrysim.cli.precheck import check_output_folder
+from retrysim.cli.precheck import check_output_folder, log_file
 from retrysim.scenario.errors import ScenarioError
 from retrysim.session import check_master, delta_jars_configured, submitted_master
 from retrysim.store.sinks import arrow_schema, table_path
@@ -29,6 +30,24 @@ def stderr_to_the_launcher() -> None:
         sys.stderr = open(f"/proc/{os.getppid()}/fd/2", "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     except OSError:
         return
+
+
+def logs_to_file(output: str, command: str) -> str:
+    """The file a run's logs go to, and Python's warnings from now on (PySpark's, pandas'),
+    not between its progress lines: the one spark-submit.sh named (``RETRYSIM_LOG_FILE``),
+    else a new one under the output folder, for a JVM the command starts itself."""
+    path = os.environ.get("RETRYSIM_LOG_FILE") or log_file(output, command)
+
+    def to_the_log(message, category, filename, lineno, file=None, line=None) -> None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(warnings.formatwarning(message, category, filename, lineno, line))
+        except OSError:
+            pass
+
+    warnings.showwarning = to_the_log
+    return path
 
 
 def say(line: str) -> None:

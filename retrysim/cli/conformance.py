@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from retrysim.cli.common import EXIT_FAILED, EXIT_OK, check_output, say
+from retrysim.cli.common import EXIT_FAILED, EXIT_OK, check_output, logs_to_file, say
 from retrysim.conformance.harness import HarnessError, UnsupportedScenario
 from retrysim.conformance.run import check_runnable, run_conformance
 from retrysim.runner import check_run_id, default_run_id
@@ -40,7 +40,8 @@ def conformance_command(args: argparse.Namespace) -> int:
         simulated = check_runnable(scenario)
     except UnsupportedScenario as refused:
         raise ScenarioError("--scenario", str(refused)) from None
-    spark = build_session(f"retrysim:conformance:{scenario.name}", args.master)
+    log = logs_to_file(output, "conformance")
+    spark = build_session(f"retrysim:conformance:{scenario.name}", args.master, log_file=log)
     try:
         results = run_conformance(
             spark, scenario, output, run_id, choose_sink(spark), say, simulated

@@ -12,7 +12,6 @@ import functools
 import os
 import sys
 import threading
-import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -57,7 +56,6 @@ def main(argv: Sequence[str] | None = None, job: str | None = None) -> int:
     """Run ``retrysim COMMAND ARGS`` (``argv``), or with ``job`` the job that runs that
     command alone (``jobs/simulate.py ARGS``), under the program name the user ran."""
     stderr_to_the_launcher()
-    _warnings_to_the_log()
     if job is None:
         args = _parser().parse_args(argv)
     else:
@@ -71,23 +69,6 @@ def main(argv: Sequence[str] | None = None, job: str | None = None) -> int:
     except ValidationError as error:
         print(f"retrysim: error: {error}", file=sys.stderr)
         return EXIT_FAILED
-
-
-def _warnings_to_the_log() -> None:
-    """Python's warnings (PySpark's, pandas') go to the run's log file, beside the JVM's,
-    where spark-submit.sh named one (``RETRYSIM_LOG_FILE``), not between progress lines."""
-    log = os.environ.get("RETRYSIM_LOG_FILE")
-    if not log:
-        return
-
-    def to_the_log(message, category, filename, lineno, file=None, line=None) -> None:
-        try:
-            with open(log, "a", encoding="utf-8") as handle:
-                handle.write(warnings.formatwarning(message, category, filename, lineno, line))
-        except OSError:
-            pass
-
-    warnings.showwarning = to_the_log
 
 
 def run_job(command: str) -> NoReturn:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from retrysim.cli.common import check_output, check_spark, say
+from retrysim.cli.common import check_output, check_spark, logs_to_file, say
 from retrysim.engine.sizing import check_size
 from retrysim.planning.plan import (
     check_plan_id,
@@ -47,7 +47,10 @@ def plan_command(args: argparse.Namespace) -> int:
         f"plan {plan_id}: {most}{spec.most_points} points of {spec.base.name}{each}, runs "
         f"{point_run_id(plan_id, 1)}{suffix} .. {point_run_id(plan_id, spec.most_points)}{suffix}"
     )
-    spark = build_session(f"retrysim:plan:{spec.base.name}", args.master, light_jit=True)
+    log = logs_to_file(output, "plan")
+    spark = build_session(
+        f"retrysim:plan:{spec.base.name}", args.master, light_jit=True, log_file=log
+    )
     try:
         result = run_plan(spark, spec, output, plan_id, say, args.delta_sink, not args.quiet)
         print(format_plan(result), flush=True)

@@ -10,7 +10,7 @@ import functools
 
 from deltalake.exceptions import DeltaError
 
-from retrysim.cli.common import EXIT_OK, check_output, check_spark, say
+from retrysim.cli.common import EXIT_OK, check_output, check_spark, logs_to_file, say
 from retrysim.engine.choice import planned_engines
 from retrysim.engine.event_stage import ENGINE_SEQUENTIAL
 from retrysim.engine.sizing import (
@@ -144,7 +144,8 @@ def simulate_command(args: argparse.Namespace) -> int:
             "consumer threads"
         )
         say(f"group {group.name}: {group.flavor}, {group.workload.messages:,} messages, {threads}")
-    spark = build_session(f"retrysim:{scenario.name}", args.master, light_jit=True)
+    log = logs_to_file(output, "simulate")
+    spark = build_session(f"retrysim:{scenario.name}", args.master, light_jit=True, log_file=log)
     try:
         reps = replicate(
             spark,
