@@ -15,11 +15,14 @@ from support import PROJECT
 
 PACKAGE = PROJECT / "retrysim"
 # Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
-# which only executors that run the compiled loop and a check from staged files need), at
+# which only executors that run the compiled loop and a check from staged files need;
+# pyarrow's Parquet reader, which reading a scenario needs only for a Parquet traffic file,
+# kept out of spark-submit.sh's check of a job's input before the JVM starts), at
 # most DEFERRED_AT_MOST import lines, each with its reason in a comment on the line.
 DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.event_rows", "retrysim.engine.event_rules",
             "retrysim.checks.file_passes",
-            "retrysim.checks.spark_hash"}  # fmt: skip
+            "retrysim.checks.spark_hash",
+            "pyarrow.parquet"}  # fmt: skip
 DEFERRED_AT_MOST = 8
 FLAVOR_NAMES = (
     "rocketmq4.concurrently",

@@ -17,8 +17,6 @@ import datetime as dt
 import math
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from retrysim.scenario.units import parse_duration
 
 __all__ = ["read_counts"]
@@ -78,6 +76,8 @@ def _csv_rows(path: Path) -> list[tuple[int, str, str]]:
 
 
 def _parquet_rows(path: Path) -> list[tuple[int, object, object]]:
+    import pyarrow.parquet as pq  # heavy (0.14 s with numpy): not for every scenario's check
+
     try:
         table = pq.read_table(path)
     except Exception as error:  # pyarrow raises its own kinds for a file that is not Parquet

@@ -190,3 +190,14 @@ def test_dry_run_prints_the_plan_writes_nothing_and_starts_no_jvm(fake_java, tmp
     assert helped.returncode == 0
     assert helped.stdout.startswith("usage: ./spark-submit.sh jobs/simulate.py [-h]")
     assert not marker.exists()
+
+
+def test_the_precheck_imports_neither_spark_nor_the_engines():
+    """spark-submit.sh runs it before every job: it stays light (about 0.15 s on 2 cores)."""
+    code = (
+        "import sys, retrysim.cli.precheck; print(sorted({m.split('.')[0] for m in sys.modules} "
+        "& {'pyspark', 'pandas', 'numba', 'deltalake', 'pyarrow', 'matplotlib'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    assert done.stdout.strip() == "[]"
