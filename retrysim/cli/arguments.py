@@ -41,8 +41,11 @@ class Parser(argparse.ArgumentParser):
         elif message.startswith("argument "):
             message = message.removeprefix("argument ").replace("/", " or ", 1)
         elif message.startswith("the following arguments are required: "):
-            message = f"{message.removeprefix('the following arguments are required: ')}: "
-            message += "is required"
+            missing = message.removeprefix("the following arguments are required: ")
+            message = f"{missing}: {'are' if ', ' in missing else 'is'} required"
+            for action in self._actions:
+                if isinstance(action, argparse._SubParsersAction) and action.dest == missing:
+                    message = f"a command is required: {', '.join(action.choices)}"
         stop(message)
 
     def parse_args(  # type: ignore[override]
