@@ -33,8 +33,8 @@ from retrysim.scenario.spec import Group, Scenario
 from retrysim.scenario.units import human_ms
 from retrysim.store.sinks import run_frame, run_rows
 
-# An instance busy this share of its thread time from its first to its last bucket with work
-# waiting on full threads is *saturated* over that time; below it, only at moments.
+# An instance whose threads were all busy with work waiting is *saturated* over the buckets
+# where it was busy this share of its thread time; at moments, where it was less.
 SATURATED = 0.95
 # The tables a verdict reads, all aggregated (one row per group, bucket or instance).
 VERDICT_TABLES = ("summary", "load", "instance_load")
@@ -221,7 +221,8 @@ def _instances(topology: Topology, instances: pd.DataFrame, figures: dict) -> li
     per = per.reindex(range(count), fill_value=0)
     busiest = int(per["busy"].idxmax())
     rows = instances[instances["consumer_instance"] == busiest]
-    saturated = rows[(rows["utilization_max"] >= 1.0) & (rows["ready_backlog_max"] > 0)]
+    full = rows[(rows["utilization_max"] >= 1.0) & (rows["ready_backlog_max"] > 0)]
+    sustained = full[full["utilization"] >= SATURATED]
     name = f"instance {busiest}"
     owned = _retry_owners(topology)
     if owned == [busiest]:
@@ -230,12 +231,12 @@ def _instances(topology: Topology, instances: pd.DataFrame, figures: dict) -> li
         name += " (a %RETRY% queue's)"
     figures.update(busiest_instance=busiest, threads_per_instance=threads)
     lines = []
-    if len(saturated):
-        start = int(saturated["bucket_start_ms"].min())
-        end = int((saturated["bucket_start_ms"] + saturated["bucket_ms"]).max())
-        window = rows[(rows["bucket_start_ms"] >= start) & (rows["bucket_start_ms"] < end)]
+    if len(full):
+        window = _saturated_run(sustained) if len(sustained) else full
+        start = int(window["bucket_start_ms"].min())
+        end = int((window["bucket_start_ms"] + window["bucket_ms"]).max())
         busy_share = float(window["busy_thread_ms"].sum() / (threads * (end - start)))
-        at_once = threads + int(per.loc[busiest, "most_waiting"])
+        at_once = threads + int(window["ready_backlog_max"].max())
         to_keep_up = _threads_to_keep_up(window)
         figures.update(
             saturated_from_ms=start,
@@ -245,7 +246,7 @@ def _instances(topology: Topology, instances: pd.DataFrame, figures: dict) -> li
             threads_to_keep_up=to_keep_up,
         )
         when = f"{_moment(start)} to {_moment(end)}"
-        if busy_share >= SATURATED:
+        if len(sustained):
             text = f"{name} saturated from {when} ({busy_share:.0%} busy)"
             text += f", wanting {to_keep_up:,} of its {threads} threads to keep up"
         else:
@@ -259,7 +260,7 @@ def _instances(topology: Topology, instances: pd.DataFrame, figures: dict) -> li
             ]
             share = float(others["busy_thread_ms"].sum() / ((count - 1) * threads * (end - start)))
             figures["others_utilization_while_saturated"] = round(share, 4)
-            text += f"; the other {count - 1} at {share:.0%}"
+            text += f"; the other{f' {count - 1}' if count > 2 else ''} at {share:.0%}"
         lines.append(text)
     else:
         most = round(float(per.loc[busiest, "most_busy"]) * threads)
@@ -269,6 +270,18 @@ def _instances(topology: Topology, instances: pd.DataFrame, figures: dict) -> li
     if count > 1:
         lines.append(f"{len(idle)} of {count} instances idle")
     return lines
+
+
+def _saturated_run(saturated: pd.DataFrame) -> pd.DataFrame:
+    """The buckets of the one unbroken run of saturated buckets that holds the instance's
+    largest backlog: a run split by a quiet spell tells of two episodes, and the verdict
+    speaks of the worse one."""
+    ordered = saturated.sort_values("bucket_start_ms")
+    starts = ordered["bucket_start_ms"].to_numpy()
+    breaks = (starts[1:] != starts[:-1] + ordered["bucket_ms"].to_numpy()[:-1]).cumsum()
+    runs = pd.Series([0, *breaks], index=ordered.index)
+    worst = runs[ordered["ready_backlog_max"].idxmax()]
+    return ordered[runs == worst]
 
 
 def _threads_to_keep_up(window: pd.DataFrame) -> int:

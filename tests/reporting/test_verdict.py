@@ -63,6 +63,7 @@ def _instances(hot: range, waiting: int, instances: int = 4, threads: int = 20) 
                     "bucket_ms": MINUTE,
                     "deliveries": int(busy * threads * 60),
                     "busy_thread_ms": busy * threads * MINUTE,
+                    "utilization": busy,
                     "utilization_max": 1.0 if busy == 1.0 else busy,
                     "ready_backlog": backlog if (i == 0 and b in hot) else 0,
                     "ready_backlog_max": waiting if (i == 0 and b in hot) else 0,
@@ -103,6 +104,7 @@ def test_moments_of_saturation_are_not_called_saturation_over_the_window(scenari
         10 * MINUTE, 30 * MINUTE
     )
     instances.loc[hot, "busy_thread_ms"] = 0.44 * 20 * MINUTE
+    instances.loc[hot, "utilization"] = 0.44
     verdict = group_verdict(scenario, group, _summary(max_ready_backlog=4), _load(21, 4), instances)
     text = "; ".join(verdict.lines)
     assert "saturated at moments from 10m to 31m (44% busy), wanting up to 24 of its 20" in text
