@@ -89,7 +89,7 @@ def _non_negative(text: str) -> int:
     return int(text)
 
 
-def _print_summary(result, as_json: list[dict] | None = None) -> None:
+def print_summary(result, as_json: list[dict] | None = None) -> None:
     """A finished run's figures and each group's verdict (retrysim.reporting.verdict); with
     ``as_json``, the same run as a dict appended to it, printed by the command at its end."""
     try:
@@ -216,7 +216,7 @@ def _simulate(args: argparse.Namespace, documents: list[dict] | None) -> int:
             output=output,
             run_id=run_id,
             progress=None if args.quiet else say,
-            on_result=lambda _k, result: _print_summary(result, documents),
+            on_result=lambda _k, result: print_summary(result, documents),
             sink=args.delta_sink,
             tables=args.tables,
             tail_rows=args.tail_rows,

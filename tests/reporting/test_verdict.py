@@ -1,11 +1,17 @@
 """The verdict's sentences from a run's aggregated rows (pure pandas, no Spark): each figure a
-sentence states is the one of those rows, and the sentences say what the figures mean."""
+sentence states is the one of those rows, and the sentences say what the figures mean; and
+``simulate --json`` (one run through Spark)."""
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 import pytest
 
+from retrysim import read_table
+from retrysim.cli import simulate as simulate_cli
+from retrysim.cli.main import main
 from retrysim.reporting.verdict import group_verdict, verdicts
 from retrysim.scenario.loading import load_scenario
 
@@ -138,3 +144,29 @@ def test_every_group_of_the_summary_gets_a_verdict_in_scenario_order():
     empty = _instances(range(0), 0).iloc[:0]
     found = verdicts(scenario, summary, _load(0, 0).iloc[:0], empty)
     assert [verdict.group for verdict in found] == names
+
+
+@pytest.mark.spark
+def test_json_prints_the_verdict_and_the_run_figures_on_stdout(
+    spark, tmp_path, capsys, monkeypatch
+):
+    """``simulate --json``: stdout is one JSON document (progress goes to stderr) whose
+    figures are the run's summary row and whose verdict is the console's."""
+    monkeypatch.setattr(simulate_cli, "stop_session", lambda _spark: None)  # the tests' session
+    code = main(
+        ["simulate", "--json", "--quiet", "--no-report", "--output", str(tmp_path),
+         "--set", "groups.0.workload.messages=2000", "--set", "groups.0.max_reconsume_times=3",
+         "--set", "groups.0.behavior.poison_fraction=0.01"]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0
+    (run,) = json.loads(out)["runs"]
+    assert "finished in" in err and "verdict: " in err
+    summary = read_table(spark, str(tmp_path), "summary").where(f"run_id = '{run['run_id']}'")
+    (row,) = summary.collect()
+    (group,) = run["groups"]
+    for key in ("messages", "deliveries", "commits", "dlq", "pending", "max_ready_backlog"):
+        assert group["figures"][key] == row[key], key
+    assert group["figures"]["deliveries_per_dead_letter"] == 4
+    said = next(line for line in err.splitlines() if "verdict: " in line)
+    assert said.split("verdict: ", 1)[1] == "; ".join(group["verdict"])
