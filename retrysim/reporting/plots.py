@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from plotly.subplots import make_subplots
 
 from retrysim.planning.targets import METRICS
@@ -53,6 +55,8 @@ __all__ = [
     "deliveries_figure",
     "dlq_figure",
     "instances_figure",
+    "library_name",
+    "library_text",
     "overlay_figure",
     "retries_by_level_figure",
     "revive_figure",
@@ -69,9 +73,17 @@ def use_in_notebooks() -> None:
     """Show figures in a notebook as Plotly's JSON output only: JupyterLab draws it with its
     Plotly extension, and a kept notebook stays small (the default renderer embeds the whole
     library, megabytes, in the first figure's output)."""
-    import plotly.io as pio
-
     pio.renderers.default = "plotly_mimetype"
+
+
+def library_name() -> str:
+    """The file a report loads the charting library from: ``plotly-<version>.min.js``."""
+    return f"plotly-{get_plotlyjs_version()}.min.js"
+
+
+def library_text() -> str:
+    """The charting library (plotly.js, minified) as it ships with the Python package."""
+    return get_plotlyjs()
 
 
 def _time(minutes: pd.Series) -> tuple[pd.Series, str]:
@@ -215,7 +227,13 @@ def state_counts_figure(
     for state in ("Ready", "WaitingRetry", "Inflight"):
         color, where = COLORS[state], {"row": row_of[state], "col": 1}
         fig.add_trace(
-            go.Scatter(x=x, y=states[state], name=state, line={"color": color, "width": 1.6}),
+            go.Scatter(
+                x=x,
+                y=states[state],
+                name=state,
+                line={"color": color, "width": 1.6},
+                hovertemplate="%{y:,}",
+            ),
             **where,
         )
         fig.add_trace(
@@ -227,6 +245,7 @@ def state_counts_figure(
                 opacity=0.4,
                 legendgroup="highest",
                 showlegend=False,
+                hovertemplate="%{y:,}",
             ),
             **where,
         )

@@ -183,9 +183,7 @@ def library_name() -> str:
     """The file name of the charting library a report loads from its own folder:
     ``plotly-<plotly.js version>.min.js``, written once per folder by :func:`_write` and
     shared by every report there (a plan's hundred runs write one copy, not a hundred)."""
-    from plotly.offline import get_plotlyjs_version
-
-    return f"plotly-{get_plotlyjs_version()}.min.js"
+    return _plots().library_name()
 
 
 def _write_library(folder: str) -> None:
@@ -194,11 +192,9 @@ def _write_library(folder: str) -> None:
     path = os.path.join(folder, library_name())
     if os.path.isfile(path):
         return
-    from plotly.offline import get_plotlyjs
-
     temp = f"{path}.{os.getpid()}.tmp"
     with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(get_plotlyjs())
+        handle.write(_plots().library_text())
     os.replace(temp, path)
 
 
