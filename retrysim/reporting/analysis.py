@@ -146,6 +146,7 @@ def delivery_rates(load: Frame, group: str | None = None) -> pd.DataFrame:
         {
             "group": pdf["group"],
             "minute": pdf["minute"],
+            "minute_end": pdf["minute_end"],
             "first_per_s": pdf["first_deliveries"] / seconds,
             "retries_per_s": pdf["retries"] / seconds,
             "deliveries_per_s": pdf["deliveries"] / seconds,

@@ -115,6 +115,7 @@ __all__ = [
     "compare_report_html",
     "draw_run_report",
     "library_name",
+    "over_time_figures",
     "plan_report_html",
     "report_path",
     "run_report_html",
@@ -321,7 +322,7 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
     path = data.retry_path(group)
     # the schedule topic's long levels, the DLQ and the writes so far are tails: whole
     backlog = analysis.schedule_backlog(whole)
-    over_time = _over_time(data, group, load)
+    over_time = over_time_figures(data, group, load)
     figures: dict[str, tuple | str] = {
         "State counts over time": over_time["State counts over time"],
         "Time to commit and to the DLQ": (
@@ -422,7 +423,7 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
             f"<details><summary>The whole run: the first {span(whole)} (to the last activity)"
             "</summary>"
         )
-        for title, (fig, note) in _over_time(data, group, whole).items():
+        for title, (fig, note) in over_time_figures(data, group, whole).items():
             section.append(_figure(group, f"{title}, the whole run", fig, note))
         section.append("</details>")
     return section
@@ -464,8 +465,15 @@ def _figure(group: str, title: str, fig, note: str) -> str:
     )
 
 
-def _over_time(data: analysis.RunData, group: str, load: pd.DataFrame) -> dict[str, tuple]:
-    """The figures a planner reads over time, of ``load`` (drawn twice when zoomed)."""
+def over_time_figures(
+    data: analysis.RunData, group: str, load: pd.DataFrame | None = None
+) -> dict[str, tuple]:
+    """The figures a planner reads over time, as the report draws them (outages shaded, the
+    pool's lines, each instance against its own pool), each with its note: title -> (figure,
+    note). ``load``: the group's load rows to draw (default: its :func:`analysis.active_span`;
+    the report draws its zoom, then the whole run). Notebooks call this too."""
+    if load is None:
+        load = analysis.active_span(data.load[data.load["group"] == group])
     plots = _plots()
 
     outages = data.outages(group)

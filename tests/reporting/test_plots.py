@@ -59,7 +59,8 @@ def test_each_state_has_its_own_axis_and_each_instance_runs_against_its_own_pool
 
 
 def test_every_time_plot_shades_the_outages_has_a_range_slider_and_counts_from_zero():
-    load = pd.DataFrame({"group": "g", "minute": MINUTES, "bucket_ms": 60_000,
+    load = pd.DataFrame({"group": "g", "minute": MINUTES, "minute_end": [m + 1 for m in MINUTES],
+                         "bucket_ms": 60_000,
                          "first_deliveries": [60, 0, 0, 0], "retries": [0, 120, 60, 0],
                          "deliveries": [60, 120, 60, 0]})  # fmt: skip
     rates = analysis.delivery_rates(load)
