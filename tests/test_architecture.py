@@ -14,7 +14,7 @@ import pytest
 from support import PROJECT
 
 PACKAGE = PROJECT / "retrysim"
-# Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
+# Deferred imports allowed inside functions: heavy dependencies only (Plotly; numba,
 # which only executors that run the compiled loop and a check from staged files need), at
 # most DEFERRED_AT_MOST import lines, each with its reason in a comment on the line.
 DEFERRED = {"retrysim.reporting.plots", "retrysim.engine.event_rows", "retrysim.engine.event_rules",
