@@ -362,9 +362,11 @@ INSTANCE_COLUMNS = (
     "consumer_instance",
     "bucket_start_ms",
     "bucket_ms",
+    "deliveries",
     "busy_thread_ms",
     "utilization",
     "utilization_max",
+    "ready_backlog",
     "ready_backlog_max",
 )
 

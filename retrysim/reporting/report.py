@@ -32,7 +32,7 @@ from pyspark.sql import SparkSession
 from retrysim.model.states import REVIVE, SCHEDULE
 from retrysim.planning.plan import read_plan
 from retrysim.planning.targets import METRICS, show
-from retrysim.reporting import analysis
+from retrysim.reporting import analysis, verdict
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.units import format_duration
 from retrysim.tables.group_sums import QUANTILES
@@ -46,7 +46,8 @@ table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 td,th{border:1px solid #ddd;padding:.25em .5em;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 .chart{margin:.4em 0 1em}.note{color:#555;font-size:.9em}.empty{color:#555;font-style:italic}
-.verdict{background:#fffbe6;border:1px solid #f0e0a0;padding:.2em 1em;margin:1em 0}
+.verdict{background:#fffbe6;border:1px solid #f0e0a0;padding:.4em 1em;margin:.8em 0}
+.verdict p{margin:.3em 0}
 .met{color:#2e7d32;font-weight:600}.missed{color:#c62828;font-weight:600}
 tr.recommended td{background:#e8f5e9;font-weight:600}.wide{overflow-x:auto;max-width:100%}
 pre{background:#f7f7f7;padding:.6em;
@@ -226,28 +227,27 @@ def _write(path: str, text: str) -> str:
 # --------------------------------------------------------------------------- verdict
 
 
-def verdict_html(verdicts: Sequence[tuple[str, Sequence[str]]]) -> str:
-    """THE VERDICT, at the top of a run report: per group, its plain sentences (from
-    ``retrysim.reporting.verdict.run_verdicts``: ``(verdict.group, verdict.lines)``). Empty
-    (the page shows nothing there) until the verdict is wired into
-    :func:`run_report_html`'s ``verdicts``."""
-    if not verdicts:
+def verdict_html(data: analysis.RunData) -> str:
+    """The verdict, at the top of a run report: per group, the sentences the console prints
+    after the run's figures (:mod:`retrysim.reporting.verdict`), from the same rows."""
+    found = verdict.verdicts(data.scenario, data.summary, data.load, data.instances)
+    if not found:
         return ""
-    items = []
-    for group, lines in verdicts:
-        sentences = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
-        items.append(f"<h3>Group {html.escape(group)}</h3><ul>{sentences}</ul>")
-    return f'<section id="verdict" class="verdict"><h2>Verdict</h2>{"".join(items)}</section>'
+    items = "".join(
+        f"<p><b>{html.escape(v.group)}</b>: "
+        + "; ".join(f"<span>{html.escape(line)}</span>" for line in v.lines)
+        + "</p>"
+        for v in found
+    )
+    return f'<section id="verdict" class="verdict"><b>Verdict</b>{items}</section>'
 
 
 # --------------------------------------------------------------------------- run report
 
 
-def run_report_html(
-    data: analysis.RunData, verdicts: Sequence[tuple[str, Sequence[str]]] = ()
-) -> str:
-    """The HTML of one run's report: the verdict (:func:`verdict_html`; none yet), a line
-    per group, then the charts of every group, the summary table and the scenario."""
+def run_report_html(data: analysis.RunData) -> str:
+    """The HTML of one run's report: the verdict (:func:`verdict_html`), a line per group,
+    then the charts of every group, the summary table and the scenario."""
     run = data.run
     groups = list(data.summary["group"])
     start_at = data.scenario.start_at
@@ -259,7 +259,7 @@ def run_report_html(
         f"load bucket {format_duration(data.scenario.load_bucket)}; "
         f"Spark {html.escape(str(run.get('spark_master')))}, retrysim "
         f"{html.escape(str(run.get('engine_version')))}, {run.get('rounds')} rounds.</p>",
-        verdict_html(verdicts),  # <- the verdict goes here, at the top, once wired
+        verdict_html(data),
         _headlines(data, groups),
     ]
     for group in groups:

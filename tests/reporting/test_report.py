@@ -11,6 +11,7 @@ plan report is written from plan rows made here, and once through ``retrysim rep
 from __future__ import annotations
 
 import functools
+import html
 import json
 import re
 import subprocess
@@ -31,11 +32,11 @@ from retrysim.reporting.report import (
     draw_run_report,
     library_name,
     report_path,
-    verdict_html,
     write_compare_report,
     write_plan_report,
     write_run_report,
 )
+from retrysim.reporting.verdict import run_verdicts
 from retrysim.store.sinks import DeltaRsSink, run_rows
 from retrysim.tables.schemas import PLAN, data_schema
 
@@ -135,6 +136,11 @@ def test_scenario_runs_and_its_report_has_every_section(spark, tmp_path, name, d
     # every section is a chart, or a one-line note where it has nothing to show
     assert len(charts) + len(notes) == len(RUN_SECTIONS) * len(summary) + 3 * zoomed
     assert len({div for _, div in _CHART.findall(text)}) == len(charts)  # one id each
+    # the verdict on top: the console's sentences, before the first chart
+    assert text.index('<section id="verdict"') < text.index('class="chart"')
+    for found in run_verdicts(str(tmp_path), name):
+        for line in found.lines:
+            assert f"<span>{html.escape(line)}</span>" in text
     for group in summary:
         assert f'id="group-{group}"' in text
         assert {f"{group}: {section}" for section in ALWAYS} <= set(charts)
@@ -233,13 +239,6 @@ def test_a_report_drawn_while_the_run_is_checked_is_the_one_its_published_tables
     charts = [chart for chart, _ in _CHART.findall(compared)]
     assert charts == [f"order-service: {title}" for title, *_ in report._COMPARED]
     assert compared.count('"name":"retry-storm"') == compared.count('"name":"broken"') > 0
-
-
-def test_the_verdict_has_its_place_at_the_top_and_shows_nothing_until_wired():
-    assert verdict_html([]) == ""
-    shown = verdict_html([("order-service", ["Instance 0 is at 100 % & the rest idle."])])
-    assert shown.startswith('<section id="verdict"')
-    assert "<li>Instance 0 is at 100 % &amp; the rest idle.</li>" in shown
 
 
 # --------------------------------------------------------------------------- plan report
