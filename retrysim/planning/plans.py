@@ -91,12 +91,14 @@ def list_plans(output: str) -> list[PlanInfo]:
         found = plan_of(run)
         if found is not None:
             runs.setdefault(found[0], []).append((run, found[1]))
-    plans = [_plan(plan_id, rows.get(plan_id, []), runs.get(plan_id, [])) for plan_id in
+    plans = [plan_info(plan_id, rows.get(plan_id, []), runs.get(plan_id, [])) for plan_id in
              sorted(set(rows) | set(runs))]  # fmt: skip
     return sorted(plans, key=lambda plan: (str(plan.started_at), plan.plan_id))
 
 
-def _plan(plan_id: str, rows: list[dict], runs: list[tuple[RunInfo, int]]) -> PlanInfo:
+def plan_info(plan_id: str, rows: list[dict], runs: list[tuple[RunInfo, int]]) -> PlanInfo:
+    """A plan from its plan rows (point, point_run_id, replications) and its runs with their
+    executions: the runs the rows name, and its status."""
     named = tuple(
         replication_run_id(row["point_run_id"], j, row["replications"] or 1)
         for row in sorted(rows, key=lambda row: row["point"])
