@@ -84,7 +84,7 @@ from retrysim.scenario.loading import (
     load_yaml,
 )
 from retrysim.scenario.spec import Scenario
-from retrysim.store.recovery import remove_runs
+from retrysim.store.runs import delete_runs, run_rows_by_id
 from retrysim.store.sinks import DeltaSparkSink, Sink, choose_sink, read_table
 from retrysim.tables.schemas import (
     PARTITION_COLUMN,
@@ -349,9 +349,11 @@ def run_plan(
         write_plan_table(spark, output, plan_id, rows, chosen)
     except BaseException:
         # this execution's runs have names of their own: removing them leaves the earlier
-        # execution, if any, as it was
+        # execution, if any, as it was; under their leases, so a live writer of the same
+        # names (a second --replace of the plan at the same time) keeps its runs
         with contextlib.suppress(Exception):
-            remove_runs(output, published, spark=committer)
+            written = run_rows_by_id(output)
+            delete_runs(output, [r for r in published if r in written], spark=committer)
         raise
     if execution > 1:
         remove_earlier_runs(output, plan_id, published, say, committer)
