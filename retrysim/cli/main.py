@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from retrysim.checks.validate import ValidationError
-from retrysim.cli import conformance, digest, plan, report, runs, simulate, validate
+from retrysim.cli import conformance, digest, plan, plans, report, runs, simulate, validate
 from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, stderr_to_the_launcher
 from retrysim.scenario.errors import ScenarioError
 
@@ -25,6 +25,7 @@ COMMANDS = {
     "digest": (digest.add_digest_command, lambda args: digest.digest_command(args)),
     "validate": (validate.add_validate_command, lambda args: validate.validate_command(args)),
     "plan": (plan.add_plan_command, lambda args: plan.plan_command(args)),
+    "plans": (plans.add_plans_command, lambda args: plans.plans_command(args)),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
     "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
     "conformance": (
