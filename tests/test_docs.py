@@ -1,17 +1,18 @@
 """Every example in README.md and docs/*.md runs, so that a stale command or a broken snippet
 fails here and not for a user.
 
-What runs, as written, in one temporary folder:
+What runs, as written:
 
 * each command of a ``bash`` block: ``./spark-submit.sh`` and ``retrysim`` (or
-  ``.venv/bin/retrysim``) commands, with their ``--output`` folder placed in the temporary
-  folder and each scenario made small (:data:`SMALL`: the same keys, fewer messages); the
-  commands that write runs (simulate, plan) go first, in the docs' order, then the ones that
-  read them; optional arguments written ``[--flag value]`` are left out;
+  ``.venv/bin/retrysim``) commands, in a folder of the document's own that holds one small
+  run of the default scenario at first (a reader has run the README's first command), with
+  each scenario made small (:data:`SMALL`: the same keys, fewer messages); the commands that
+  write runs (simulate, plan) go first, in the document's order, then the ones that read
+  them, then the deletions; optional arguments written ``[--flag value]`` are left out;
 * each ``$ command`` transcript, with its scenario as written: an error must be that line
   on stderr exactly, any other output must have every line shown (``...`` skips);
-* each ``python`` block, in the docs' order, one namespace per file, with ``spark`` the
-  tests' session and relative paths (``out``, ``conf/...``) found in the temporary folder.
+* each ``python`` block, in the docs' order, one namespace a document, with ``spark`` the
+  tests' session, in the document's folder after its commands.
 
 What does not run is listed in :data:`NOT_RUN`, each with the reason.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +48,9 @@ NOT_RUN = {
     "--packages io.delta": "a cluster with shared storage at the user's site",
     "conf/metastable-storm.yaml --sweep": "plans of three runs of up to 586,019 deliveries "
     "(minutes on 2 cores); tests/engine/test_metastable.py runs the storm and its recoveries",
-    "venv": "packs a Python environment for a cluster's executors (minutes, and venv-pack)",
+    "--plan-id flash-plan ...": "a plan id run again: tests/planning/test_plans.py checks the "
+    "refusal (this one needs the plan above in the folder)",
+    "retrysim-env": "packs a Python environment for a cluster's executors (minutes, and venv-pack)",
 }
 
 
@@ -108,38 +112,58 @@ def _writes(words: list[str]) -> bool:
     )
 
 
+def _deletes(words: list[str]) -> bool:
+    return "delete" in words
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """The one folder every example writes into and reads from, in the docs' order."""
-    return tmp_path_factory.mktemp("docs")
+    """The docs' folders: one a document (``site/<name>``), each holding at first one small
+    run of the default scenario, what the README's first command writes, in ``out``."""
+    root = tmp_path_factory.mktemp("docs")
+    done = subprocess.run(
+        [sys.executable, "-m", "retrysim", "simulate", "--output", str(root / "seed"),
+         "--run-id", "default-run", "--no-report", "--quiet", *SMALL],
+        cwd=PROJECT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for path in DOCS:
+        shutil.copytree(root / "seed", root / path.stem / "out")
+        (root / path.stem / "conf").symlink_to(PROJECT / "conf")
+    return root
 
 
 def test_the_docs_have_examples_and_each_unrun_one_is_listed():
     shell = [c for _where, body in blocks("bash") for c in commands(body)]
     assert len(shell) >= 20 and len(blocks("python")) >= 6
+    shell += [command for _where, command, _shown in transcripts()]
     # each reason still names a documented command (a stale entry would hide nothing)
     for piece in NOT_RUN:
         assert any(piece in c for c in shell), piece
 
 
 def test_every_documented_command_runs(site):
-    shell = [
-        (where, command)
-        for where, body in blocks("bash")
-        for command in commands(body)
-        if not not_run(command) and where != blocks("bash")[0][0]  # the README's first: below
-    ]
-    ordered = [x for x in shell if _writes(argv(x[1], site))]
-    ordered += [x for x in shell if not _writes(argv(x[1], site))]
+    """Each document's commands in its folder: the ones that write runs first, in the
+    document's order, then the ones that read them, then the deletions."""
+    first = blocks("bash")[0][0]  # the README's first command: the test below runs it whole
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    for where, command in ordered:
-        done = subprocess.run(
-            argv(command, site), cwd=PROJECT, env=env, capture_output=True, text=True,
-            timeout=600,
-        )  # fmt: skip
-        assert done.returncode == 0, (
-            f"{where}: {command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
+    for path in DOCS:
+        folder = site / path.stem
+        shell = [
+            (where, command, argv(command, folder))
+            for where, body in blocks("bash")
+            if where.split(":")[0] == str(path.relative_to(PROJECT)) and where != first
+            for command in commands(body)
+            if not not_run(command)
+        ]
+        ordered = sorted(shell, key=lambda x: 0 if _writes(x[2]) else 2 if _deletes(x[2]) else 1)
+        for where, command, words in ordered:
+            done = subprocess.run(
+                words, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600
+            )
+            assert done.returncode == 0, (
+                f"{where}: {command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+            )
 
 
 def transcripts() -> list[tuple[str, str, list[str]]]:
@@ -195,12 +219,12 @@ def test_every_transcript_prints_what_the_docs_show(site):
 
 
 def test_every_python_example_runs(spark, site, monkeypatch):
-    """After the commands: a snippet reads the runs they wrote (a plan's, a local run)."""
-    monkeypatch.chdir(site)
-    (site / "conf").symlink_to(PROJECT / "conf")
+    """After the commands, in each document's folder: a snippet reads the runs they wrote."""
     by_file: dict[str, dict] = {}
     for where, code in blocks("python"):
-        namespace = by_file.setdefault(where.split(":")[0], {"__name__": "docs", "spark": spark})
+        document = Path(where.split(":")[0]).stem
+        monkeypatch.chdir(site / document)
+        namespace = by_file.setdefault(document, {"__name__": "docs", "spark": spark})
         exec(compile(code, where, "exec"), namespace)
 
 
@@ -211,7 +235,7 @@ def test_the_readmes_first_command_prints_what_the_readme_shows(site):
     shown = next(
         body for lang, body in FENCE.findall(text) if lang == "" and "verdict: " in body
     ).splitlines()
-    out = site / "readme"
+    out = site / "first-command"
     done = subprocess.run(
         [str(PROJECT / "spark-submit.sh"), "jobs/simulate.py", "--output", str(out)],
         cwd=PROJECT, capture_output=True, text=True, timeout=900,
