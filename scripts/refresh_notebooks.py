@@ -10,6 +10,7 @@ run them the same way (tests/test_notebooks.py) and hold the kept outputs to the
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,10 +43,35 @@ def execute(environment: Mapping[str, str]) -> dict[str, nbformat.NotebookNode]:
     return executed
 
 
+# The JVM's own lines on the kernel's stderr (log4j's start, WARN lines, the JDK's notice):
+# noise in a kept notebook, and they name the machine.
+_JVM_NOISE = re.compile(
+    r"^(\d\d/\d\d/\d\d \d\d:\d\d:\d\d WARN .*|WARNING: Using incubator modules.*"
+    r"|Using Spark's default log4j profile.*|Setting default log level to .*"
+    r"|To adjust logging level use .*)$\n?",
+    re.MULTILINE,
+)
+
+
+def without_noise(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``notebook`` with the JVM's lines taken out of its text streams (a stream left empty
+    goes) and the cells' timings dropped: what is kept is what the library printed."""
+    for cell in notebook.cells:
+        cell.get("metadata", {}).pop("execution", None)  # timings: noise in a diff
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            if out["output_type"] == "stream":
+                out["text"] = _JVM_NOISE.sub("", out["text"])
+        cell.outputs = [
+            out for out in cell.outputs if out["output_type"] != "stream" or out["text"]
+        ]
+    return notebook
+
+
 def main() -> int:
     for name, notebook in execute({"RETRYSIM_NOTEBOOK_SMALL": "1"}).items():
-        for cell in notebook.cells:
-            cell.get("metadata", {}).pop("execution", None)  # timings: noise in a diff
+        without_noise(notebook)
         nbformat.write(notebook, NOTEBOOKS / name)
         print(f"retrysim: {name}: outputs kept", file=sys.stderr)
     return 0

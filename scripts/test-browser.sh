@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The report's screenshot test renders a run report in headless Chromium
+# The report's browser test opens a run report in headless Chromium through Playwright
 # (tests/reporting/test_screenshot.py). Where no Chromium is found and Debian's apt can
 # install it (as root), install it, trying once per checkout (a marker in .venv); otherwise
 # the test skips and says why. Never fails.

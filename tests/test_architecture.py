@@ -14,7 +14,7 @@ import pytest
 from support import PROJECT
 
 PACKAGE = PROJECT / "retrysim"
-# Deferred imports allowed inside functions: heavy dependencies only (matplotlib; numba,
+# Deferred imports allowed inside functions: heavy dependencies only (Plotly; numba,
 # which only executors that run the compiled loop and a check from staged files need;
 # pyarrow's Parquet reader, which reading a scenario needs only for a Parquet traffic file,
 # kept out of spark-submit.sh's check of a job's input before the JVM starts), at

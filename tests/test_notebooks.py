@@ -11,6 +11,7 @@ clash.
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import nbformat
@@ -20,6 +21,8 @@ from support import PROJECT, QUICK_JVM
 from retrysim.tables.schemas import ATTEMPTS
 
 pytestmark = pytest.mark.spark  # spark-submit runs, each in its own JVM
+PLOTLY = "application/vnd.plotly.v1+json"  # a figure's JSON, without the library
+KEPT_AT_MOST = 1_000_000  # bytes of a kept notebook
 
 _spec = importlib.util.spec_from_file_location(
     "refresh_notebooks", PROJECT / "scripts" / "refresh_notebooks.py"
@@ -60,9 +63,15 @@ def _text(notebook: nbformat.NotebookNode) -> str:
 def test_explore_run_notebook(executed):
     notebooks, output = executed
     notebook = notebooks["01_explore_run.ipynb"]
-    assert len(_outputs(notebook, "image/png")) >= 5  # states, rates, levels, backlog, DLQ
+    assert len(_outputs(notebook, PLOTLY)) >= 5  # states, rates, levels, backlog, DLQ
     text = _text(notebook)
     assert "deliveries, ends in" in text and "messages reached the DLQ" in text
+    assert " days " not in text  # durations as the report writes them: 11m40s
+    # the first figure is the report's: the outage shaded, the pool's lines, the instances
+    (states, *_) = _outputs(notebook, PLOTLY)
+    layout, names = states[PLOTLY]["layout"], {t.get("name") for t in states[PLOTLY]["data"]}
+    assert [s for s in layout["shapes"] if s["type"] == "rect"]  # the outage
+    assert {"pool: 80 threads", "each instance's pool: 20 threads"} <= names
     assert (output / "reports" / "explore.html").is_file()
     assert (output / "summary" / "_delta_log").is_dir()
     # DESCRIBE TABLE explains the columns, DESCRIBE HISTORY names the run its commit published
@@ -73,7 +82,7 @@ def test_explore_run_notebook(executed):
 def test_capacity_plan_notebook(executed):
     notebooks, output = executed
     notebook = notebooks["02_capacity_plan.ipynb"]
-    assert len(_outputs(notebook, "image/png")) >= 1  # the trade-off curves
+    assert len(_outputs(notebook, PLOTLY)) >= 1  # the trade-off curves
     text = _text(notebook)
     # 300 orders in 1.5 s: 4 threads leave a Ready backlog above 100, 16 threads do not.
     assert "group checkout: 16 consumer threads" in text
@@ -82,6 +91,19 @@ def test_capacity_plan_notebook(executed):
     assert "2 points x 3 replications" in text and "of 3 replications (confidence 80%)" in text
     assert (output / "reports" / "notebook-plan.html").is_file()
     assert (output / "plan" / "_delta_log").is_dir()
+
+
+def test_the_kept_notebooks_are_small_and_hold_no_jvm_noise_or_machine_paths():
+    """What scripts/refresh-notebooks.sh keeps (refresh_notebooks.without_noise): no Spark
+    WARN lines, no path of the machine that ran them, no copy of the charting library."""
+    for name in refresh_notebooks.ORDER:
+        path = refresh_notebooks.NOTEBOOKS / name
+        assert path.stat().st_size < KEPT_AT_MOST, name
+        kept = nbformat.read(path, as_version=4)
+        outputs = json.dumps([cell.get("outputs", []) for cell in kept.cells])
+        assert " WARN " not in outputs and "log4j" not in outputs, name
+        assert "/work/" not in outputs and "/tmp/" not in outputs, name
+        assert "plotly.min.js" not in outputs and "Plotly.newPlot" not in outputs, name
 
 
 def _kinds(cell: nbformat.NotebookNode) -> list[tuple[str, ...]]:

@@ -201,6 +201,11 @@ def add_simulate_options(sim: argparse.ArgumentParser) -> None:
     )
     sim.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     sim.add_argument(
+        "--json",
+        action="store_true",
+        help="print each run's figures and verdict as JSON on stdout (progress goes to stderr)",
+    )
+    sim.add_argument(
         "--dry-run",
         action="store_true",
         help="print each group's engine, the size and a time estimate; run nothing",
@@ -238,6 +243,12 @@ def add_plan_options(command: argparse.ArgumentParser) -> None:
         "(durations like 5m, counts, peak_utilization as 0.8 or 80%%)",
     )
     command.add_argument("--plan-id", help="plan id (default: <name>-plan-<UTC time>-<random>)")
+    command.add_argument(
+        "--replace",
+        action="store_true",
+        help="run a plan id the folder already holds again, in its place: the new runs are "
+        "published, then the earlier ones removed (without it such a plan id is refused)",
+    )
     _delta_sink(command, "as for simulate")
     command.add_argument(
         "--force", action="store_true", help="run even when a point's size estimate cannot fit"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from retrysim.checks.validate import ValidationError
-from retrysim.cli import conformance, digest, plan, report, runs, simulate, validate
+from retrysim.cli import conformance, digest, plan, plans, report, runs, simulate, validate
 from retrysim.cli.arguments import Parser, add_scenario_command, job_parser
 from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, stderr_to_the_launcher
 from retrysim.scenario.errors import ScenarioError
@@ -33,6 +33,7 @@ COMMANDS = {
         functools.partial(add_scenario_command, name="plan"),
         lambda args: plan.plan_command(args),
     ),
+    "plans": (plans.add_plans_command, lambda args: plans.plans_command(args)),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
     "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
     "conformance": (

@@ -6,7 +6,10 @@ Input is validated before Spark starts, so bad input is reported without a JVM s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import json
+import sys
 
 from deltalake.exceptions import DeltaError
 
@@ -23,6 +26,7 @@ from retrysim.engine.sizing import (
 from retrysim.planning.replications import Replications, check_replications, replicate
 from retrysim.planning.targets import aligned, show
 from retrysim.reporting.report import draw_run_report
+from retrysim.reporting.verdict import run_verdicts
 from retrysim.runner import check_run_id, default_run_id
 from retrysim.scenario.loading import load_scenario
 from retrysim.scenario.units import human_ms
@@ -31,19 +35,27 @@ from retrysim.store.sinks import run_rows
 from retrysim.tables.schemas import ALL_SCHEMAS, TABLE_SETS
 
 
-def _print_summary(result) -> None:
+def print_summary(result, as_json: list[dict] | None = None) -> None:
+    """A finished run's figures and each group's verdict (retrysim.reporting.verdict); with
+    ``as_json``, the same run as a dict appended to it, printed by the command at its end."""
     try:
         rows = run_rows(result.output, "summary", result.run_id)
+        verdicts = run_verdicts(result.output, result.run_id)
     except DeltaError:  # a table feature delta-rs cannot read (delta-spark's sink): Spark's
         rows = [row.asDict() for row in result.summary.collect()]
+        verdicts = run_verdicts(
+            result.output, result.run_id, lambda table: result.table(table).toPandas()
+        )
     rows.sort(key=lambda row: row["group"])
+    by_group = {verdict.group: verdict for verdict in verdicts}
     say(f"run {result.run_id} finished in {result.elapsed_s:.1f}s over {result.rounds} rounds")
     for row in rows:
         say(
             f"group {row['group']}: {row['messages']:,} messages, {row['deliveries']:,} "
             f"deliveries ({row['retries']:,} retries, x{row['amplification']:.3f}), "
-            f"{row['commits']:,} commits, {row['dlq']:,} DLQ, {row['discards']:,} discarded, "
-            f"{row['pending']:,} pending at horizon ({row['engine']} engine)"
+            f"{row['commits']:,} commits, {row['dlq']:,} DLQ, {row['replayed']:,} replayed, "
+            f"{row['discards']:,} discarded, {row['pending']:,} pending at horizon "
+            f"({row['engine']} engine)"
         )
         say(
             f"  time to commit p50 {_ms(row['p50_time_to_commit_ms'])}, "
@@ -51,10 +63,24 @@ def _print_summary(result) -> None:
             f"{_ms(row['p50_time_to_dlq_ms'])}; commitlog writes {row['commitlog_writes']:,} "
             f"(x{row['write_amplification']:.3f} per message)"
         )
+        if row["group"] in by_group:
+            say(f"  verdict: {'; '.join(by_group[row['group']].lines)}")
     written = ",".join(sorted(TABLE_SETS[result.tables], key=list(ALL_SCHEMAS).index))
     say(f"tables ({result.sink}, {result.tables}): {result.output}/{{{written}}}")
     if result.report:
         say(f"report: {result.report}")
+    if as_json is not None:
+        as_json.append(
+            {
+                "run_id": result.run_id,
+                "output": result.output,
+                "elapsed_s": round(result.elapsed_s, 3),
+                "report": result.report,
+                "groups": [
+                    {"group": v.group, "verdict": v.lines, "figures": v.figures} for v in verdicts
+                ],
+            }
+        )
 
 
 def _ms(value: float | None) -> str:
@@ -127,6 +153,16 @@ def _dry_run(scenario, sizes: list[GroupEstimate], args: argparse.Namespace) -> 
 
 
 def simulate_command(args: argparse.Namespace) -> int:
+    if not args.json:
+        return _simulate(args, None)
+    documents: list[dict] = []
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON document only
+        code = _simulate(args, documents)
+    print(json.dumps({"runs": documents}, indent=1), flush=True)
+    return code
+
+
+def _simulate(args: argparse.Namespace, documents: list[dict] | None) -> int:
     scenario = load_scenario(args.scenario, args.overrides)
     output = check_output(args.output)
     run_id = check_run_id(args.run_id or default_run_id(scenario))
@@ -154,7 +190,7 @@ def simulate_command(args: argparse.Namespace) -> int:
             output=output,
             run_id=run_id,
             progress=None if args.quiet else say,
-            on_result=lambda _k, result: _print_summary(result),
+            on_result=lambda _k, result: print_summary(result, documents),
             sink=args.delta_sink,
             tables=args.tables,
             tail_rows=args.tail_rows,

@@ -10,10 +10,13 @@ simulated together (:func:`retrysim.runner.simulate_runs`: one event-by-event st
 stage a round, one check and one commit a table for up to 100 runs); ``--search`` makes the
 points as it bisects (:mod:`retrysim.planning.search`), each probe's replications together.
 The driver reads back only each run's ``summary`` rows, never message-level rows. The
-``plan`` table gets one row per point and group (run_id = the plan id; running the same plan
-id again replaces its rows) with the metrics (means across the replications, with
-intervals), the targets a replication misses, the share that meets them all, the recommended
-point of each group and case, and the binding target.
+``plan`` table gets one row per point and group (run_id = the plan id) with the metrics
+(means across the replications, with intervals), the targets a replication misses, the share
+that meets them all, the recommended point of each group and case, and the binding target.
+A plan id already in the folder is refused unless replaced (``replace``): its runs are then
+named ``-e<n>`` and the earlier execution's runs removed once the new plan is published
+(:mod:`retrysim.planning.plans`). A plan that fails removes the runs it had published, so it
+leaves nothing behind.
 
 >>> spec = prepare_plan("conf/flash-sale.yaml", sweeps=["consumers.threads=8,16,32"],
 ...                     targets=["p99_time_to_commit=1m"])  # doctest: +SKIP
@@ -41,6 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from retrysim.model.policy import policy_for
+from retrysim.planning.plans import next_execution, point_run_id, remove_earlier_runs
 from retrysim.planning.replications import (
     DEFAULT_CONFIDENCE,
     check_confidence,
@@ -80,7 +84,8 @@ from retrysim.scenario.loading import (
     load_yaml,
 )
 from retrysim.scenario.spec import Scenario
-from retrysim.store.sinks import Sink, choose_sink, read_table
+from retrysim.store.runs import delete_runs, run_rows_by_id
+from retrysim.store.sinks import DeltaSparkSink, Sink, choose_sink, read_table
 from retrysim.tables.schemas import (
     PARTITION_COLUMN,
     PLAN,
@@ -95,6 +100,7 @@ __all__ = [
     "PlanResult",
     "PlanSpec",
     "format_plan",
+    "plan_execution",
     "prepare_plan",
     "read_plan",
     "run_plan",
@@ -207,8 +213,9 @@ def _check_search(
             raise ScenarioError(f"--search {search.given}", f"value {value}: {error}") from None
 
 
-def check_plan_id(plan_id: str, spec: PlanSpec | None = None) -> str:
-    """A plan id that names its points' runs (``<plan-id>-p<k>``, ``-r<j>`` with replications)."""
+def check_plan_id(plan_id: str, spec: PlanSpec | None = None, execution: int = 1) -> str:
+    """A plan id that names its points' runs (``<plan-id>-p<k>``, ``-r<j>`` with replications,
+    ``-e<n>`` in its n-th execution)."""
     if not RUN_ID_PATTERN.match(plan_id) or len(plan_id) > MAX_PLAN_ID:
         raise ScenarioError(
             "--plan-id",
@@ -216,7 +223,7 @@ def check_plan_id(plan_id: str, spec: PlanSpec | None = None) -> str:
             "starting with a letter or digit (each point runs as <plan-id>-p<k>)",
         )
     if spec is not None:
-        last = point_run_id(plan_id, spec.most_points)
+        last = point_run_id(plan_id, spec.most_points, execution)
         check_replications(spec.replications, last, "--plan-id")
     return plan_id
 
@@ -227,8 +234,14 @@ def default_plan_id(scenario: Scenario) -> str:
     return f"{name}-plan-{stamp}-{uuid.uuid4().hex[:6]}"
 
 
-def point_run_id(plan_id: str, number: int) -> str:
-    return f"{plan_id}-p{number}"
+def plan_execution(output: str, plan_id: str, spec: PlanSpec, replace: bool = False) -> int:
+    """The execution a run of ``plan_id`` into ``output`` is (1 for a new plan; a plan there
+    is refused unless ``replace``: :func:`retrysim.planning.plans.next_execution`), its
+    runs' names checked for length."""
+    check_plan_id(plan_id, spec)
+    execution = next_execution(output, plan_id, replace)
+    check_plan_id(plan_id, spec, execution)
+    return execution
 
 
 @dataclass
@@ -243,6 +256,7 @@ class PlanResult:
     recommendations: list[Recommendation]
     elapsed_s: float
     points: list[PlanPoint]  # the points run, in order (a search's probes)
+    execution: int = 1  # the plan's n-th execution in the folder (its runs' -e<n>)
 
     @property
     def table(self) -> DataFrame:
@@ -263,18 +277,24 @@ def run_plan(
     sink: str | Sink = "auto",
     verbose: bool = False,
     validate: bool = True,
+    replace: bool = False,
 ) -> PlanResult:
     """Run every point (each ``spec.replications`` times), write the ``plan`` table, and
     return the outcomes and the recommendations. ``progress`` gets one line per point (and
     the engine's lines with ``verbose``); ``validate`` checks each run's invariants before it
-    is published, as :func:`retrysim.runner.simulate` does."""
+    is published, as :func:`retrysim.runner.simulate` does. A plan id already in ``output``
+    is refused unless ``replace``: then its earlier runs are removed after the new plan rows
+    are published, so readers see the old plan until the new one is there. A plan that fails
+    removes the runs it published (best effort)."""
     say = progress or (lambda _line: None)
     output = os.path.abspath(output)
-    check_plan_id(plan_id, spec)
+    execution = plan_execution(output, plan_id, spec, replace)
     chosen = sink if not isinstance(sink, str) else choose_sink(spark, sink)
+    committer = spark if isinstance(chosen, DeltaSparkSink) else None  # removals: same sink
     began = time.monotonic()
     outcomes: list[Outcome] = []
     ran: list[PlanPoint] = []
+    published: list[str] = []
 
     def run_points(points: Sequence[PlanPoint], tags: Sequence[str]) -> list[list[Outcome]]:
         """Simulate the points' replications together; each point's outcomes."""
@@ -284,13 +304,14 @@ def run_plan(
             request
             for point in points
             for request in replication_requests(
-                point.scenario, spec.replications, point_run_id(plan_id, point.number),
-                point.number,
+                point.scenario, spec.replications,
+                point_run_id(plan_id, point.number, execution), point.number,
             )
         ]  # fmt: skip
         if len(requests) > 1:
             say(f"simulating {len(requests)} runs together ...")
         started = time.monotonic()
+        published.extend(request.run_id for request in requests)
         simulate_runs(
             spark, requests, output, _runs_progress(say) if verbose else None, chosen,
             validate=validate,
@@ -311,22 +332,35 @@ def run_plan(
         say(f"{len(requests)} run{'s' if len(requests) > 1 else ''} in {elapsed:.1f}s")
         return found
 
-    if spec.search is None:
-        count = len(spec.points)
-        run_points(spec.points, [f"point {point.number}/{count}" for point in spec.points])
-    else:
-        numbers = itertools.count(1)
+    try:
+        if spec.search is None:
+            count = len(spec.points)
+            run_points(spec.points, [f"point {point.number}/{count}" for point in spec.points])
+        else:
+            numbers = itertools.count(1)
 
-        def run_point(point: PlanPoint, tag: str) -> list[Outcome]:
-            return run_points([point], [tag])[0]
+            def run_point(point: PlanPoint, tag: str) -> list[Outcome]:
+                return run_points([point], [tag])[0]
 
-        for case in spec.points:
-            _search_case(spec, case, numbers, run_point, say)
-    recommendations = recommend(outcomes) if spec.targets else []
-    rows = plan_rows(spec, plan_id, outcomes, recommendations, ran)
-    write_plan_table(spark, output, plan_id, rows, chosen)
+            for case in spec.points:
+                _search_case(spec, case, numbers, run_point, say)
+        recommendations = recommend(outcomes) if spec.targets else []
+        rows = plan_rows(spec, plan_id, outcomes, recommendations, ran, execution)
+        write_plan_table(spark, output, plan_id, rows, chosen)
+    except BaseException:
+        # this execution's runs have names of their own: removing them leaves the earlier
+        # execution, if any, as it was; under their leases, so a live writer of the same
+        # names (a second --replace of the plan at the same time) keeps its runs
+        with contextlib.suppress(Exception):
+            written = run_rows_by_id(output)
+            delete_runs(output, [r for r in published if r in written], spark=committer)
+        raise
+    if execution > 1:
+        remove_earlier_runs(output, plan_id, published, say, committer)
     elapsed = time.monotonic() - began
-    return PlanResult(spark, output, plan_id, spec, outcomes, recommendations, elapsed, ran)
+    return PlanResult(
+        spark, output, plan_id, spec, outcomes, recommendations, elapsed, ran, execution
+    )
 
 
 def _settings(point: PlanPoint) -> str:
@@ -420,8 +454,10 @@ def plan_rows(
     outcomes: Sequence[Outcome],
     recs: Sequence[Recommendation],
     points: Sequence[PlanPoint] | None = None,
+    execution: int = 1,
 ) -> list[tuple]:
-    """Rows of the plan table (its data schema: every column but run_id)."""
+    """Rows of the plan table (its data schema: every column but run_id); each point names
+    its run of the plan's ``execution``."""
     chosen = {(r.group, r.point): r for r in recs if r.found}
     settings = {p.number: p.setting_values() for p in (spec.points if points is None else points)}
     names = [f.name for f in data_schema(PLAN).fields]
@@ -432,7 +468,7 @@ def plan_rows(
         targets.update({t.column: t.limit for t in spec.targets if t.group == o.group})
         values = {
             "point": o.point,
-            "point_run_id": point_run_id(plan_id, o.point),
+            "point_run_id": point_run_id(plan_id, o.point, execution),
             "group": o.group,
             "settings_json": json.dumps(settings[o.point], sort_keys=True),
             "instances": o.instances,

@@ -25,8 +25,10 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from retrysim.model.policy import policy_for
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.scenario.spec import Group, Scenario
+from retrysim.scenario.units import human_ms
 from retrysim.store.sinks import STATUS_COMPLETE, read_table, run_frame, run_rows
 from retrysim.tables.group_sums import RETRY_NUMBER_CAP
 from retrysim.tables.load import retries_by_level
@@ -44,15 +46,18 @@ __all__ = [
     "commitlog_writes",
     "delivery_rates",
     "dlq_flow",
+    "instance_busy_threads",
     "load_frame",
     "message_timeline",
     "plan_frame",
+    "point_report_id",
     "retries_by_level",
     "run_data",
     "schedule_backlog",
     "state_counts",
     "summary_frame",
     "utilization",
+    "write_breakdown",
 ]
 
 Frame = DataFrame | pd.DataFrame
@@ -141,6 +146,7 @@ def delivery_rates(load: Frame, group: str | None = None) -> pd.DataFrame:
         {
             "group": pdf["group"],
             "minute": pdf["minute"],
+            "minute_end": pdf["minute_end"],
             "first_per_s": pdf["first_deliveries"] / seconds,
             "retries_per_s": pdf["retries"] / seconds,
             "deliveries_per_s": pdf["deliveries"] / seconds,
@@ -221,6 +227,13 @@ def case_label(settings: dict[str, Any], group: str) -> str:
     )
 
 
+def point_report_id(row: Mapping[str, Any]) -> str:
+    """The run whose report stands for a plan row's point (its report is ``<id>.html``): the
+    point's run, or its first replication's (``-r1``) when it has several."""
+    suffix = "-r1" if int(row["replications"]) > 1 else ""
+    return f"{row['point_run_id']}{suffix}"
+
+
 def busiest_message(attempts: DataFrame, group: str) -> int | None:
     """The message of ``group`` with the most deliveries (lowest id on ties): a good one to
     follow with :func:`message_timeline`. One row reaches the driver."""
@@ -244,8 +257,8 @@ def message_timeline(source: Any, group: str, msg_id: int) -> pd.DataFrame:
         .orderBy("seq")
         .toPandas()
     )
-    pdf["at"] = pd.to_timedelta(pdf["at_ms"], unit="ms")
-    pdf["since_previous"] = pd.to_timedelta(pdf["at_ms"].diff().fillna(0), unit="ms")
+    pdf["at"] = pdf["at_ms"].map(human_ms)
+    pdf["since_previous"] = pdf["at_ms"].diff().fillna(0).map(human_ms)
     return pdf
 
 
@@ -279,6 +292,19 @@ class RunData:
         found = self._group(group)
         windows = found.behavior.outages if found else ()
         return [(w.start / MINUTE_MS, w.end / MINUTE_MS) for w in windows]
+
+    def retry_path(self, group: str) -> str:
+        """Where the group's failed messages wait (``retrysim.model.states``: ``schedule``
+        for the 4.x schedule topic, ``revive`` for 5.x invisible time, ``local``, ...)."""
+        found = self._group(group)
+        if found is None:
+            return "?"
+        return policy_for(found, self.scenario.broker.message_delay_level).retry_path
+
+    def threads(self, group: str) -> int | None:
+        """Each instance's consumer threads (None: unlimited)."""
+        found = self._group(group)
+        return None if found is None or found.consumers.unlimited else found.consumers.threads
 
     def pool(self, group: str) -> int | None:
         """The group's consumer threads (None: unlimited)."""
@@ -331,6 +357,18 @@ def staged_run_data(run_id: str, staged: Mapping[str, str], retries: pd.DataFram
 
 
 _SMALL_TABLES = ("summary", "load", "instance_load")
+INSTANCE_COLUMNS = (
+    "group",
+    "consumer_instance",
+    "bucket_start_ms",
+    "bucket_ms",
+    "deliveries",
+    "busy_thread_ms",
+    "utilization",
+    "utilization_max",
+    "ready_backlog",
+    "ready_backlog_max",
+)
 
 
 def _run_data(
@@ -345,9 +383,7 @@ def _run_data(
         summary=summary_frame(frames["summary"]),
         load=load_frame(frames["load"]),
         retries=retries,
-        instances=instances[
-            ["group", "consumer_instance", "bucket_start_ms", "bucket_ms", "utilization"]
-        ],
+        instances=instances[list(INSTANCE_COLUMNS)],
     )
 
 
@@ -359,3 +395,41 @@ def instance_utilization(instances: pd.DataFrame, group: str, span: pd.DataFrame
     return rows.assign(minute=rows["bucket_start_ms"] / MINUTE_MS).pivot_table(
         index="consumer_instance", columns="minute", values="utilization", dropna=False
     )
+
+
+def instance_busy_threads(instances: pd.DataFrame, group: str, span: pd.DataFrame) -> pd.DataFrame:
+    """One group's busy threads per instance (columns) and bucket start in minutes (index):
+    each instance's thread time in the bucket over the bucket's length, its mean busy
+    threads, over the buckets of ``span`` (an instance without a row in a bucket: 0)."""
+    rows = instances[instances["group"] == group]
+    rows = rows[rows["bucket_start_ms"] < (span["minute_end"].max() * MINUTE_MS)]
+    busy = rows.assign(
+        minute=rows["bucket_start_ms"] / MINUTE_MS,
+        busy=rows["busy_thread_ms"] / rows["bucket_ms"],
+    ).pivot_table(index="minute", columns="consumer_instance", values="busy", aggfunc="sum")
+    return busy.reindex(pd.Index(span["minute"], name="minute"), fill_value=0.0).fillna(0.0)
+
+
+def write_breakdown(
+    load: pd.DataFrame, retries: pd.DataFrame, messages: int, retry_path: str
+) -> list[tuple[str, int]]:
+    """A group's commit-log writes by kind (docs/model.md §9, *commitlog writes*), from its
+    whole ``load`` rows and its retries by level (:func:`retries_by_level`): publishes
+    (``messages``), replays, the 4.x schedule-topic copies (the retries on a delay level),
+    DLQ moves, and the rest, which is what the flavor writes per retry beyond those: the
+    schedule topic's copies into ``%RETRY%`` (4.x), or the reviver's copies into
+    ``%RETRY%`` with the pops' checkpoints and acks (5.x). The kinds add up to the load's
+    writes exactly; the rest is their difference, not counted on its own."""
+    total = int(load["commitlog_writes"].sum())
+    known = [
+        ("publishes", int(messages)),
+        ("replays", int(load["replays"].sum())),
+        ("schedule-topic copies", int(retries.dropna(subset=["delay_level"])["retries"].sum())),
+        ("DLQ moves", int(load["dlq"].sum())),
+    ]
+    rest = {
+        "schedule": "retry-topic copies (the schedule topic's deliveries to %RETRY%)",
+        "revive": "the reviver's retry-topic copies, the pops' checkpoints and acks",
+    }.get(retry_path, "other (retry-topic copies, broadcast copies)")
+    parts = [*known, (rest, total - sum(count for _, count in known))]
+    return [(name, count) for name, count in parts if count]

@@ -1,30 +1,44 @@
-"""Matplotlib figures of a run and of a plan, from the pandas views of ``reporting.analysis``.
+"""Interactive Plotly figures of a run and of a plan, from the pandas views of
+``reporting.analysis``.
 
-Figures are built as ``matplotlib.figure.Figure`` objects, never through ``pyplot``: no
-global state, no backend switch (a notebook keeps its inline backend; the report renders
-PNGs with Agg through :func:`png_base64`), nothing left open.
+Every function returns a ``plotly.graph_objects.Figure``: hover shows each value, a drag
+zooms, a double click resets, and every time series has a range slider under its time axis.
+The report embeds them (:mod:`retrysim.reporting.report`) against one shared copy of the
+charting library; a notebook shows them as Plotly's JSON output (:func:`use_in_notebooks`),
+which carries the data and no library. Figures use no template (Plotly's default one adds
+kilobytes of styling to every chart): the few styles below are set on each.
 
 >>> fig = state_counts_figure(analysis.state_counts(load, "order-service"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import base64
-import io
-import math
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
+from plotly.subplots import make_subplots
 
 from retrysim.planning.targets import METRICS
-from retrysim.reporting.analysis import case_label
+from retrysim.reporting.analysis import case_label, point_report_id
 
-WIDTH, HEIGHT, DPI = 9.0, 3.2, 96
+WIDTH, HEIGHT = 1000, 300  # px: one panel; a report's page is about 1100 px wide
 HOURS_AFTER_MINUTES = 180
 COLORS = {"Ready": "#d62728", "Inflight": "#1f77b4", "WaitingRetry": "#ff7f0e"}
 POOL_COLOR = "#9467bd"  # the pool's threads, apart from the Inflight line they bound
+OUTAGE_COLOR = "rgba(214, 39, 40, 0.08)"  # outages shaded behind every time plot
+HOT_COLOR = "#c51b8a"  # the busiest instance; the others in INSTANCE_COLORS
+INSTANCE_COLORS = ("#1f77b4", "#2ca02c", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f", "#e377c2")
+SHOWN_INSTANCES = 8  # beyond this many, the busiest are drawn and the rest as their mean
+# One colour per delay level, no two alike (the 18 of the default table, then the same
+# colours again for a longer custom table): the retries' bars and the schedule topic's areas.
+LEVEL_COLORS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#393b79", "#e7ba52", "#843c39", "#31a354", "#fd8d3c", "#9e9ac8",
+    "#636363", "#00cc96",
+)  # fmt: skip
 # Plan trade-off panels: (plan column, title, scale to the shown unit, unit).
 TRADEOFFS = (
     ("p99_time_to_commit_ms", "p99 time to commit", 1 / 1000, "s"),
@@ -34,26 +48,42 @@ TRADEOFFS = (
     ("max_oldest_ready_age_ms", "max oldest Ready age", 1 / 1000, "s"),
     ("pending", "pending at horizon", 1, "messages"),
 )
+DECADES_FOR_LOG = 2  # a plan panel whose positive values span this many decades is log-scaled
 
 __all__ = [
     "commitlog_figure",
     "deliveries_figure",
     "dlq_figure",
     "instances_figure",
-    "png_base64",
+    "library_name",
+    "library_text",
+    "overlay_figure",
     "retries_by_level_figure",
+    "revive_figure",
     "schedule_backlog_figure",
     "settle_cdf_figure",
     "state_counts_figure",
     "tradeoff_figure",
+    "use_in_notebooks",
     "utilization_figure",
 ]
 
 
-def _figure(rows: int = 1, cols: int = 1, height: float = HEIGHT) -> tuple[Figure, list]:
-    fig = Figure(figsize=(WIDTH, height * rows), dpi=DPI, layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
-    return fig, [ax for row in axes for ax in row]
+def use_in_notebooks() -> None:
+    """Show figures in a notebook as Plotly's JSON output only: JupyterLab draws it with its
+    Plotly extension, and a kept notebook stays small (the default renderer embeds the whole
+    library, megabytes, in the first figure's output)."""
+    pio.renderers.default = "plotly_mimetype"
+
+
+def library_name() -> str:
+    """The file a report loads the charting library from: ``plotly-<version>.min.js``."""
+    return f"plotly-{get_plotlyjs_version()}.min.js"
+
+
+def library_text() -> str:
+    """The charting library (plotly.js, minified) as it ships with the Python package."""
+    return get_plotlyjs()
 
 
 def _time(minutes: pd.Series) -> tuple[pd.Series, str]:
@@ -67,36 +97,92 @@ def _hours(label: str) -> bool:
     return label.endswith("(h)")
 
 
-def _decorate(ax, label: str, outages: Sequence[tuple[float, float]] = ()) -> None:
+def _style(fig: go.Figure, title: str, height: int) -> go.Figure:
+    """The styles every figure shares (no template: see the module's docstring)."""
+    fig.update_layout(
+        template="none",
+        title={"text": title, "x": 0.01, "font": {"size": 15}},
+        height=height,
+        margin={"l": 70, "r": 20, "t": 50, "b": 40},
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+        font={"family": "system-ui, sans-serif", "size": 12, "color": "#222"},
+        legend={"x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top", "font": {"size": 11}},
+        hovermode="x unified",
+    )
+    fig.update_xaxes(gridcolor="#eee", zeroline=False, showline=True, linecolor="#999")
+    fig.update_yaxes(gridcolor="#eee", zeroline=False, showline=True, linecolor="#999")
+    return fig
+
+
+def _time_axis(
+    fig: go.Figure,
+    label: str,
+    outages: Sequence[tuple[float, float]] = (),
+    row: int | None = None,
+) -> None:
     """What every time plot shares: outage windows shaded (start and end in minutes, on the
-    axis' unit), counts from zero (an empty series drew negative ticks), a grid."""
+    axis' unit), counts from zero, and a range slider under the (bottom) time axis."""
     scale = 60 if _hours(label) else 1
     for number, (start, end) in enumerate(outages):
-        ax.axvspan(start / scale, end / scale, color="#d62728", alpha=0.08, lw=0,
-                   label="outage" if number == 0 else None)  # fmt: skip
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
+        fig.add_vrect(
+            x0=start / scale,
+            x1=end / scale,
+            fillcolor=OUTAGE_COLOR,
+            line_width=0,
+            layer="below",
+            row="all",
+            col="all",
+            annotation_text="outage" if number == 0 else None,
+            annotation_position="top left",
+            annotation_font_color="#d62728",
+        )
+    fig.update_yaxes(rangemode="tozero")
+    where = {} if row is None else {"row": row, "col": 1}
+    fig.update_xaxes(title_text=label, rangeslider={"visible": True, "thickness": 0.06}, **where)
 
 
-def _twin_legend(fig: Figure, ax, twin) -> None:
-    """One legend for an axis and its twin, above the plot where it hides no line."""
-    handles, labels = ax.get_legend_handles_labels()
-    more_handles, more_labels = twin.get_legend_handles_labels()
-    fig.legend(
-        handles + more_handles,
-        labels + more_labels,
-        loc="outside upper right",
-        ncol=len(labels + more_labels),
-        fontsize=8,
-        frameon=False,
-    )
-
-
-def png_base64(fig: Figure) -> str:
-    """The figure as a base64 PNG (Agg), for ``<img src="data:image/png;base64,...">``."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=DPI)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+def settle_cdf_figure(
+    shares: Sequence[float],
+    commit: Sequence[float] | None,
+    dlq: Sequence[float] | None,
+    title: str = "",
+) -> go.Figure:
+    """The distribution of the time from publishing to commit and to the DLQ: the share of
+    those messages settled within a time, on a log axis (a retry ladder's steps show as
+    steps; times under a millisecond are drawn at 1 ms). ``commit`` and ``dlq`` are the
+    times at ``shares`` (the summary's quantile arrays); None or empty: nobody got there."""
+    fig = go.Figure()
+    drawn: list[float] = []
+    for label, values, color in (
+        ("to commit", commit, "#2ca02c"),
+        ("to the DLQ", dlq, "#7f7f7f"),
+    ):
+        if values is None or not len(values):
+            continue
+        seconds = [max(float(value), 1.0) / 1000 for value in values]
+        fig.add_trace(
+            go.Scatter(
+                x=seconds,
+                y=[share * 100 for share in shares],
+                name=label,
+                mode="lines+markers",
+                line={"color": color},
+                marker={"size": 4},
+                hovertemplate="%{y:.1f} % within %{x:.3s}s<extra>" + label + "</extra>",
+            )
+        )
+        drawn += seconds
+    for level in (50, 95, 99):
+        fig.add_hline(y=level, line={"color": "#999", "width": 0.6, "dash": "dot"})
+    if drawn:
+        ticks = [(s, n) for s, n in _TIME_TICKS if min(drawn) / 10 <= s <= max(drawn) * 10]
+        fig.update_xaxes(type="log", tickvals=[s for s, _ in ticks], ticktext=[n for _, n in ticks])
+    fig.update_xaxes(title_text="time since publishing (log scale)")
+    fig.update_yaxes(title_text="% of those messages", range=[0, 100])
+    _style(fig, title or "time to commit and to the DLQ", HEIGHT)
+    fig.update_layout(hovermode="closest")
+    return fig
 
 
 _TIME_TICKS = tuple(
@@ -108,107 +194,161 @@ _TIME_TICKS = tuple(
 )
 
 
-def settle_cdf_figure(
-    shares: Sequence[float],
-    commit: Sequence[float] | None,
-    dlq: Sequence[float] | None,
-    title: str = "",
-) -> Figure:
-    """The distribution of the time from publishing to commit and to the DLQ: the share of
-    those messages settled within a time, on a log axis (a retry ladder's steps show as
-    steps; times under a millisecond are drawn at 1 ms). ``commit`` and ``dlq`` are the
-    times at ``shares`` (the summary's quantile arrays); None or empty: nobody got there."""
-    fig, (ax,) = _figure()
-    drawn: list[float] = []
-    for label, values, color in (
-        ("to commit", commit, "#2ca02c"),
-        ("to the DLQ", dlq, "#7f7f7f"),
-    ):
-        if values is None or not len(values):
-            continue
-        seconds = [max(float(value), 1.0) / 1000 for value in values]
-        ax.plot(seconds, [share * 100 for share in shares], marker=".", color=color, label=label)
-        drawn += seconds
-    if drawn:
-        ax.set_xscale("log")
-        ticks = [(s, n) for s, n in _TIME_TICKS if min(drawn) / 10 <= s <= max(drawn) * 10]
-        ax.set_xticks([s for s, _ in ticks], [n for _, n in ticks])
-        ax.legend(loc="lower right", fontsize=8)
-    for level in (50, 95, 99):
-        ax.axhline(level, color="#999999", linewidth=0.6, linestyle=":")
-    ax.set(xlabel="time since publishing (log scale)", ylabel="% of those messages")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3, which="both")
-    if title:
-        ax.set_title(title)
-    return fig
-
-
 def state_counts_figure(
     states: pd.DataFrame,
     title: str = "",
     outages: Sequence[tuple[float, float]] = (),
     pool: int | None = None,
     downstream: int | None = None,
-) -> Figure:
+    instances: pd.DataFrame | None = None,
+    threads: int | None = None,
+) -> go.Figure:
     """Ready backlog, WaitingRetry and Inflight, each on its own axis (one can be thousands
     of times another): lines at bucket ends, and faint steps at each bucket's highest, so a
     burst between two bucket ends still shows; Inflight against the pool's threads and the
-    calls its downstream serves at full speed (beyond them, every call slows down)."""
-    fig = Figure(figsize=(WIDTH, HEIGHT * 2.2), dpi=DPI, layout="constrained")
-    axes = fig.subplots(3, 1, sharex=True)
+    calls its downstream serves at full speed (beyond them, every call slows down). With
+    ``instances`` (:func:`analysis.instance_busy_threads`) a fourth axis draws each
+    instance's busy threads against its own pool (``threads``), so an instance that takes
+    every retry shows at its line while the group's mean is far below."""
+    panels = ["Ready", "WaitingRetry", "Inflight"]
+    if instances is not None and not instances.empty:
+        panels.insert(1, "instances")  # second: in view with the backlog it explains
+    row_of = {panel: row for row, panel in enumerate(panels, start=1)}
+    titles = {"Ready": "Ready backlog", "instances": "busy threads per instance"}
+    fig = make_subplots(
+        rows=len(panels),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=[titles.get(panel, panel) for panel in panels],
+    )
     x, label = _time(states["minute_end"])
     starts = states["minute"] / (60 if _hours(label) else 1)
-    for ax, state in zip(axes, ("Ready", "WaitingRetry", "Inflight"), strict=True):
-        color = COLORS[state]
-        ax.plot(x, states[state], label=state, color=color, linewidth=1.2)
-        ax.step(starts, states[f"{state} max"], where="post", color=color, linewidth=0.8,
-                alpha=0.35, linestyle="--")  # fmt: skip
-    inflight_ax = axes[2]
+    for state in ("Ready", "WaitingRetry", "Inflight"):
+        color, where = COLORS[state], {"row": row_of[state], "col": 1}
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=states[state],
+                name=state,
+                line={"color": color, "width": 1.6},
+                hovertemplate="%{y:,}",
+            ),
+            **where,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=starts,
+                y=states[f"{state} max"],
+                name=f"{state}, highest in bucket",
+                line={"color": color, "width": 0.8, "dash": "dash", "shape": "hv"},
+                opacity=0.4,
+                legendgroup="highest",
+                showlegend=False,
+                hovertemplate="%{y:,}",
+            ),
+            **where,
+        )
+        top = float(max(states[state].max(), states[f"{state} max"].max(), 0) or 0)
+        if top < 5:  # a quiet series: whole ticks 0, 1, ... (not 0, 0.5, 1 shown as 0, 1, 1)
+            fig.update_yaxes(range=[0, max(top, 1) * 1.1], dtick=1, **where)
+        fig.update_yaxes(tickformat=",d", **where)  # messages: whole numbers
+    inflight = row_of["Inflight"]
     if pool is not None:
-        inflight_ax.axhline(pool, color=POOL_COLOR, linestyle=":", linewidth=1.2,
-                            label=f"pool: {pool:,} threads")  # fmt: skip
+        _limit(fig, pool, f"pool: {pool:,} threads", POOL_COLOR, inflight)
     if downstream is not None:
-        inflight_ax.axhline(downstream, color="#d62728", linestyle=":", linewidth=1,
-                            label=f"downstream: {downstream:,} calls at full speed")  # fmt: skip
-    inflight_ax.plot([], [], color="gray", linestyle="--", alpha=0.5,
-                     label="highest within a bucket")  # fmt: skip
-    for ax in axes:  # after every line: fixing the bottom stops the axis growing for more
-        _decorate(ax, label, outages)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # messages: whole numbers
-        ax.set_ylim(top=max(ax.get_ylim()[1], 1.0))  # an empty series shows 0 and 1
-    axes[0].set(ylabel="Ready backlog", title=title or "messages by state")
-    axes[1].set(ylabel="WaitingRetry")
-    inflight_ax.set(xlabel=label, ylabel="Inflight")
-    for ax in axes:
-        ax.legend(loc="best", fontsize=8)  # a pool held full draws its line at the top
-    return fig
+        _limit(fig, downstream, f"downstream: {downstream:,} calls at full speed", "#d62728",
+               inflight)  # fmt: skip
+    if "instances" in row_of:
+        _instance_lines(fig, instances, label, threads, row_of["instances"])
+    _time_axis(fig, label, outages, row=len(panels))
+    return _style(fig, title or "messages by state", 90 + 190 * len(panels))
+
+
+def _limit(fig: go.Figure, value: float, name: str, color: str, row: int) -> None:
+    """A dotted horizontal line at ``value`` on ``row``, in the legend (hover shows it)."""
+    fig.add_trace(
+        go.Scatter(
+            x=[None],
+            y=[None],
+            name=name,
+            mode="lines",
+            line={"color": color, "dash": "dot", "width": 1.4},
+            hoverinfo="skip",
+        ),
+        row=row,
+        col=1,
+    )
+    fig.add_hline(y=value, line={"color": color, "dash": "dot", "width": 1.4}, row=row, col=1)
+
+
+def _instance_lines(
+    fig: go.Figure, busy: pd.DataFrame, label: str, threads: int | None, row: int
+) -> None:
+    """Each instance's busy threads per bucket (the busiest red, the others thin; beyond
+    SHOWN_INSTANCES the rest as their mean) and the line of each instance's pool."""
+    scale = 60 if _hours(label) else 1
+    x = pd.Series(busy.index, dtype=float) / scale
+    order = busy.sum().sort_values(ascending=False).index
+    shown = list(order[: SHOWN_INSTANCES - 1]) if len(order) > SHOWN_INSTANCES else list(order)
+    for rank, instance in enumerate(shown):
+        color = HOT_COLOR if rank == 0 else INSTANCE_COLORS[(rank - 1) % len(INSTANCE_COLORS)]
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=busy[instance],
+                name=f"instance {instance}" + (" (busiest)" if rank == 0 else ""),
+                line={"color": color, "width": 2 if rank == 0 else 1, "shape": "hv"},
+                hovertemplate="%{y:.2f}",
+            ),
+            row=row,
+            col=1,
+        )
+    rest = [instance for instance in order if instance not in shown]
+    if rest:
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=busy[rest].mean(axis=1),
+                name=f"mean of the other {len(rest)} instances",
+                line={"color": "#999", "width": 1, "shape": "hv"},
+                hovertemplate="%{y:.2f}",
+            ),
+            row=row,
+            col=1,
+        )
+    if threads is not None:
+        _limit(fig, threads, f"each instance's pool: {threads:,} threads", POOL_COLOR, row)
 
 
 def deliveries_figure(
     rates: pd.DataFrame, title: str = "", outages: Sequence[tuple[float, float]] = ()
-) -> Figure:
+) -> go.Figure:
     """First deliveries and retries per second, stacked: the retry share of consumer load."""
-    fig, (ax,) = _figure()
+    fig = go.Figure()
     x, label = _time(rates["minute"])
-    ax.stackplot(
-        x,
-        rates["first_per_s"],
-        rates["retries_per_s"],
-        labels=["first deliveries/s", "retries/s"],
-        colors=["#1f77b4", "#ff7f0e"],
-        alpha=0.8,
-        step="post",
-    )
-    ax.set(xlabel=label, ylabel="deliveries per second", title=title or "deliveries vs retries")
-    _decorate(ax, label, outages)
-    ax.legend(loc="upper right")
-    return fig
+    for column, name, color in (
+        ("first_per_s", "first deliveries/s", "#1f77b4"),
+        ("retries_per_s", "retries/s", "#ff7f0e"),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=rates[column],
+                name=name,
+                stackgroup="deliveries",
+                line={"color": color, "shape": "hv", "width": 0.5},
+                hovertemplate="%{y:,.2f}",
+            )
+        )
+    fig.update_yaxes(title_text="deliveries per second")
+    _time_axis(fig, label, outages)
+    return _style(fig, title or "deliveries vs retries", HEIGHT)
 
 
 def _level_label(level: int, delays_ms: Sequence[int]) -> str:
     if 1 <= level <= len(delays_ms):
-        return f"L{level}\n{_short_ms(delays_ms[level - 1])}"
+        return f"L{level} {_short_ms(delays_ms[level - 1])}"
     return f"L{level}"
 
 
@@ -219,26 +359,43 @@ def _short_ms(ms: float) -> str:
     return f"{ms:g}ms"
 
 
+def level_color(level: int) -> str:
+    """The colour of a delay level (1-based), the same on every figure."""
+    return LEVEL_COLORS[(level - 1) % len(LEVEL_COLORS)]
+
+
 def retries_by_level_figure(
     retries: pd.DataFrame, delays_ms: Sequence[int] = (), cap: int = 0, title: str = ""
-) -> Figure:
+) -> go.Figure:
     """Retries scheduled per delay level (schedule-topic flavors) or per retry number."""
-    fig, (ax,) = _figure()
+    fig = go.Figure()
     by_level = retries.dropna(subset=["delay_level"])
     if len(by_level):
         counts = by_level.groupby("delay_level")["retries"].sum().sort_index()
         labels = [_level_label(int(level), delays_ms) for level in counts.index]
-        ax.set(xlabel="delay level (wait in SCHEDULE_TOPIC_XXXX)")
+        colors = [level_color(int(level)) for level in counts.index]
+        axis = "delay level (wait in SCHEDULE_TOPIC_XXXX)"
     else:
         counts = retries.groupby("retry")["retries"].sum().sort_index()
         labels = [f"{int(n)}+" if cap and n >= cap else str(int(n)) for n in counts.index]
-        ax.set(xlabel="retry number")
-    ax.bar(range(len(counts)), counts.to_numpy(), color="#ff7f0e")
-    ax.set_xticks(range(len(counts)), labels, fontsize=8)
-    ax.set(ylabel="retries", title=title or "retries by delay level")
-    ax.grid(alpha=0.3, axis="y")
+        colors = ["#ff7f0e"] * len(counts)
+        axis = "retry number"
+    fig.add_trace(
+        go.Bar(
+            x=labels,
+            y=counts.to_numpy(),
+            marker_color=colors,
+            name="retries",
+            hovertemplate="%{x}: %{y:,} retries<extra></extra>",
+        )
+    )
     if not len(counts):
-        ax.text(0.5, 0.5, "no retries", transform=ax.transAxes, ha="center")
+        fig.add_annotation(text="no retries", showarrow=False, x=0.5, y=0.5, xref="paper",
+                           yref="paper")  # fmt: skip
+    fig.update_xaxes(title_text=axis, type="category")
+    fig.update_yaxes(title_text="retries", rangemode="tozero")
+    _style(fig, title or "retries by delay level", HEIGHT)
+    fig.update_layout(hovermode="closest", showlegend=False)
     return fig
 
 
@@ -247,41 +404,103 @@ def schedule_backlog_figure(
     delays_ms: Sequence[int] = (),
     title: str = "",
     outages: Sequence[tuple[float, float]] = (),
-) -> Figure:
-    """Messages waiting in SCHEDULE_TOPIC_XXXX per level over time, stacked."""
-    fig, (ax,) = _figure()
+) -> go.Figure:
+    """Messages waiting in SCHEDULE_TOPIC_XXXX per level over time, stacked, each level in
+    its own colour."""
+    fig = go.Figure()
     x, label = _time(backlog["minute_end"])
-    levels = [column for column in backlog if column.startswith("L")]
-    if levels:
-        names = [_level_label(int(c[1:]), delays_ms).replace("\n", " ") for c in levels]
-        ax.stackplot(x, *[backlog[c] for c in levels], labels=names, alpha=0.85)
-        ax.legend(loc="upper right", fontsize=7, ncol=max(1, math.ceil(len(levels) / 6)))
-    else:
-        ax.text(0.5, 0.5, "no schedule-topic backlog", transform=ax.transAxes, ha="center")
-    ax.set(xlabel=label, ylabel="messages", title=title or "schedule-topic backlog per level")
-    _decorate(ax, label, outages)
-    return fig
+    for column in (c for c in backlog if c.startswith("L")):
+        level = int(column[1:])
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=backlog[column],
+                name=_level_label(level, delays_ms),
+                stackgroup="levels",
+                line={"color": level_color(level), "width": 0.5},
+                fillcolor=level_color(level),
+                hovertemplate="%{y:,}",
+            )
+        )
+    fig.update_yaxes(title_text="messages")
+    _time_axis(fig, label, outages)
+    return _style(fig, title or "schedule-topic backlog per level", HEIGHT)
+
+
+def revive_figure(
+    rates: pd.DataFrame,
+    states: pd.DataFrame,
+    title: str = "",
+    outages: Sequence[tuple[float, float]] = (),
+) -> go.Figure:
+    """A 5.x group's retries, which need no schedule topic: each retry delivery is a copy
+    the broker's reviver wrote into ``%RETRY%<group>_<topic>`` when the message's invisible
+    time ended (per second, bars), and the messages waiting for that (WaitingRetry; a
+    ``rocketmq5.simple`` message stays Inflight, invisible, until then)."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    x, label = _time(rates["minute"])
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=rates["retries_per_s"],
+            name="revived into %RETRY% and delivered, per s",
+            line={"color": "#ff7f0e", "shape": "hv"},
+            fill="tozeroy",
+            hovertemplate="%{y:,.2f}",
+        ),
+        secondary_y=False,
+    )
+    x_end, _ = _time(states["minute_end"])
+    fig.add_trace(
+        go.Scatter(
+            x=x_end,
+            y=states["WaitingRetry"],
+            name="WaitingRetry (invisible, until revived)",
+            line={"color": "#8c564b"},
+            hovertemplate="%{y:,}",
+        ),
+        secondary_y=True,
+    )
+    fig.update_yaxes(title_text="retries per second", secondary_y=False)
+    fig.update_yaxes(title_text="messages waiting", secondary_y=True, showgrid=False)
+    _time_axis(fig, label, outages)
+    return _style(fig, title or "invisible-time retries and the reviver's copies", HEIGHT)
 
 
 def dlq_figure(
     flow: pd.DataFrame, title: str = "", outages: Sequence[tuple[float, float]] = ()
-) -> Figure:
+) -> go.Figure:
     """Moves into the DLQ per bucket (bars) and running totals of DLQ inflow and replays."""
-    fig, (ax,) = _figure()
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
     x, label = _time(flow["minute"])
     width = float(x.iloc[1] - x.iloc[0]) if len(x) > 1 else 1.0
-    ax.bar(x, flow["dlq"], width=width, align="edge", color="#7f7f7f", label="to DLQ per bucket")
-    ax.set(xlabel=label, ylabel="messages per bucket", title=title or "DLQ inflow and replays")
-    total = ax.twinx()
+    fig.add_trace(
+        go.Bar(
+            x=x + width / 2,
+            y=flow["dlq"],
+            width=width,
+            name="to DLQ per bucket",
+            marker_color="#7f7f7f",
+            hovertemplate="%{y:,}",
+        ),
+        secondary_y=False,
+    )
     x_end, _ = _time(flow["minute_end"])
-    total.plot(x_end, flow["dlq_total"], color="#d62728", label="DLQ inflow, total")
+    fig.add_trace(
+        go.Scatter(x=x_end, y=flow["dlq_total"], name="DLQ inflow, total",
+                   line={"color": "#d62728"}, hovertemplate="%{y:,}"),
+        secondary_y=True,
+    )  # fmt: skip
     if flow["replays"].sum() > 0:
-        total.plot(x_end, flow["replayed_total"], color="#2ca02c", label="replayed, total")
-    total.set_ylabel("messages, running total")
-    total.set_ylim(bottom=0)
-    _decorate(ax, label, outages)
-    _twin_legend(fig, ax, total)
-    return fig
+        fig.add_trace(
+            go.Scatter(x=x_end, y=flow["replayed_total"], name="replayed, total",
+                       line={"color": "#2ca02c"}, hovertemplate="%{y:,}"),
+            secondary_y=True,
+        )  # fmt: skip
+    fig.update_yaxes(title_text="messages per bucket", secondary_y=False)
+    fig.update_yaxes(title_text="messages, running total", secondary_y=True, showgrid=False)
+    _time_axis(fig, label, outages)
+    return _style(fig, title or "DLQ inflow and replays", HEIGHT)
 
 
 def commitlog_figure(
@@ -289,144 +508,234 @@ def commitlog_figure(
     messages: int,
     title: str = "",
     outages: Sequence[tuple[float, float]] = (),
-) -> Figure:
+) -> go.Figure:
     """Commitlog writes per second and the write amplification so far (writes / messages)."""
-    fig, (ax,) = _figure()
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
     x, label = _time(writes["minute"])
-    ax.step(x, writes["writes_per_s"], where="post", color="#9467bd", label="writes/s")
-    ax.set(
-        xlabel=label,
-        ylabel="commitlog writes per second",
-        title=title or "broker commitlog writes (write amplification)",
-    )
-    amp = ax.twinx()
+    fig.add_trace(
+        go.Scatter(x=x, y=writes["writes_per_s"], name="writes/s",
+                   line={"color": "#9467bd", "shape": "hv"}, hovertemplate="%{y:,.2f}"),
+        secondary_y=False,
+    )  # fmt: skip
     x_end, _ = _time(writes["minute_end"])
-    amp.plot(
-        x_end,
-        writes["writes_total"] / max(messages, 1),
-        color="#8c564b",
-        label="writes so far / messages",
-    )
-    amp.set_ylabel("write amplification so far")
-    amp.set_ylim(bottom=0)
-    _decorate(ax, label, outages)
-    _twin_legend(fig, ax, amp)
-    return fig
+    fig.add_trace(
+        go.Scatter(x=x_end, y=writes["writes_total"] / max(messages, 1),
+                   name="writes so far / messages", line={"color": "#8c564b"},
+                   hovertemplate="x%{y:.3f}"),
+        secondary_y=True,
+    )  # fmt: skip
+    fig.update_yaxes(title_text="commitlog writes per second", secondary_y=False)
+    fig.update_yaxes(title_text="write amplification so far", secondary_y=True, showgrid=False)
+    _time_axis(fig, label, outages)
+    return _style(fig, title or "broker commitlog writes (write amplification)", HEIGHT)
 
 
 def utilization_figure(
     util: pd.DataFrame, title: str = "", outages: Sequence[tuple[float, float]] = ()
-) -> Figure:
+) -> go.Figure:
     """Pool utilization per bucket against the pool's capacity (100 %), and the oldest Ready
     message's age at each bucket's end."""
-    fig, (ax,) = _figure()
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
     x, label = _time(util["minute"])
-    _decorate(ax, label, outages)
     if util["utilization"].notna().any():
-        ax.step(x, util["utilization"] * 100, where="post", color="#1f77b4", label="utilization")
-        ax.axhline(100, color="#1f77b4", linestyle=":", linewidth=1, label="pool capacity")
-        ax.set_ylim(0, max(100.0, float(util["utilization"].max() * 100)) * 1.05)
+        fig.add_trace(
+            go.Scatter(x=x, y=util["utilization"] * 100, name="utilization",
+                       line={"color": "#1f77b4", "shape": "hv"}, hovertemplate="%{y:.1f} %"),
+            secondary_y=False,
+        )  # fmt: skip
+        fig.add_hline(y=100, line={"color": "#1f77b4", "dash": "dot", "width": 1},
+                      annotation_text="pool capacity", annotation_position="top left")  # fmt: skip
+        top = max(100.0, float(util["utilization"].max() * 100)) * 1.05
+        fig.update_yaxes(range=[0, top], secondary_y=False)
     else:
-        ax.text(0.5, 0.5, "unlimited pool: no utilization", transform=ax.transAxes, ha="center")
-    ax.set(
-        xlabel=label,
-        ylabel="utilization (%)",
-        title=title or "consumer utilization and oldest Ready age",
-    )
-    age = ax.twinx()
+        fig.add_annotation(text="unlimited pool: no utilization", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")  # fmt: skip
     x_end, _ = _time(util["minute_end"])
-    age.plot(x_end, util["oldest_ready_age_s"], color="#d62728", label="oldest Ready age")
-    age.set_ylabel("oldest Ready age (s)")
-    age.set_ylim(bottom=0)
-    _twin_legend(fig, ax, age)
-    return fig
+    fig.add_trace(
+        go.Scatter(x=x_end, y=util["oldest_ready_age_s"], name="oldest Ready age",
+                   line={"color": "#d62728"}, hovertemplate="%{y:,.1f} s"),
+        secondary_y=True,
+    )  # fmt: skip
+    fig.update_yaxes(title_text="utilization (%)", secondary_y=False)
+    fig.update_yaxes(title_text="oldest Ready age (s)", secondary_y=True, showgrid=False)
+    _time_axis(fig, label, outages)
+    return _style(fig, title or "consumer utilization and oldest Ready age", HEIGHT)
 
 
-def instances_figure(util: pd.DataFrame, title: str = "") -> Figure:
+def instances_figure(util: pd.DataFrame, title: str = "") -> go.Figure:
     """Utilization per instance (rows) and bucket (columns) as a heat map."""
-    fig, (ax,) = _figure(height=min(HEIGHT * 2, 1.2 + 0.25 * max(1, len(util.index))))
+    height = int(min(HEIGHT * 2, 160 + 22 * max(1, len(util.index))))
+    fig = go.Figure()
     if util.empty or util.isna().all().all():
-        ax.text(0.5, 0.5, "unlimited pool: no utilization", transform=ax.transAxes, ha="center")
-        ax.set_axis_off()
-        return fig
+        fig.add_annotation(text="unlimited pool: no utilization", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")  # fmt: skip
+        return _style(fig, title or "utilization per consumer instance", height)
     minutes = pd.Series(util.columns, dtype=float)
     x, label = _time(minutes)
-    step = float(x.iloc[1] - x.iloc[0]) if len(x) > 1 else 1.0
-    image = ax.imshow(
-        util.to_numpy(dtype=float) * 100,
-        aspect="auto",
-        interpolation="nearest",
-        cmap="viridis",
-        vmin=0,
-        vmax=100,
-        extent=(float(x.iloc[0]), float(x.iloc[-1]) + step, len(util.index) - 0.5, -0.5),
+    fig.add_trace(
+        go.Heatmap(
+            z=util.to_numpy(dtype=float) * 100,
+            x=x,
+            y=[str(i) for i in util.index],
+            zmin=0,
+            zmax=100,
+            colorscale="Viridis",
+            colorbar={"title": {"text": "%"}},
+            hovertemplate="instance %{y} at %{x}: %{z:.1f} %<extra></extra>",
+        )
     )
-    ax.set(xlabel=label, ylabel="instance", title=title or "utilization per consumer instance")
-    if len(util.index) <= 32:
-        ax.set_yticks(range(len(util.index)), [str(i) for i in util.index])
-    fig.colorbar(image, ax=ax, label="utilization (%)")
+    fig.update_yaxes(title_text="instance", autorange="reversed", type="category")
+    fig.update_xaxes(title_text=label, rangeslider={"visible": True, "thickness": 0.06})
+    _style(fig, title or "utilization per consumer instance", height)
+    fig.update_layout(hovermode="closest")
     return fig
+
+
+def overlay_figure(
+    runs: Mapping[str, pd.DataFrame],
+    columns: Sequence[tuple[str, str]],
+    title: str = "",
+    outages: Sequence[tuple[float, float]] = (),
+) -> go.Figure:
+    """Several runs' series overlaid, an axis per column (``(column, label)``): ``runs`` maps
+    a run's name to its frame, with ``minute_end`` (bucket end) and the columns; solid for
+    the first run, dashed for the others."""
+    fig = make_subplots(
+        rows=len(columns), cols=1, shared_xaxes=True, vertical_spacing=0.06,
+        subplot_titles=[label for _, label in columns],
+    )  # fmt: skip
+    longest = max((frame["minute_end"].max() for frame in runs.values()), default=0.0)
+    _, label = _time(pd.Series([longest], dtype=float))
+    scale = 60 if _hours(label) else 1
+    for number, (name, frame) in enumerate(runs.items()):
+        for row, (column, _) in enumerate(columns, start=1):
+            fig.add_trace(
+                go.Scatter(
+                    x=frame["minute_end"] / scale,
+                    y=frame[column],
+                    name=name,
+                    legendgroup=name,
+                    showlegend=row == 1,
+                    line={
+                        "color": LEVEL_COLORS[number % len(LEVEL_COLORS)],
+                        "dash": "solid" if number == 0 else "dash",
+                    },
+                    hovertemplate="%{y:,.2f}",
+                ),
+                row=row,
+                col=1,
+            )
+    _time_axis(fig, label, outages, row=len(columns))
+    return _style(fig, title or "runs compared", int(HEIGHT * (0.8 * len(columns) + 0.4)))
 
 
 def tradeoff_figure(
     plan: pd.DataFrame, group: str, targets: Mapping[str, float] | None = None, title: str = ""
-) -> Figure:
+) -> go.Figure:
     """Pool size vs the plan's metrics for one group: a line per case (the settings that do
     not set the pool) with its 95 % band across replications, target limits dashed, the
-    recommended points starred."""
+    recommended points starred. Each point is labelled with its point and links to its run's
+    report (``<run id>.html`` in the same folder); a panel whose values span
+    ``DECADES_FOR_LOG`` decades or more has a log axis, as does the pool axis."""
     rows = plan[(plan["group"] == group) & plan["pool"].notna()].copy()
     targets = targets or {}
-    fig, axes = _figure(2, 3, height=3.0)
+    fig = make_subplots(
+        rows=2, cols=3, subplot_titles=[name for _, name, _, _ in TRADEOFFS],
+        horizontal_spacing=0.08, vertical_spacing=0.16,
+    )  # fmt: skip
     rows["case"] = rows["settings"].map(lambda settings: case_label(settings, group))
-    for ax, (column, name, scale, unit) in zip(axes, TRADEOFFS, strict=True):
-        for case, part in rows.groupby("case", sort=False):
-            part = part.sort_values("pool")
-            (line,) = ax.plot(part["pool"], part[column] * scale, marker="o", label=case or None)
-            low, high = f"{column}_ci_low", f"{column}_ci_high"
-            if high in part and part[high].notna().any():  # replications: the 95 % band
-                ax.fill_between(
-                    part["pool"],
-                    part[low].astype(float) * scale,
-                    part[high].astype(float) * scale,
-                    color=line.get_color(),
-                    alpha=0.2,
-                    linewidth=0,
-                )
-            best = part[part["recommended"].fillna(False).astype(bool)]
-            ax.scatter(
-                best["pool"], best[column] * scale, marker="*", s=220, color="#d62728", zorder=5
-            )
+    pools = sorted(rows["pool"].dropna().unique())
+    for index, (column, _name, scale, unit) in enumerate(TRADEOFFS):
+        where = {"row": index // 3 + 1, "col": index % 3 + 1}
+        for number, (case, part) in enumerate(rows.groupby("case", sort=False)):
+            _tradeoff_case(fig, part.sort_values("pool"), column, scale, case, number, where)
         if column in targets:
-            ax.axhline(
-                targets[column] * scale,
-                color="#d62728",
-                linestyle="--",
-                linewidth=1,
-                label="target",
-            )
-        ax.set(title=name, xlabel="consumer threads", ylabel=unit)
-        _pool_axis(ax, sorted(rows["pool"].dropna().unique()))
-        shown = rows[[c for c in (column, f"{column}_ci_high") if c in rows]].astype(float)
-        top = float(shown.max().max() * scale) if shown.notna().any().any() else 0.0
-        ax.set_ylim(0, max(top, targets.get(column, 0) * scale, 1.0) * 1.1)
-        ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    if labels:
-        fig.legend(
-            handles, labels, loc="outside lower center", ncol=min(4, len(labels)), fontsize=8
-        )
+            fig.add_hline(y=targets[column] * scale, line={"color": "#d62728", "dash": "dash",
+                          "width": 1}, annotation_text="target", **where)  # fmt: skip
+        fig.update_xaxes(type="log", tickvals=pools, ticktext=[f"{int(p):,}" for p in pools],
+                         title_text="consumer threads", **where)  # fmt: skip
+        shown = rows[[c for c in (column, f"{column}_ci_low", f"{column}_ci_high") if c in rows]]
+        values = shown.astype(float).to_numpy().ravel() * scale
+        positive = values[values > 0]
+        if len(positive) and positive.max() / positive.min() >= 10**DECADES_FOR_LOG:
+            fig.update_yaxes(type="log", title_text=f"{unit} (log scale)", **where)
+        else:
+            top = max(float(pd.Series(values).max()) if len(values) else 0.0,
+                      targets.get(column, 0) * scale, 1.0)  # fmt: skip
+            fig.update_yaxes(range=[0, top * 1.15], title_text=unit, **where)
     runs = int(rows["replications"].max()) if "replications" in rows and len(rows) else 1
     bands = f"; means of {runs} replications, 95 % bands" if runs > 1 else ""
-    fig.suptitle(title or f"{group}: trade-offs (★ recommended{bands})")
+    _style(fig, title or f"{group}: trade-offs (★ recommended{bands})", int(HEIGHT * 2.4))
+    fig.update_layout(hovermode="closest", legend={"y": -0.12, "yanchor": "top", "x": 0.5,
+                                                   "xanchor": "center"})  # fmt: skip
     return fig
 
 
-def _pool_axis(ax, pools: list) -> None:
-    """A log-2 axis of pool sizes, ticked at the pools swept, in plain numbers."""
-    ax.set_xscale("log", base=2)
-    if pools:
-        ax.set_xticks(pools, [f"{int(p):,}" for p in pools])
-        ax.minorticks_off()
+def _tradeoff_case(
+    fig: go.Figure,
+    part: pd.DataFrame,
+    column: str,
+    scale: float,
+    case: str,
+    number: int,
+    where: dict,
+) -> None:
+    """One case's line on one trade-off panel: its band, its points (linked to their runs'
+    reports) and its recommended point."""
+    color = LEVEL_COLORS[number % len(LEVEL_COLORS)]
+    first = where == {"row": 1, "col": 1}
+    high, low = f"{column}_ci_high", f"{column}_ci_low"
+    if high in part and part[high].notna().any():  # replications: the 95 % band
+        fig.add_trace(
+            go.Scatter(
+                x=[*part["pool"], *part["pool"][::-1]],
+                y=[*(part[high].astype(float) * scale), *(part[low].astype(float) * scale)[::-1]],
+                fill="toself",
+                fillcolor=color,
+                opacity=0.2,
+                line={"width": 0},
+                hoverinfo="skip",
+                showlegend=False,
+                name="95 % band",
+            ),
+            **where,
+        )
+    links = [
+        f'<a href="{point_report_id(row)}.html">p{int(row["point"])}</a>'
+        for _, row in part.iterrows()
+    ]
+    fig.add_trace(
+        go.Scatter(
+            x=part["pool"],
+            y=part[column] * scale,
+            mode="lines+markers+text",
+            text=links,
+            textposition="top center",
+            textfont={"size": 10},
+            name=case or "mean",
+            legendgroup=case,
+            showlegend=first,
+            line={"color": color},
+            customdata=[point_report_id(row) for _, row in part.iterrows()],
+            hovertemplate="%{x} threads: %{y:,.3~f}<br>run %{customdata}<extra></extra>",
+        ),
+        **where,
+    )
+    best = part[part["recommended"].fillna(False).astype(bool)]
+    if len(best):
+        fig.add_trace(
+            go.Scatter(
+                x=best["pool"],
+                y=best[column] * scale,
+                mode="markers",
+                name="recommended",
+                marker={"symbol": "star", "size": 16, "color": "#d62728"},
+                showlegend=first and number == 0,
+                legendgroup="recommended",
+                hovertemplate="recommended: %{x} threads<extra></extra>",
+            ),
+            **where,
+        )
 
 
 def metric_kind(column: str) -> str:

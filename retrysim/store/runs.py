@@ -9,6 +9,7 @@ meanwhile), its ``runs`` row goes first, in one commit, and readers, which show 
 complete runs, stop seeing all of it at that moment; its other tables' partitions follow.
 A deleter that dies in between leaves partitions of a run that is neither complete nor
 leased, which the next run's recovery removes (:func:`retrysim.store.recovery.recover`).
+Several runs (a plan's) are deleted the same way together, one commit a table for all.
 
 Vacuum removes the files no table version within the retention needs: the files of deleted
 and replaced runs, which a plain Parquet reader of the folders would still count. As Delta's
@@ -38,7 +39,7 @@ from retrysim.store.sinks import (
     table_rows,
     with_commit_retries,
 )
-from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, TABLE_ORDER
+from retrysim.tables.schemas import ALL_SCHEMAS, PARTITION_COLUMN, RUNS, TABLE_ORDER
 
 DEFAULT_RETENTION_HOURS = 168  # Delta's own default for delta.deletedFileRetentionDuration
 # Optimize can Z-order the tables keyed by message on these, so a message's rows (``msg_id =
@@ -69,19 +70,27 @@ class RunInfo:
     files: int = 0
     bytes: int = 0
     start_at: object = None  # the scenario's real moment for time 0 (docs/scenario.md)
+    point: int | None = None  # the run's plan point (null outside a plan)
 
 
-def list_runs(output: str) -> list[RunInfo]:
-    """Every run under ``output``: its ``runs`` row, its groups' sizes from ``summary`` and
-    its files in every table, and the runs being written (leased) that have no row yet."""
-    rows = table_rows(output, "runs")
-    sizes = _summary_sizes(output)
-    files = _files(output)
-    newest: dict[str, dict] = {}  # a run's complete row over its publishing one
-    for row in rows:
+def run_rows_by_id(output: str) -> dict[str, dict]:
+    """Each run's ``runs`` row, every column of the schema (null where an older version
+    wrote none): its complete row over its publishing one."""
+    newest: dict[str, dict] = {}
+    for row in table_rows(output, "runs"):
         known = newest.get(row[PARTITION_COLUMN])
         if known is None or known["status"] != STATUS_COMPLETE:
-            newest[row[PARTITION_COLUMN]] = row
+            newest[row[PARTITION_COLUMN]] = {name: row.get(name) for name in RUNS.fieldNames()}
+    return newest
+
+
+def list_runs(output: str, scenario: str | None = None, status: str | None = None) -> list[RunInfo]:
+    """Every run under ``output``: its ``runs`` row, its groups' sizes from ``summary`` and
+    its files in every table, and the runs being written (leased) that have no row yet;
+    only those of ``scenario`` (its name) and ``status`` when given."""
+    newest = run_rows_by_id(output)
+    sizes = _summary_sizes(output)
+    files = _files(output)
     seen, runs = set(), []
     for row in sorted(newest.values(), key=lambda row: (str(row["started_at"]), row["run_id"])):
         run_id = row[PARTITION_COLUMN]
@@ -90,11 +99,16 @@ def list_runs(output: str) -> list[RunInfo]:
         count, size = files.get(run_id, (0, 0))
         info = RunInfo(run_id, row["status"], row["scenario"], row["started_at"],
                        row["finished_at"], row["tables"], groups, messages, deliveries, dlq,
-                       count, size, row.get("start_at"))  # fmt: skip
+                       count, size, row["start_at"], row["point"])  # fmt: skip
         runs.append(info)
     for run_id in sorted(live_run_ids(output) - seen):
         runs.append(RunInfo(run_id, STATUS_WRITING, files=files.get(run_id, (0, 0))[0]))
-    return runs
+    return [
+        run
+        for run in runs
+        if (scenario is None or run.scenario == scenario)
+        and (status is None or run.status == status)
+    ]
 
 
 def find_run(output: str, run_id: str) -> RunInfo:
@@ -113,14 +127,34 @@ def delete_run(
     run at that commit); returns the tables it was removed from. Refused while a writer
     holds the run's lease. With ``spark``, through delta-spark's ``DELETE``."""
     find_run(output, run_id)
-    lease = acquire_lease(output, run_id)  # refuses a live writer of the run
+    return delete_runs(output, [run_id], say, spark)
+
+
+def delete_runs(
+    output: str, run_ids: list[str], say: Say = lambda _line: None,
+    spark: SparkSession | None = None, first: Callable[[], list[str]] | None = None,
+) -> list[str]:  # fmt: skip
+    """Delete ``run_ids`` together, one commit a table: under a lease on each (refused while
+    a live writer holds one), ``first`` (what goes before them, e.g. a plan's rows), then
+    their ``runs`` rows (readers stop seeing them all at that commit), then the other
+    tables' partitions. Returns the tables they were removed from."""
+    leases = []
     try:
-        removed = remove_runs(output, [run_id], ("runs",), spark)
-        say(f"run {run_id}: its runs row is gone; readers no longer see it")
+        for run_id in run_ids:  # refuses a live writer of any of them
+            leases.append(acquire_lease(output, run_id))
+        removed = first() if first is not None else []
+        if not run_ids:
+            return removed
+        removed += remove_runs(output, run_ids, ("runs",), spark)
+        if len(run_ids) == 1:
+            say(f"run {run_ids[0]}: its runs row is gone; readers no longer see it")
+        else:
+            say(f"{len(run_ids)} runs: their runs rows are gone; readers no longer see them")
         others = [t for t in TABLE_ORDER if t != "runs"]
-        return removed + remove_runs(output, [run_id], others, spark)
+        return removed + remove_runs(output, run_ids, others, spark)
     finally:
-        lease.release()
+        for lease in leases:
+            lease.release()
 
 
 def vacuum(

@@ -574,7 +574,8 @@ assert sorted(STAGE.fieldNames()) == sorted(ATTEMPTS.fieldNames()[1:]), "STAGE !
 STAGE_ARROW = to_arrow_schema(STAGE)
 
 # A capacity plan (retrysim plan): one row per sweep point and group. Its run_id is the plan's
-# id; each point is a run of its own (with replications, runs <point_run_id>-r<k>).
+# id; each point is a run of its own (with replications, runs <point_run_id>-r<k>; a plan run
+# again with --replace names its runs <plan-id>-p<k>-e<n>, retrysim.planning.plans).
 # The metrics are summary columns; with replications each is the mean across them, with its
 # 95 % interval in <metric>_ci_low and <metric>_ci_high (null for one replication).
 PLAN_METRICS = (
@@ -590,7 +591,8 @@ PLAN = nullable_schema(
     (
         "point_run_id",
         StringType(),
-        "the point's run id, <plan-id>-p<k> (its replications: <point_run_id>-r<j>)",
+        "the point's run id, <plan-id>-p<k> (-e<n> after it in a replacing n-th execution; its "
+        "replications: <point_run_id>-r<j>)",
     ),
     _GROUP,
     ("settings_json", StringType(), "the point's settings of the swept keys, as JSON"),

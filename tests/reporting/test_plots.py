@@ -1,16 +1,14 @@
 """What a planner looks for in the run report's figures (retrysim.reporting.plots), on the
-figure objects themselves: each state on an axis of its own, the pool's threads (and a
-downstream's capacity) against Inflight and the pool's capacity against utilization, the
-outage windows shaded on every time plot, and counts from zero (an all-zero series drew
-negative ticks)."""
+Plotly figure objects themselves: each state on an axis of its own, the pool's threads (and
+a downstream's capacity) against Inflight, each instance against its own pool, the outage
+windows shaded and a range slider on every time plot, a colour per delay level, and the
+plan's trade-offs with their bands, log axes and links to the points' reports."""
 
 from __future__ import annotations
 
 import pandas as pd
-from matplotlib.collections import PolyCollection
-from matplotlib.patches import Rectangle
 
-from retrysim.reporting import plots
+from retrysim.reporting import analysis, plots
 
 MINUTES = [0.0, 1.0, 2.0, 3.0]
 OUTAGES = [(1.0, 2.5)]
@@ -25,33 +23,47 @@ def _states(ready: list[int]) -> pd.DataFrame:
     return pd.DataFrame(frame)
 
 
-def _shaded(ax) -> list[tuple[float, float]]:
-    """The axis' shaded spans (axvspan's rectangles), as (start, end) in its x units."""
-    spans = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_label() != "_nolegend_"]
-    return [(p.get_x(), p.get_x() + p.get_width()) for p in spans if p.get_alpha() == 0.08]
+def _shaded(fig) -> set[tuple[float, float]]:
+    """The figure's shaded spans (add_vrect's rectangles), as (start, end) in x units."""
+    return {(s.x0, s.x1) for s in fig.layout.shapes if s.type == "rect"}
 
 
-def test_each_state_has_its_own_axis_and_inflight_is_drawn_against_the_pool():
+def _hlines(fig, axis: str) -> set[float]:
+    """The y of the horizontal lines drawn on the y axis ``axis`` ("y", "y2", ...)."""
+    return {s.y0 for s in fig.layout.shapes if s.type == "line" and s.yref == axis}
+
+
+def _trace(fig, name: str):
+    (found,) = [t for t in fig.data if t.name == name]
+    return found
+
+
+def test_each_state_has_its_own_axis_and_each_instance_runs_against_its_own_pool():
+    busy = pd.DataFrame({0: [0.5, 4.0, 4.0, 1.0], 1: [0.5, 0.2, 0.1, 0.0]}, index=MINUTES)
     fig = plots.state_counts_figure(
-        _states([0, 5000, 20000, 0]), outages=OUTAGES, pool=16, downstream=3
-    )
-    ready_ax, waiting_ax, inflight_ax = fig.axes
-    for ax, state in ((ready_ax, "Ready"), (waiting_ax, "WaitingRetry"), (inflight_ax, "Inflight")):
-        assert ax.get_lines()[0].get_label() == state
-    assert ready_ax.get_ylim()[1] > 20000 > waiting_ax.get_ylim()[1]  # not squeezed together
-    assert inflight_ax.get_ylim()[1] < 20  # 4 in flight is not a sliver under 9 retries
-    lines = {line.get_label(): set(line.get_ydata()) for line in inflight_ax.get_lines()}
-    assert lines["pool: 16 threads"] == {16} and lines["downstream: 3 calls at full speed"] == {3}
-    assert inflight_ax.get_ylim()[1] > 16  # the pool line is in view
-    for ax in fig.axes:
-        assert _shaded(ax) == OUTAGES and ax.get_ylim()[0] == 0
-        assert all(tick == int(tick) for tick in ax.get_yticks())  # counts: whole numbers
-    quiet = plots.state_counts_figure(_states([0, 0, 0, 0])).axes[0]  # at most 1 Ready
-    assert quiet.get_ylim()[1] >= 1 and {0, 1} <= set(quiet.get_yticks())  # not 0.01, 0.02
+        _states([0, 5000, 20000, 0]), outages=OUTAGES, pool=16, downstream=3, instances=busy,
+        threads=4,
+    )  # fmt: skip
+    axes = {name: _trace(fig, name).yaxis for name in ("Ready", "WaitingRetry", "Inflight")}
+    hot = _trace(fig, "instance 0 (busiest)")
+    assert len({*axes.values(), hot.yaxis}) == 4  # four axes: one per state, the instances
+    assert hot.yaxis == "y2"  # second, in view under the backlog it explains
+    assert list(hot.y) == [0.5, 4.0, 4.0, 1.0] and _trace(fig, "instance 1").yaxis == "y2"
+    assert _hlines(fig, "y2") == {4} and _hlines(fig, axes["Inflight"]) == {16, 3}
+    assert "each instance's pool: 4 threads" in {t.name for t in fig.data}
+    assert _shaded(fig) == set(OUTAGES)
+    assert fig.layout[f"xaxis{len(axes) + 1}"].rangeslider.visible  # on the bottom axis
+    quiet = plots.state_counts_figure(_states([0, 0, 0, 0]))
+    assert quiet.layout.yaxis.dtick == 1 and quiet.layout.yaxis.range[1] >= 1  # not 0, 1, 1
+    assert len({t.yaxis for t in quiet.data}) == 3  # no instances: three axes
 
 
-def test_every_time_plot_shades_the_outages_and_counts_from_zero():
-    rates = pd.DataFrame({"minute": MINUTES, "first_per_s": [0.0] * 4, "retries_per_s": [0.0] * 4})
+def test_every_time_plot_shades_the_outages_has_a_range_slider_and_counts_from_zero():
+    load = pd.DataFrame({"group": "g", "minute": MINUTES, "minute_end": [m + 1 for m in MINUTES],
+                         "bucket_ms": 60_000,
+                         "first_deliveries": [60, 0, 0, 0], "retries": [0, 120, 60, 0],
+                         "deliveries": [60, 120, 60, 0]})  # fmt: skip
+    rates = analysis.delivery_rates(load)
     flow = pd.DataFrame({"minute": MINUTES, "minute_end": [m + 1 for m in MINUTES],
                          "dlq": [0] * 4, "dlq_total": [0] * 4, "replays": [0] * 4,
                          "replayed_total": [0] * 4})  # fmt: skip
@@ -67,60 +79,88 @@ def test_every_time_plot_shades_the_outages_and_counts_from_zero():
         plots.commitlog_figure(writes, 10, outages=OUTAGES),
         plots.utilization_figure(util, outages=OUTAGES),
         plots.schedule_backlog_figure(backlog, (1000, 5000, 10000), outages=OUTAGES),
+        plots.revive_figure(rates, _states([0, 0, 0, 0]), outages=OUTAGES),
     ]
     for fig in figures:
-        main_ax = fig.axes[0]
-        assert _shaded(main_ax) == OUTAGES, fig.axes[0].get_title()
-        for ax in fig.axes:  # all-zero series included: no tick below zero
-            assert ax.get_ylim()[0] == 0 and min(ax.get_yticks()) >= 0, ax.get_title()
-    capacity = [
-        line for line in figures[3].axes[0].get_lines() if line.get_label() == "pool capacity"
-    ]
-    assert capacity and set(capacity[0].get_ydata()) == {100}
+        title = fig.layout.title.text
+        assert _shaded(fig) == set(OUTAGES), title
+        assert fig.layout.xaxis.rangeslider.visible, title
+        assert fig.layout.yaxis.rangemode == "tozero" or fig.layout.yaxis.range[0] == 0, title
+    assert list(_trace(figures[0], "retries/s").y) == [0.0, 2.0, 1.0, 0.0]
+    assert _hlines(figures[3], "y") == {100}  # the pool's capacity
+    assert list(_trace(figures[5], "revived into %RETRY% and delivered, per s").y) == [
+        0.0, 2.0, 1.0, 0.0
+    ]  # fmt: skip
 
 
-def test_tradeoffs_draw_each_metrics_interval_as_a_band_around_its_mean():
+def test_every_delay_level_has_a_colour_of_its_own():
+    assert len({plots.level_color(level) for level in range(1, 19)}) == 18
+    assert plots.level_color(3) != plots.level_color(13)
+    backlog = pd.DataFrame({"minute_end": [1.0], **{f"L{n}": [n] for n in range(1, 19)}})
+    fig = plots.schedule_backlog_figure(backlog, [1000 * n for n in range(1, 19)])
+    assert len({trace.line.color for trace in fig.data}) == 18
+    assert fig.data[2].name == "L3 3s"
+    retries = pd.DataFrame({"delay_level": [3.0, 13.0], "retry": [1, 11], "retries": [5, 2]})
+    (bars,) = plots.retries_by_level_figure(retries, [1000 * n for n in range(1, 19)]).data
+    assert list(bars.marker.color) == [plots.level_color(3), plots.level_color(13)]
+
+
+def _plan(replications: int, p99: list[float]) -> pd.DataFrame:
     plan = pd.DataFrame(
         {
             "group": ["g"] * 3,
             "point": [1, 2, 3],
+            "point_run_id": ["cap-p1", "cap-p2", "cap-p3"],
             "pool": [4, 8, 16],
             "settings": [{"groups.g.consumers.instances": i} for i in (1, 2, 4)],
             "recommended": [False, True, False],
-            "replications": [5] * 3,
+            "replications": [replications] * 3,
         }
     )
     for column, *_ in plots.TRADEOFFS:
         plan[column] = [300.0, 200.0, 100.0]
         plan[f"{column}_ci_low"] = [250.0, 150.0, 50.0]
         plan[f"{column}_ci_high"] = [350.0, 250.0, 150.0]
-    fig = plots.tradeoff_figure(plan, "g")
-    for ax, (_, _, scale, _) in zip(fig.axes, plots.TRADEOFFS, strict=False):
-        (band,) = _bands(ax)
-        ys = band.get_paths()[0].vertices[:, 1]
-        assert min(ys) == 50.0 * scale and max(ys) == 350.0 * scale
-        assert ax.get_ylim()[1] >= 350.0 * scale  # the band's top is in view
-    assert "means of 5 replications" in fig.texts[0].get_text()
-    one = plan.assign(replications=1, **{f"{c}_ci_high": None for c, *_ in plots.TRADEOFFS})
-    assert not any(_bands(ax) for ax in plots.tradeoff_figure(one, "g").axes)
+    plan["p99_time_to_commit_ms"] = p99
+    return plan
 
 
-def _bands(ax) -> list[PolyCollection]:
-    """The axis' filled bands (fill_between's polygons; the starred point is a scatter)."""
-    return [c for c in ax.collections if isinstance(c, PolyCollection)]
+def test_tradeoffs_draw_bands_link_each_point_to_its_run_and_log_scale_decades():
+    fig = plots.tradeoff_figure(_plan(5, [300_000.0, 2_000.0, 100.0]), "g")
+    bands = [t for t in fig.data if t.name == "95 % band"]
+    assert len(bands) == len(plots.TRADEOFFS)
+    backlog_band = next(t for t in bands if t.yaxis == "y2")
+    assert min(backlog_band.y) == 50.0 and max(backlog_band.y) == 350.0
+    lines = [t for t in fig.data if t.mode == "lines+markers+text"]
+    assert list(lines[0].text) == [
+        f'<a href="cap-p{n}-r1.html">p{n}</a>' for n in (1, 2, 3)
+    ]  # replications: the first one's report
+    assert fig.layout.xaxis.type == "log" and list(fig.layout.xaxis.tickvals) == [4, 8, 16]
+    assert fig.layout.yaxis.type == "log"  # p99 from 0.1 s to 300 s: decades
+    assert fig.layout.yaxis2.type != "log"  # 50 to 350 messages: linear
+    assert "means of 5 replications" in fig.layout.title.text
+    one = plots.tradeoff_figure(_plan(1, [300.0, 200.0, 100.0]), "g")
+    assert '<a href="cap-p1.html">p1</a>' in next(t for t in one.data if t.text).text
 
 
 def test_the_time_to_settle_is_drawn_as_a_distribution_on_a_log_axis():
     shares = [0.0, 0.5, 0.99, 1.0]
     fig = plots.settle_cdf_figure(shares, [0.0, 40.0, 10_000.0, 20_000.0], [17_140_000.0] * 4)
-    (ax,) = fig.axes
-    commit, dlq = ax.get_lines()[:2]
-    assert list(commit.get_xdata()) == [0.001, 0.04, 10.0, 20.0]  # s; 0 ms drawn at 1 ms
-    assert list(commit.get_ydata()) == [0.0, 50.0, 99.0, 100.0]
-    assert set(dlq.get_xdata()) == {17_140.0}
-    assert ax.get_xscale() == "log" and ax.get_ylim() == (0, 100)
-    labels = [tick.get_text() for tick in ax.get_xticklabels()]
-    assert "1s" in labels and "1h" in labels
-    nothing = plots.settle_cdf_figure(shares, None, [])  # no commit and no dead letter
-    assert not [line for line in nothing.axes[0].get_lines() if line.get_label() in
-                ("to commit", "to the DLQ")]  # fmt: skip
+    commit, dlq = fig.data
+    assert list(commit.x) == [0.001, 0.04, 10.0, 20.0]  # s; 0 ms drawn at 1 ms
+    assert list(commit.y) == [0.0, 50.0, 99.0, 100.0]
+    assert set(dlq.x) == {17_140.0}
+    assert fig.layout.xaxis.type == "log" and tuple(fig.layout.yaxis.range) == (0, 100)
+    assert "1s" in fig.layout.xaxis.ticktext and "1h" in fig.layout.xaxis.ticktext
+    assert not plots.settle_cdf_figure(shares, None, []).data  # no commit, no dead letter
+
+
+def test_the_writes_by_kind_add_up_to_the_commitlog_writes():
+    load = pd.DataFrame({"commitlog_writes": [500, 300], "replays": [0, 10], "dlq": [0, 7]})
+    retries = pd.DataFrame({"delay_level": [3.0, 4.0, None], "retry": [1, 2, 3],
+                            "retries": [100, 50, 9]})  # fmt: skip
+    parts = dict(analysis.write_breakdown(load, retries, 400, "schedule"))
+    assert sum(parts.values()) == 800
+    assert parts["publishes"] == 400 and parts["schedule-topic copies"] == 150
+    assert parts["replays"] == 10 and parts["DLQ moves"] == 7
+    assert parts["retry-topic copies (the schedule topic's deliveries to %RETRY%)"] == 233

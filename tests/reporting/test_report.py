@@ -11,6 +11,7 @@ plan report is written from plan rows made here, and once through ``retrysim rep
 from __future__ import annotations
 
 import functools
+import html
 import json
 import re
 import subprocess
@@ -26,12 +27,16 @@ from retrysim.planning import plan
 from retrysim.planning.plan import write_plan_table
 from retrysim.reporting import analysis, report
 from retrysim.reporting.report import (
+    REVIVE_SECTION,
     RUN_SECTIONS,
     draw_run_report,
+    library_name,
     report_path,
+    write_compare_report,
     write_plan_report,
     write_run_report,
 )
+from retrysim.reporting.verdict import run_verdicts
 from retrysim.store.sinks import DeltaRsSink, run_rows
 from retrysim.tables.schemas import PLAN, data_schema
 
@@ -55,7 +60,11 @@ SCENARIOS = {
     "orderly-blocking": [f"groups.{i}.workload.messages=200" for i in (0, 1)] + ["horizon=20m"],
     "retry-storm": list(SMALL_RETRY_STORM),
 }
-_IMAGE = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
+_CHART = re.compile(r'<div class="chart" data-chart="([^"]+)"><div[^>]*>\s*<div id="([^"]+)"')
+_NOTE = re.compile(r'<h3>([^<]+)</h3><p class="empty">')
+# Charted in every group's section, whatever its flavor and story.
+ALWAYS = set(RUN_SECTIONS) - {"Retries by delay level", "Schedule-topic backlog per level",
+                              "DLQ inflow and replays"}  # fmt: skip
 
 
 @pytest.fixture
@@ -115,17 +124,32 @@ def test_scenario_runs_and_its_report_has_every_section(spark, tmp_path, name, d
     assert set(tables) == {"runs", "summary", "load", "instance_load", "attempts"}
     assert collected and not [columns for columns in collected if "msg_id" in columns]
     text = Path(path).read_text()
-    assert "<script" not in text and "http://" not in text and "https://" not in text
+    # offline: the one script file is the library beside it, shared by the folder's reports
+    assert re.findall(r"<script src=\"([^\"]+)\"", text) == [library_name()]
+    assert (Path(path).parent / library_name()).is_file()
+    assert "http://" not in text and "https://" not in text
     # the zoom, said: to the activity, or to the busy part with the whole run after it
     zoomed = text.count("<summary>The whole run: the first ")
     assert text.count("horizon, where the activity is") + zoomed == len(summary)
-    images = _IMAGE.findall(text)
-    assert len(images) == len(RUN_SECTIONS) * len(summary) + 3 * zoomed
+    charts = [name for name, _ in _CHART.findall(text)]
+    notes = _NOTE.findall(text)
+    # every section is a chart, or a one-line note where it has nothing to show
+    assert len(charts) + len(notes) == len(RUN_SECTIONS) * len(summary) + 3 * zoomed
+    assert len({div for _, div in _CHART.findall(text)}) == len(charts)  # one id each
+    # the verdict on top: the console's sentences, before the first chart
+    assert text.index('<section id="verdict"') < text.index('class="chart"')
+    for found in run_verdicts(str(tmp_path), name):
+        for line in found.lines:
+            assert f"<span>{html.escape(line)}</span>" in text
     for group in summary:
         assert f'id="group-{group}"' in text
-        for section in RUN_SECTIONS:
-            assert f"{group}: {section}" in [alt for alt, _ in images]
-    assert all(data.startswith("iVBORw0KGgo") for _, data in images)  # PNG signature
+        assert {f"{group}: {section}" for section in ALWAYS} <= set(charts)
+        if summary[group]["dlq"] == 0 and summary[group]["replayed"] == 0:
+            assert "No message reached the DLQ." in text
+        else:
+            assert f"{group}: DLQ inflow and replays" in charts
+    assert not [chart for chart in charts if REVIVE_SECTION in chart]  # no 5.x group here
+    assert "all commitlog writes" in text  # the writes by kind
     assert (
         "Summary per group" in text and f"{summary[scenario.groups[0].name]['messages']:,}" in text
     )
@@ -195,8 +219,10 @@ def test_a_report_drawn_while_the_run_is_checked_is_the_one_its_published_tables
     again = write_run_report(spark, output, name, path=str(tmp_path / "again.html"))
     drawn = Path(result.report).read_text()
     zoomed = drawn.count("<summary>The whole run: the first ")
-    assert len(_IMAGE.findall(drawn)) == len(RUN_SECTIONS) + 3 * zoomed
+    notes = len(_NOTE.findall(drawn))
+    assert len(_CHART.findall(drawn)) + notes == len(RUN_SECTIONS) + 3 * zoomed
     assert _without_stamp(drawn) == _without_stamp(Path(again).read_text())
+    assert [p.name for p in Path(output, "reports").glob("plotly-*")] == [library_name()]
 
     def broken(data):
         raise ValueError("no figure today")
@@ -206,6 +232,13 @@ def test_a_report_drawn_while_the_run_is_checked_is_the_one_its_published_tables
         simulate(spark, scenario, output=output, run_id="broken", report=draw)
     assert [row["status"] for row in run_rows(output, "runs", "broken")] == ["complete"]
     assert not Path(report_path(output, "broken")).exists()
+
+    # two runs compared: each series of both on the same axes, one legend entry per run
+    compared = Path(write_compare_report(spark, output, name, "broken")).read_text()
+    assert Path(report_path(output, f"compare-{name}-broken")).is_file()
+    charts = [chart for chart, _ in _CHART.findall(compared)]
+    assert charts == [f"order-service: {title}" for title, *_ in report._COMPARED]
+    assert compared.count('"name":"retry-storm"') == compared.count('"name":"broken"') > 0
 
 
 # --------------------------------------------------------------------------- plan report
@@ -282,7 +315,14 @@ def test_plan_report_shows_the_recommendation_and_the_tradeoffs(spark, plan_outp
     assert "50.0s [45.0s, 55.0s]" in text and "800 [640, 960]" in text  # mean [95 % interval]
     assert "binding target: <b>p99_time_to_commit,max_ready_backlog</b>" in text
     assert text.count('<tr class="recommended">') == 1
-    assert len(_IMAGE.findall(text)) == 1
+    assert [chart for chart, _ in _CHART.findall(text)] == ["svc: trade-offs"]
+    # each point links to its (first replication's) run report, in the table and the chart
+    assert '<a href="cap-p2-r1.html" title="run cap-p2-r1">p2</a>' in text
+    assert '\\u003ca href=\\"cap-p2-r1.html\\"\\u003ep2\\u003c\\u002fa\\u003e' in text
+    # on top, each target met or missed by the recommended pool
+    top = text[text.index('id="verdict"') : text.index("Trade-off curves")]
+    assert "recommended: 8 threads (2 x 4) (point p2)" in top
+    assert top.count('class="met"') == 2 and 'class="missed"' not in top
 
 
 def test_report_command_line(spark, plan_output, monkeypatch, capsys):

@@ -1,25 +1,25 @@
-"""The run report as a planner sees it: rendered by headless Chromium, its screenshot shows
-the storm, the pool's line and the shaded outage (docs/planning.md §4).
+"""The run report as a planner uses it, in headless Chromium driven by Playwright: one small
+retry storm's report (docs/planning.md §4) opens offline, logs no error, shows the hot
+instance on its first figure, answers a hover with the value under the mouse and a drag
+with a zoom, and leaves a screenshot.
 
-The report is one HTML file with its plots inlined as PNG; a browser that cannot show them
-(a broken data URI, an image the page hides or squeezes) shows none of the colours below.
-``./run-tests.sh`` installs Debian's chromium where apt can (scripts/test-browser.sh);
-without a browser this test skips and says so."""
+Playwright drives Debian's ``chromium`` (its own browser download cannot work here):
+``./run-tests.sh`` installs it where apt can (scripts/test-browser.sh); without a browser,
+or one that cannot start here, this test skips and says why."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 from support import PROJECT, SMALL_RETRY_STORM
 
 from retrysim import load_scenario, simulate
 from retrysim.reporting import plots
 from retrysim.reporting.report import write_run_report
+
+playwright = pytest.importorskip("playwright.sync_api")
 
 BROWSER = next(
     (
@@ -29,67 +29,95 @@ BROWSER = next(
     ),
     None,
 )
+SCREEN = {"width": 1200, "height": 1080}  # what a planner sees before scrolling
+# The first chart's Plotly state, read in the page: each trace's name and values, and the
+# pixel position of a point of the Ready backlog (where a mouse hovers it).
+_FIRST_CHART = """chart => {
+  const gd = chart.querySelector('.plotly-graph-div');
+  const ready = gd._fullData.find(t => t.name === 'Ready');
+  const ys = Array.from(ready.y), at = ys.indexOf(Math.max(...ys));
+  const xa = gd._fullLayout.xaxis, ya = gd._fullLayout[ready.yaxis.replace('y', 'yaxis')];
+  return {
+    traces: gd._fullData.map(t => ({name: t.name, y: Array.from(t.y || [])})),
+    ready: ready.y[at],
+    px: xa._offset + xa.l2p(ready.x[at]), py: ya._offset + ya.l2p(ready.y[at]),
+    box: [xa._offset, ya._offset, xa._length, ya._length],
+    range: xa.range.slice(),
+  };
+}"""
 
 
-def screenshot(page: Path, png: Path, width: int = 1200, height: int = 2200) -> np.ndarray:
-    """``page`` as headless Chromium draws it (RGB pixels). The flags keep it from reaching
-    for the network, which this machine closes, and from a small /dev/shm; a browser that
-    cannot start here skips the test (an environment's limit, not the report's)."""
-    command = [
-        BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-        "--no-first-run", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--disable-dev-shm-usage",
-        f"--user-data-dir={png.parent / 'chromium-profile'}", "--hide-scrollbars",
-        "--force-device-scale-factor=1", f"--window-size={width},{height}",
-        f"--screenshot={png}", page.as_uri(),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode != 0 or not png.is_file():
-        pytest.skip(f"{BROWSER} could not take a screenshot here: {done.stderr[-500:]}")
-    return np.asarray(Image.open(png).convert("RGB"), dtype=np.int16)
-
-
-def first_band(image: np.ndarray, color: tuple[int, int, int], gap: int = 60) -> np.ndarray:
-    """The rows of the first figure that shows ``color`` (its rows, and gaps of at most
-    ``gap`` between them: one figure's axes), for checks that no later figure can pass."""
-    rows = np.flatnonzero((np.abs(image - np.array(color)).max(axis=2) <= 1).any(axis=1))
-    assert len(rows), "no figure shows the colour"
-    end = rows[0]
-    for row in rows[1:]:
-        if row - end > gap:
-            break
-        end = row
-    return image[rows[0] : end + 1]
-
-
-def pixels_of(image: np.ndarray, color: str | tuple[int, int, int], tolerance: int = 2) -> int:
-    rgb = np.array(Image.new("RGB", (1, 1), color).getpixel((0, 0)) if isinstance(color, str)
-                   else color)  # fmt: skip
-    return int((np.abs(image - rgb).max(axis=2) <= tolerance).sum())
-
-
-def _over_white(color: str, alpha: float) -> tuple[int, int, int]:
-    rgb = np.array(Image.new("RGB", (1, 1), color).getpixel((0, 0)))
-    return tuple(np.rint(255 - alpha * (255 - rgb)).astype(int))
+def _rgb(color: str) -> str:
+    """A #rrggbb colour as the browser writes it in a style: rgb(r, g, b)."""
+    return "rgb({}, {}, {})".format(*(int(color[i : i + 2], 16) for i in (1, 3, 5)))
 
 
 @pytest.mark.skipif(BROWSER is None, reason="no headless Chromium (scripts/test-browser.sh)")
-def test_the_reports_screenshot_shows_the_storm_the_pool_and_the_outage(spark, tmp_path):
+def test_the_report_is_interactive_offline_and_shows_the_hot_instance_first(spark, tmp_path):
     scenario = load_scenario(PROJECT / "conf" / "retry-storm.yaml", list(SMALL_RETRY_STORM))
     simulate(spark, scenario, output=str(tmp_path), run_id="storm", validate=False)
-    page = Path(write_run_report(spark, str(tmp_path), "storm"))
+    page_path = Path(write_run_report(spark, str(tmp_path), "storm"))
+    threads = scenario.groups[0].consumers.threads
 
-    image = screenshot(page, tmp_path / "report.png")
+    with playwright.sync_playwright() as driver:
+        try:
+            browser = driver.chromium.launch(
+                executable_path=BROWSER, args=["--no-sandbox", "--disable-dev-shm-usage"]
+            )
+        except playwright.Error as error:
+            pytest.skip(f"{BROWSER} could not start here: {str(error)[-500:]}")
+        try:
+            page = browser.new_page(viewport=SCREEN)
+            remote: list[str] = []
+            errors: list[str] = []
 
-    assert image.shape[1] == 1200
-    assert (image == 255).all(axis=2).mean() > 0.5  # a page, mostly white, not an error
-    # the first figure with the outage shaded behind it: state counts over time ...
-    outage = _over_white(plots.COLORS["Ready"], 0.08)
-    figure = first_band(image, outage)
-    assert pixels_of(figure, outage, tolerance=1) > 5000 and len(figure) > 300  # three axes
-    # ... the storm as the lines of the backlogs ...
-    assert pixels_of(figure, plots.COLORS["Ready"], tolerance=10) > 200
-    assert pixels_of(figure, plots.COLORS["WaitingRetry"], tolerance=10) > 200
-    # ... and Inflight against the pool's dotted line across the plot (anti-aliased over two
-    # rows of pixels: a lighter shade; the legend's sample alone is a few dozen)
-    assert pixels_of(figure, plots.POOL_COLOR, tolerance=40) > 200
+            def only_files(route) -> None:
+                if route.request.url.startswith("file://"):
+                    route.continue_()
+                else:
+                    remote.append(route.request.url)
+                    route.abort()
+
+            page.route("**/*", only_files)
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(page_path.as_uri())
+            chart = page.locator(".chart").first
+            chart.locator(".main-svg").first.wait_for()
+            first = chart.evaluate(_FIRST_CHART)
+            page.screenshot(path=str(tmp_path / "report.png"))
+
+            # the hot instance: on the first figure, at its own pool's line, drawn in view
+            traces = {trace["name"]: trace["y"] for trace in first["traces"]}
+            assert max(traces["instance 0 (busiest)"]) == pytest.approx(threads, rel=0.02)
+            others = [y for name, y in traces.items() if name.startswith("instance ") and
+                      "busiest" not in name]  # fmt: skip
+            assert others and all(max(y) < 0.8 * threads for y in others)
+            line = f'path.js-line[style*="stroke: {_rgb(plots.HOT_COLOR)}"]'
+            hot = chart.locator(f".cartesianlayer {line}")  # not the legend's sample
+            assert hot.count() >= 1
+            bottom = hot.first.bounding_box()
+            assert bottom["y"] + bottom["height"] <= SCREEN["height"]
+
+            # a hover shows the value under the mouse
+            origin = chart.locator(".plotly-graph-div").bounding_box()
+            page.mouse.move(origin["x"] + first["px"], origin["y"] + first["py"])
+            label = chart.locator(".hoverlayer")
+            label.locator("text").first.wait_for()
+            assert f"{int(first['ready']):,}" in label.text_content()
+
+            # a drag zooms the time axis
+            left, top, width, height = first["box"]
+            y = origin["y"] + top + height / 2
+            page.mouse.move(origin["x"] + left + width * 0.3, y)
+            page.mouse.down()
+            page.mouse.move(origin["x"] + left + width * 0.5, y, steps=5)
+            page.mouse.up()
+            zoomed = chart.evaluate(_FIRST_CHART)["range"]
+            assert zoomed[1] - zoomed[0] < 0.5 * (first["range"][1] - first["range"][0])
+        finally:
+            browser.close()
+
+    assert not remote, f"the report asked the network for {remote}"
+    assert not errors, errors
+    assert (tmp_path / "report.png").stat().st_size > 10_000

@@ -1,6 +1,7 @@
 """``retrysim runs list | show | delete | vacuum`` on real runs (retrysim.store.runs).
 
-* list and show give each run's status, scenario, sizes (the summary's) and files;
+* list and show give each run's status, scenario, sizes (the summary's) and files; list
+  filters by scenario and status, and show prints every column of the runs row in order;
 * delete removes the run from every table, its ``runs`` row first: a deleter that fails
   after that commit leaves rows no reader sees, and the next recovery removes them; a run
   a live writer holds is refused, and so is a run that is not there;
@@ -11,6 +12,9 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,9 +27,9 @@ from retrysim.scenario.errors import ScenarioError
 from retrysim.store import recovery
 from retrysim.store.lease import acquire_lease
 from retrysim.store.recovery import recover
-from retrysim.store.runs import delete_run, list_runs
+from retrysim.store.runs import delete_run, list_runs, run_rows_by_id
 from retrysim.store.sinks import complete_run_ids, read_table, table_path
-from retrysim.tables.schemas import PARTITION_COLUMN, TABLE_ORDER
+from retrysim.tables.schemas import PARTITION_COLUMN, RUNS, TABLE_ORDER
 
 SCENARIO = retrying_scenario("admin", seed=5, messages=120)
 
@@ -88,9 +92,32 @@ def test_list_and_show_give_each_runs_status_sizes_and_files(two_runs, spark, ca
         ["first", "complete"],
         ["second", "complete"],
     ]
+    listing = ["runs", "list", "--output", str(two_runs)]
+    assert main([*listing, "--scenario", "admin", "--status", "complete"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == [
+        "first",
+        "second",
+    ]
+    for other in (["--scenario", "other"], ["--status", "publishing"], ["--plan-id", "first"]):
+        assert main([*listing, *other]) == 0
+        assert capsys.readouterr().out.strip() == f"no runs in {two_runs} that match"
+
     assert main(["runs", "show", "--output", str(two_runs), "--run-id", "second"]) == 0
     shown = capsys.readouterr().out
     assert "status: complete" in shown and f"deliveries: {found['second'].deliveries:,}" in shown
+    # every column of the runs row, in the schema's order, then the sizes; the scenario as
+    # indented JSON
+    lines = shown.splitlines()
+    fields = [line.split(":")[0] for line in lines if not line.startswith(" ")]
+    sizes = ["groups", "messages", "deliveries", "dlq", "files", "bytes"]
+    assert fields == [*RUNS.fieldNames(), *sizes]
+    row = run_rows_by_id(str(two_runs))["second"]
+    start = lines.index("config_json:") + 1
+    block = list(itertools.takewhile(lambda line: line.startswith("  "), lines[start:]))
+    assert json.loads(textwrap.dedent("\n".join(block))) == json.loads(row["config_json"])
+    assert len(block) > 10  # one key a line
+    for name in ("seed", "engine_version", "replication_of", "replication", "point"):
+        assert f"{name}: {'-' if row[name] is None else row[name]}" in lines
 
 
 def test_delete_removes_a_run_from_every_table_its_runs_row_first(two_runs, monkeypatch, capsys):
