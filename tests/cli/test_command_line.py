@@ -91,7 +91,7 @@ def test_misspelt_commands_and_choices_get_the_nearest_one(capsys):
         (["simulate", "--tables", "leen"], "--tables: value 'leen': must be one of full, lean; "
          "did you mean 'lean'?"),
         (["simulate", "--unset", "a=b"], "--unset: value 'a=b': give a key alone"),
-        ([], "a command is required: simulate, digest, validate, plan, report, runs, conformance"),
+        ([], "a command is required: simulate, digest, validate, plan, plans, report, runs"),
         (["runs"], "a command is required: list, show, delete, vacuum, optimize"),
         (["digest", "--output", "x"], "--run-id: is required"),
     ):  # fmt: skip

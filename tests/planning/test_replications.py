@@ -140,9 +140,9 @@ def test_the_recommendation_is_the_smallest_pool_whose_share_reaches_the_confide
 
 def test_the_cli_refuses_bad_replication_flags_before_spark(tmp_path):
     for args, expect in (
-        (("plan", "--replications", "0"), "argument --replications: value '0'"),
-        (("plan", "--confidence", "1.5"), "argument --confidence: value '1.5'"),
-        (("simulate", "--replications", "x"), "argument --replications: value 'x'"),
+        (("plan", "--replications", "0"), "retrysim: error: --replications: value '0'"),
+        (("plan", "--confidence", "1.5"), "retrysim: error: --confidence: value '1.5'"),
+        (("simulate", "--replications", "x"), "retrysim: error: --replications: value 'x'"),
         (
             ("plan", "--sweep", "consumers.instances=" + ",".join(map(str, range(1, 12))),
              "--replications", "100"),
