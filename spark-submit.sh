@@ -85,7 +85,8 @@ if [ -n "$app" ]; then
   export RETRYSIM_PROG="$0 $app" # what the user ran, for the job's usage and error lines
   exec 4>&1
   set +e
-  log_file="$("$ROOT/.venv/bin/python" -m retrysim.cli.precheck "$app" ${job[@]+"${job[@]}"} 3>&1 1>&4)"
+  log_file="$(RETRYSIM_PRECHECK_FD=3 "$ROOT/.venv/bin/python" -m retrysim.cli.precheck \
+    "$app" ${job[@]+"${job[@]}"} 3>&1 1>&4)"
   checked=$?
   set -e
   exec 4>&-

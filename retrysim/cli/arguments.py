@@ -38,8 +38,9 @@ class Parser(argparse.ArgumentParser):
             else:
                 message = f"unknown command {value!r}{_guess(value, choices, quote=True)}"
                 message += f" (commands: {', '.join(choices)})"
-        elif message.startswith("argument "):
-            message = message.removeprefix("argument ").replace("/", " or ", 1)
+        elif message.startswith("argument "):  # "argument --a/-b: ..." -> "--a or -b: ..."
+            name, _, rest = message.removeprefix("argument ").partition(": ")
+            message = f"{name.replace('/', ' or ')}: {rest}"
         elif message.startswith("the following arguments are required: "):
             missing = message.removeprefix("the following arguments are required: ")
             message = f"{missing}: {'are' if ', ' in missing else 'is'} required"

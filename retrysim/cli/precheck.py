@@ -6,8 +6,8 @@ checks again, for the ways in that skip the launcher.
 
 Its exit codes, for the launcher: 0, go on with spark-submit; 2, bad input (the line is
 printed); :data:`EXIT_DONE`, done without Spark (``--help``, ``--dry-run``): exit 0. On a
-go it writes the file the JVM's logs go to (OUTPUT/logs/COMMAND-TIME-PID.log) to file
-descriptor 3, where the launcher reads it, if that is open.
+go it writes the file the JVM's logs go to (OUTPUT/logs/COMMAND-TIME-PID.log) to the file
+descriptor ``RETRYSIM_PRECHECK_FD`` names, where the launcher reads it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ EXIT_GO, EXIT_DONE = 0, 3
 # The jobs/ entrypoints and the command each runs (tests/cli hold them to jobs/*.py).
 JOBS = {"simulate.py": "simulate", "capacity_plan.py": "plan", "conformance.py": "conformance"}
 LOG_FOLDER = "logs"
+LAUNCHER_FD = "RETRYSIM_PRECHECK_FD"  # the file descriptor spark-submit.sh reads, if it is set
 
 
 def check_output_folder(output: str) -> str:
@@ -84,11 +85,10 @@ def precheck(argv: Sequence[str]) -> int:
     if getattr(args, "dry_run", False):  # the job itself prints it, and starts no JVM
         code = subprocess.run([sys.executable, job, *arguments], check=False).returncode
         return EXIT_DONE if code == 0 else code
-    try:
-        with os.fdopen(3, "w", encoding="utf-8") as launcher:
+    descriptor = os.environ.get(LAUNCHER_FD, "")
+    if descriptor.isdigit():  # the launcher reads the log file's name there
+        with os.fdopen(int(descriptor), "w", encoding="utf-8") as launcher:
             launcher.write(log_file(output, command))
-    except OSError:  # run by hand: no one to tell
-        pass
     return EXIT_GO
 
 
