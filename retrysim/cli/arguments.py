@@ -256,6 +256,11 @@ def add_plan_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--quiet", action="store_true", help="one progress line per point only")
     command.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    command.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print each point's engines, deliveries and a time estimate; run nothing",
+    )
     add_replications_option(command)
     command.add_argument(
         "--confidence",

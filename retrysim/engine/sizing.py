@@ -277,12 +277,17 @@ MOST_ROUNDS = 18
 
 
 def estimate_seconds(
-    groups: list[GroupEstimate], engines: dict[str, str], report: bool = True, runs: int = 1
+    groups: list[GroupEstimate],
+    engines: dict[str, str],
+    report: bool = True,
+    runs: int = 1,
+    fixed: bool = True,
 ) -> float:
     """A rough time for the run, launch to exit, from its groups' expected deliveries and
     engines (:func:`retrysim.engine.choice.planned_engines`): for ``--dry-run``; within 2x
     on the scenarios of conf/ on the machine docs/performance.md names. A cluster's cores
-    divide the per-delivery terms."""
+    divide the per-delivery terms. ``fixed=False``: without the JVM's and session's start
+    and exit (a plan pays them once for all its points)."""
     seconds = 0.0
     by_rounds = [g for g in groups if engines.get(g.name) == "rounds"]
     if len(by_rounds) < len(groups):
@@ -296,7 +301,7 @@ def estimate_seconds(
         else:
             each = DOWNSTREAM_DELIVERY_S if group.downstream else EVENT_DELIVERY_S
             seconds += each * group.deliveries
-    return RUN_FIXED_S + runs * (seconds + (REPORT_S if report else 0.0))
+    return (RUN_FIXED_S if fixed else 0.0) + runs * (seconds + (REPORT_S if report else 0.0))
 
 
 def slowdown(master: str | None) -> tuple[float, float]:

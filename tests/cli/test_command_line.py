@@ -204,3 +204,21 @@ def test_the_precheck_imports_neither_spark_nor_the_engines():
     done = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True,
                           text=True, timeout=60, check=True)  # fmt: skip
     assert done.stdout.strip() == "[]"
+
+
+def test_a_plans_dry_run_prints_each_point_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    sweep = ["--sweep", "consumers.instances=2,4", "--target", "p99_time_to_commit=1m"]
+    args = ["plan", "--scenario", "conf/flash-sale.yaml", *sweep, "--output", str(out)]
+    assert main([*args, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "retrysim: dry run of a plan of flash-sale: nothing is simulated or written"
+    for number, instances in ((1, 2), (2, 4)):
+        assert re.fullmatch(
+            rf"retrysim: point {number} \(groups\.checkout\.consumers\.instances={instances}\): "
+            r"group checkout sequential, about [\d,]+ deliveries; about \d+ s",
+            lines[number],
+        ), lines
+    estimate = r"retrysim: estimate: 2 points, about \d+ s launch to exit on a quiet 2-core "
+    assert re.fullmatch(estimate + r"machine(; about \d+ s now \(load [\d.]+\))?", lines[3])
+    assert not out.exists()
