@@ -19,6 +19,8 @@ What does not run is listed in :data:`NOT_RUN`, each with the reason.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -28,7 +30,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import PROJECT
+from pyspark.sql import SparkSession
+from support import PROJECT, QUICK_JVM
+
+from retrysim import load_scenario, simulate
+from retrysim.cli.main import main
 
 pytestmark = pytest.mark.spark  # spark-submit runs and the session
 
@@ -112,21 +118,44 @@ def _writes(words: list[str]) -> bool:
     )
 
 
+def run(words: list[str]) -> tuple[int, str, str]:
+    """Run a documented command: exit code, stdout, stderr. A ``retrysim`` command runs its
+    command line (``retrysim.cli.main``) in this process, on the tests' session, which it
+    may not stop (:func:`session_kept`): its own JVM's start is what every spark-submit
+    command here pays; those run as processes, their JVMs compiling with C1 only."""
+    if words[:3] == [sys.executable, "-m", "retrysim"]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(words[3:])
+            except SystemExit as exit_:  # argparse
+                code = exit_.code
+        return code, out.getvalue(), err.getvalue()
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "JAVA_TOOL_OPTIONS": QUICK_JVM}
+    done = subprocess.run(words, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.fixture
+def session_kept(spark, monkeypatch):
+    """The tests' session, which the commands run here build on and may not stop; relative
+    paths (``conf/...``) are the project's, as for a command run from its folder."""
+    monkeypatch.setattr(SparkSession, "stop", lambda _self: None)
+    monkeypatch.chdir(PROJECT)
+    return spark
+
+
 def _deletes(words: list[str]) -> bool:
     return "delete" in words
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
+def site(spark, tmp_path_factory) -> Path:
     """The docs' folders: one a document (``site/<name>``), each holding at first one small
     run of the default scenario, what the README's first command writes, in ``out``."""
     root = tmp_path_factory.mktemp("docs")
-    done = subprocess.run(
-        [sys.executable, "-m", "retrysim", "simulate", "--output", str(root / "seed"),
-         "--run-id", "default-run", "--no-report", "--quiet", *SMALL],
-        cwd=PROJECT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    scenario = load_scenario(None, [SMALL[1]])
+    simulate(spark, scenario, output=str(root / "seed"), run_id="default-run", validate=False)
     for path in DOCS:
         shutil.copytree(root / "seed", root / path.stem / "out")
         (root / path.stem / "conf").symlink_to(PROJECT / "conf")
@@ -142,11 +171,10 @@ def test_the_docs_have_examples_and_each_unrun_one_is_listed():
         assert any(piece in c for c in shell), piece
 
 
-def test_every_documented_command_runs(site):
+def test_every_documented_command_runs(site, session_kept):
     """Each document's commands in its folder: the ones that write runs first, in the
     document's order, then the ones that read them, then the deletions."""
     first = blocks("bash")[0][0]  # the README's first command: the test below runs it whole
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     for path in DOCS:
         folder = site / path.stem
         shell = [
@@ -158,12 +186,8 @@ def test_every_documented_command_runs(site):
         ]
         ordered = sorted(shell, key=lambda x: 0 if _writes(x[2]) else 2 if _deletes(x[2]) else 1)
         for where, command, words in ordered:
-            done = subprocess.run(
-                words, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600
-            )
-            assert done.returncode == 0, (
-                f"{where}: {command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-            )
+            code, out, err = run(words)
+            assert code == 0, f"{where}: {command}\n{out[-2000:]}{err[-2000:]}"
 
 
 def transcripts() -> list[tuple[str, str, list[str]]]:
@@ -192,9 +216,15 @@ def transcripts() -> list[tuple[str, str, list[str]]]:
     return found
 
 
-def test_every_transcript_prints_what_the_docs_show(site):
+def _pattern(line: str) -> str:
+    """A shown line as a pattern: ``...`` within it skips text (a path, a machine's size)."""
+    return ".*".join(re.escape(part) for part in line.split("..."))
+
+
+def test_every_transcript_prints_what_the_docs_show(site, session_kept):
     """An error is its one line on stderr, exit 2; any other output has every line shown
-    among its stdout lines (a ``...`` line skips lines, ``...`` within a line skips text).
+    among its stdout lines (a ``...`` line skips lines, ``...`` within a line skips text:
+    the machine's paths and sizes).
     Wall times are not shown in a transcript."""
     shown_all = transcripts()
     assert len(shown_all) >= 5, "the docs show their commands' output"
@@ -202,20 +232,17 @@ def test_every_transcript_prints_what_the_docs_show(site):
         if not_run(command):
             continue
         words = argv(command, site / f"transcript-{number}", small=False)  # a folder each
-        done = subprocess.run(
-            words, cwd=PROJECT, capture_output=True, text=True, timeout=900,
-            env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
-        )  # fmt: skip
+        code, out, err = run(words)
         if shown and shown[0].startswith("retrysim: error: "):
-            assert done.returncode == 2, (where, command, done.stderr[-2000:])
-            assert done.stderr.strip().splitlines()[-1] == shown[0], (where, command)
+            assert code == 2, (where, command, err[-2000:])
+            (line,) = shown
+            assert re.fullmatch(_pattern(line), err.strip().splitlines()[-1]), (where, line)
             continue
-        assert done.returncode == 0, (where, command, done.stderr[-2000:])
-        printed = done.stdout.splitlines()
+        assert code == 0, (where, command, err[-2000:])
+        printed = out.splitlines()
         for line in shown:
             if line != "...":
-                pattern = ".*".join(re.escape(part) for part in line.split("..."))
-                assert any(re.fullmatch(pattern, p) for p in printed), (where, line, printed)
+                assert any(re.fullmatch(_pattern(line), p) for p in printed), (where, line, printed)
 
 
 def test_every_python_example_runs(spark, site, monkeypatch):

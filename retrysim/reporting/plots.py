@@ -142,6 +142,21 @@ def _time_axis(
     fig.update_xaxes(title_text=label, rangeslider={"visible": True, "thickness": 0.06}, **where)
 
 
+def _two_axes(
+    fig: go.Figure,
+    titles: tuple[str, str],
+    label: str,
+    outages: Sequence[tuple[float, float]],
+    title: str,
+) -> go.Figure:
+    """A figure of a bucket's rate (left axis) and a running figure (right axis), finished:
+    both axes titled, the time axis with its outages, the figure's style."""
+    fig.update_yaxes(title_text=titles[0], secondary_y=False)
+    fig.update_yaxes(title_text=titles[1], secondary_y=True, showgrid=False)
+    _time_axis(fig, label, outages)
+    return _style(fig, title, HEIGHT)
+
+
 def settle_cdf_figure(
     shares: Sequence[float],
     commit: Sequence[float] | None,
@@ -461,10 +476,13 @@ def revive_figure(
         ),
         secondary_y=True,
     )
-    fig.update_yaxes(title_text="retries per second", secondary_y=False)
-    fig.update_yaxes(title_text="messages waiting", secondary_y=True, showgrid=False)
-    _time_axis(fig, label, outages)
-    return _style(fig, title or "invisible-time retries and the reviver's copies", HEIGHT)
+    return _two_axes(
+        fig,
+        ("retries per second", "messages waiting"),
+        label,
+        outages,
+        title or "invisible-time retries and the reviver's copies",
+    )
 
 
 def dlq_figure(
@@ -497,10 +515,13 @@ def dlq_figure(
                        line={"color": "#2ca02c"}, hovertemplate="%{y:,}"),
             secondary_y=True,
         )  # fmt: skip
-    fig.update_yaxes(title_text="messages per bucket", secondary_y=False)
-    fig.update_yaxes(title_text="messages, running total", secondary_y=True, showgrid=False)
-    _time_axis(fig, label, outages)
-    return _style(fig, title or "DLQ inflow and replays", HEIGHT)
+    return _two_axes(
+        fig,
+        ("messages per bucket", "messages, running total"),
+        label,
+        outages,
+        title or "DLQ inflow and replays",
+    )
 
 
 def commitlog_figure(
@@ -524,10 +545,13 @@ def commitlog_figure(
                    hovertemplate="x%{y:.3f}"),
         secondary_y=True,
     )  # fmt: skip
-    fig.update_yaxes(title_text="commitlog writes per second", secondary_y=False)
-    fig.update_yaxes(title_text="write amplification so far", secondary_y=True, showgrid=False)
-    _time_axis(fig, label, outages)
-    return _style(fig, title or "broker commitlog writes (write amplification)", HEIGHT)
+    return _two_axes(
+        fig,
+        ("commitlog writes per second", "write amplification so far"),
+        label,
+        outages,
+        title or "broker commitlog writes (write amplification)",
+    )
 
 
 def utilization_figure(
@@ -556,10 +580,13 @@ def utilization_figure(
                    line={"color": "#d62728"}, hovertemplate="%{y:,.1f} s"),
         secondary_y=True,
     )  # fmt: skip
-    fig.update_yaxes(title_text="utilization (%)", secondary_y=False)
-    fig.update_yaxes(title_text="oldest Ready age (s)", secondary_y=True, showgrid=False)
-    _time_axis(fig, label, outages)
-    return _style(fig, title or "consumer utilization and oldest Ready age", HEIGHT)
+    return _two_axes(
+        fig,
+        ("utilization (%)", "oldest Ready age (s)"),
+        label,
+        outages,
+        title or "consumer utilization and oldest Ready age",
+    )
 
 
 def instances_figure(util: pd.DataFrame, title: str = "") -> go.Figure:
