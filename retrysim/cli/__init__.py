@@ -12,9 +12,10 @@ from importlib import import_module
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``retrysim`` script's entry: :func:`retrysim.cli.main.main`. (Once that module is
-    imported, ``retrysim.cli.main`` names it, as a submodule does; the script holds this.)"""
-    return import_module("retrysim.cli.main").main(argv)
+    """The ``retrysim`` script's entry: :func:`retrysim.cli.main.run_script`. (Once that
+    module is imported, ``retrysim.cli.main`` names it, as a submodule does; the script
+    holds this function.)"""
+    return import_module("retrysim.cli.main").run_script(argv)
 
 
 __all__ = ["main"]

@@ -32,11 +32,25 @@ def stderr_to_the_launcher() -> None:
         return
 
 
+# Whether this process is a command's own (a job, ``python -m retrysim``, the ``retrysim``
+# script): only then do Python's warnings go to the run's log file, not in a notebook's or
+# a test's process that calls the commands.
+_OWN_PROCESS = {"claimed": False}
+
+
+def claim_process() -> None:
+    """Mark this process as the command's own (:func:`logs_to_file`)."""
+    _OWN_PROCESS["claimed"] = True
+
+
 def logs_to_file(output: str, command: str) -> str:
-    """The file a run's logs go to, and Python's warnings from now on (PySpark's, pandas'),
-    not between its progress lines: the one spark-submit.sh named (``RETRYSIM_LOG_FILE``),
-    else a new one under the output folder, for a JVM the command starts itself."""
+    """The file a run's logs go to, and in a command's own process Python's warnings from
+    now on (PySpark's, pandas'), not between its progress lines: the one spark-submit.sh
+    named (``RETRYSIM_LOG_FILE``), else a new one under the output folder, for a JVM the
+    command starts itself."""
     path = os.environ.get("RETRYSIM_LOG_FILE") or log_file(output, command)
+    if not _OWN_PROCESS["claimed"]:
+        return path
 
     def to_the_log(message, category, filename, lineno, file=None, line=None) -> None:
         try:

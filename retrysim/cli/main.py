@@ -18,7 +18,12 @@ from typing import NoReturn
 from retrysim.checks.validate import ValidationError
 from retrysim.cli import conformance, digest, plan, plans, report, runs, simulate, validate
 from retrysim.cli.arguments import Parser, add_scenario_command, job_parser
-from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, stderr_to_the_launcher
+from retrysim.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    claim_process,
+    stderr_to_the_launcher,
+)
 from retrysim.scenario.errors import ScenarioError
 
 # Each command's parser and its run, looked up when called (so a test can replace one).
@@ -72,6 +77,12 @@ def main(argv: Sequence[str] | None = None, job: str | None = None) -> int:
         return EXIT_FAILED
 
 
+def run_script(argv: Sequence[str] | None = None) -> int:
+    """The ``retrysim`` script's run of a command: :func:`main`, in a process of its own."""
+    claim_process()
+    return main(argv)
+
+
 def run_job(command: str) -> NoReturn:
     """A jobs/ entrypoint: ``command`` with this process's arguments (:func:`run_process`)."""
     run_process(sys.argv[1:], job=command)
@@ -83,6 +94,7 @@ def run_process(argv: Sequence[str] | None = None, job: str | None = None) -> No
     handlers run, output is flushed); the interpreter's teardown of its modules (numba,
     pyarrow, pandas, PySpark: work spent on memory the operating system frees at once
     anyway) is skipped. An exception or argparse's exit ends the process as ever."""
+    claim_process()
     code = main(argv, job)
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
