@@ -456,6 +456,6 @@ def test_plan_report_of_the_plan(spark, e2e_plan):
         o.point for o in result.outcomes if any(r.point == o.point for r in result.recommendations)
     )
     text = Path(write_plan_report(spark, result.output, "e2e")).read_text()
-    assert "Trade-off curves" in text and 'alt="checkout: trade-offs"' in text
+    assert "Trade-off curves" in text and 'data-chart="checkout: trade-offs"' in text
     assert f"point p{best}, run e2e-p{best}" in text
     assert text.count('<tr class="recommended">') == 1
