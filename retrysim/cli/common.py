@@ -3,6 +3,7 @@ checks of Spark's settings before it starts."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import warnings
@@ -11,6 +12,7 @@ from deltalake import DeltaTable
 from pyspark import SparkConf
 
 from retrysim.cli.precheck import check_output_folder, log_file
+from retrysim.engine.sizing import slowdown
 from retrysim.scenario.errors import ScenarioError
 from retrysim.session import check_master, delta_jars_configured, submitted_master
 from retrysim.store.sinks import arrow_schema, table_path
@@ -101,3 +103,33 @@ def check_spark(master: str | None, sink: str = "auto") -> None:
             "with --packages io.delta:delta-spark_2.13:<version> or its JARs), or use delta-rs "
             "or auto",
         )
+
+
+def add_actions(
+    commands: argparse._SubParsersAction, name: str, text: str, actions: dict[str, str]
+) -> dict[str, argparse.ArgumentParser]:
+    """A command of actions (``runs list``, ``plans delete``, ...), each reading the folder
+    of its ``--output``; the actions' parsers by name, for their own options."""
+    command = commands.add_parser(name, help=text)
+    sub = command.add_subparsers(dest="action", required=True)
+    parsers = {}
+    for action, help_text in actions.items():
+        parsers[action] = sub.add_parser(action, help=help_text, description=help_text)
+        parsers[action].add_argument("--output", default="out", help="folder of the Delta tables")
+    return parsers
+
+
+def add_committing_sink(action: argparse.ArgumentParser) -> None:
+    """``--delta-sink`` of an action that commits removals (runs and plans)."""
+    action.add_argument(
+        "--delta-sink",
+        choices=("auto", "delta-rs", "delta-spark"),
+        default="auto",
+        help="auto: through delta-spark when its JARs are there, else delta-rs",
+    )
+
+
+def load_note(seconds: float, master: str | None) -> str:
+    """A dry run's "about N s now" on a busy machine (empty on a quiet one)."""
+    slower, load = slowdown(master)
+    return f"; about {seconds * slower:.0f} s now (load {load:.1f})" if slower > 1 else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from retrysim.cli.common import EXIT_OK, check_output, check_spark, logs_to_file, say
+from retrysim.cli.common import EXIT_OK, check_output, check_spark, load_note, logs_to_file, say
 from retrysim.engine.choice import planned_engines
 from retrysim.engine.sizing import (
     REPORT_S,
@@ -13,7 +13,6 @@ from retrysim.engine.sizing import (
     GroupEstimate,
     check_size,
     estimate_seconds,
-    slowdown,
 )
 from retrysim.planning.plan import (
     default_plan_id,
@@ -45,8 +44,7 @@ def _dry_run(spec, sized: list[tuple[str, Scenario, list[GroupEstimate]]], args)
         say(f"{label}: {groups}; about {seconds:.0f} s")
     points = spec.most_points if spec.search is not None else len(each)
     total = RUN_FIXED_S + sum(each) / len(each) * points + (0 if args.no_report else REPORT_S)
-    slower, load = slowdown(args.master)
-    now = f"; about {total * slower:.0f} s now (load {load:.1f})" if slower > 1 else ""
+    now = load_note(total, args.master)
     say(
         f"estimate: {'at most ' if spec.search is not None else ''}{points} points, about "
         f"{total:.0f} s launch to exit on a quiet 2-core machine{now}"

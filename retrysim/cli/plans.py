@@ -14,7 +14,7 @@ import os
 
 from deltalake import DeltaTable
 
-from retrysim.cli.common import EXIT_OK, say
+from retrysim.cli.common import EXIT_OK, add_actions, add_committing_sink, say
 from retrysim.cli.runs import committing_session, shown
 from retrysim.planning.plans import PlanInfo, delete_plan, find_plan, list_plans, plan_rows
 from retrysim.planning.targets import aligned, show
@@ -23,26 +23,19 @@ from retrysim.store.sinks import table_path
 
 
 def add_plans_command(commands: argparse._SubParsersAction) -> None:
-    command = commands.add_parser(
-        "plans", help="list, show or delete the capacity plans of a folder"
+    actions = add_actions(
+        commands,
+        "plans",
+        "list, show or delete the capacity plans of a folder",
+        {
+            "list": "every plan: id, scenario, points, runs, when and status",
+            "show": "one plan: its settings, points, runs and recommendation",
+            "delete": "delete a plan's rows and all its runs (one commit a table)",
+        },
     )
-    actions = command.add_subparsers(dest="action", required=True)
-    for name, text in (
-        ("list", "every plan: id, scenario, points, runs, when and status"),
-        ("show", "one plan: its settings, points, runs and recommendation"),
-        ("delete", "delete a plan's rows and all its runs (one commit a table)"),
-    ):
-        action = actions.add_parser(name, help=text, description=text)
-        action.add_argument("--output", default="out", help="folder of the Delta tables")
-        if name != "list":
-            action.add_argument("--plan-id", required=True, help="the plan")
-        if name == "delete":
-            action.add_argument(
-                "--delta-sink",
-                choices=("auto", "delta-rs", "delta-spark"),
-                default="auto",
-                help="auto: through delta-spark when its JARs are there, else delta-rs",
-            )
+    for name in ("show", "delete"):
+        actions[name].add_argument("--plan-id", required=True, help="the plan")
+    add_committing_sink(actions["delete"])
 
 
 def plans_command(args: argparse.Namespace) -> int:

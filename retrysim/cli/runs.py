@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
-from retrysim.cli.common import EXIT_OK, check_spark, say
+from retrysim.cli.common import EXIT_OK, add_actions, add_committing_sink, check_spark, say
 from retrysim.planning.plans import plan_of
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.units import parse_duration
@@ -39,29 +39,24 @@ from retrysim.tables.schemas import RUNS
 
 
 def add_runs_command(commands: argparse._SubParsersAction) -> None:
-    command = commands.add_parser(
-        "runs", help="list, show, delete, vacuum or optimize the runs of a folder"
+    actions = add_actions(
+        commands,
+        "runs",
+        "list, show, delete, vacuum or optimize the runs of a folder",
+        {
+            "list": "every run: status, scenario, sizes and times",
+            "show": "one run: every column of its runs row, then its sizes and files",
+            "delete": "delete a run from every table (readers stop seeing it at once)",
+            "vacuum": "remove the files no table version within the retention needs",
+            "optimize": "compact each run's files (one a table and run), optionally Z-ordered",
+        },
     )
-    actions = command.add_subparsers(dest="action", required=True)
-    for name, text in (
-        ("list", "every run: status, scenario, sizes and times"),
-        ("show", "one run: every column of its runs row, then its sizes and files"),
-        ("delete", "delete a run from every table (readers stop seeing it at once)"),
-        ("vacuum", "remove the files no table version within the retention needs"),
-        ("optimize", "compact each run's files (one a table and run), optionally Z-ordered"),
-    ):
-        action = actions.add_parser(name, help=text, description=text)
-        action.add_argument("--output", default="out", help="folder of the Delta tables")
+    for name, action in actions.items():
         if name in ("show", "delete"):
             action.add_argument("--run-id", required=True, help="the run")
         if name in COMMITTING:
-            action.add_argument(
-                "--delta-sink",
-                choices=("auto", "delta-rs", "delta-spark"),
-                default="auto",
-                help="auto: through delta-spark when its JARs are there, else delta-rs",
-            )
-    list_command = actions.choices["list"]
+            add_committing_sink(action)
+    list_command = actions["list"]
     list_command.add_argument("--scenario", help="only the runs of this scenario (its name)")
     list_command.add_argument("--plan-id", help="only the runs of this plan (every execution)")
     list_command.add_argument(
@@ -69,7 +64,7 @@ def add_runs_command(commands: argparse._SubParsersAction) -> None:
         choices=(STATUS_COMPLETE, STATUS_PUBLISHING, STATUS_WRITING),
         help="only the runs in this state",
     )
-    optimize_command = actions.choices["optimize"]
+    optimize_command = actions["optimize"]
     optimize_command.add_argument(
         "--run-id", dest="run_ids", action="append", metavar="RUN_ID",
         help="only this run's partitions (repeatable; default: every complete run)",
@@ -79,7 +74,7 @@ def add_runs_command(commands: argparse._SubParsersAction) -> None:
         help="also Z-order the message-keyed tables by group and msg_id (docs/performance.md: "
         "no faster filters than compaction alone at 1M messages a run, and twice the time)",
     )  # fmt: skip
-    vacuum_command = actions.choices["vacuum"]
+    vacuum_command = actions["vacuum"]
     vacuum_command.add_argument(
         "--retention",
         default=f"{DEFAULT_RETENTION_HOURS}h",

@@ -13,7 +13,7 @@ import sys
 
 from deltalake.exceptions import DeltaError
 
-from retrysim.cli.common import EXIT_OK, check_output, check_spark, logs_to_file, say
+from retrysim.cli.common import EXIT_OK, check_output, check_spark, load_note, logs_to_file, say
 from retrysim.engine.choice import planned_engines
 from retrysim.engine.event_stage import ENGINE_SEQUENTIAL
 from retrysim.engine.sizing import (
@@ -21,7 +21,6 @@ from retrysim.engine.sizing import (
     check_size,
     estimate_seconds,
     human_bytes,
-    slowdown,
 )
 from retrysim.planning.replications import Replications, check_replications, replicate
 from retrysim.planning.targets import aligned, show
@@ -143,8 +142,7 @@ def _dry_run(scenario, sizes: list[GroupEstimate], args: argparse.Namespace) -> 
         )
     seconds = estimate_seconds(sizes, engines, not args.no_report, args.replications)
     disk = args.replications * sum(size.disk_bytes for size in sizes)
-    slower, load = slowdown(args.master)
-    now = f"; about {seconds * slower:.0f} s now (load {load:.1f})" if slower > 1 else ""
+    now = load_note(seconds, args.master)
     say(
         f"estimate: about {human_bytes(disk)} of disk at {args.output}, about {seconds:.0f} s "
         f"launch to exit on a quiet 2-core machine{now}"
