@@ -35,6 +35,7 @@ from support import PROJECT, QUICK_JVM
 
 from retrysim import load_scenario, simulate
 from retrysim.cli.main import main
+from retrysim.session import full_jit
 
 pytestmark = pytest.mark.spark  # spark-submit runs and the session
 
@@ -138,11 +139,13 @@ def run(words: list[str]) -> tuple[int, str, str]:
 
 @pytest.fixture
 def session_kept(spark, monkeypatch):
-    """The tests' session, which the commands run here build on and may not stop; relative
-    paths (``conf/...``) are the project's, as for a command run from its folder."""
+    """The tests' session, which the commands run here build on and may not stop, left as
+    they found it; relative paths (``conf/...``) are the project's, as for a command run
+    from its folder."""
     monkeypatch.setattr(SparkSession, "stop", lambda _self: None)
     monkeypatch.chdir(PROJECT)
-    return spark
+    yield spark
+    full_jit(spark)  # a simulating command left the driver JVM on C1 alone: C2 back
 
 
 def _deletes(words: list[str]) -> bool:
