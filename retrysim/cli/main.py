@@ -18,6 +18,7 @@ from typing import NoReturn
 from retrysim.checks.validate import ValidationError
 from retrysim.cli import (
     calibrate,
+    compare,
     conformance,
     digest,
     plan,
@@ -55,6 +56,7 @@ COMMANDS = {
         calibrate.add_calibrate_command,
         lambda args: calibrate.calibrate_command(args),
     ),
+    "compare": (compare.add_compare_command, lambda args: compare.compare_command(args)),
     "conformance": (
         functools.partial(add_scenario_command, name="conformance"),
         lambda args: conformance.conformance_command(args),
