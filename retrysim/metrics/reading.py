@@ -21,7 +21,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from retrysim.metrics.names import COUNTER, HISTOGRAM, RATE, Series, base_name, series_named
+from retrysim.metrics.names import (
+    COUNTER,
+    HISTOGRAM,
+    RATE,
+    SERIES,
+    Series,
+    base_name,
+    series_named,
+)
 
 MIN_POINTS = 3  # fewer samples than this cannot give a rate and its change
 # Grafana's header cell: name{label="value", ...}, {__name__="name", ...} or a bare name
@@ -179,6 +187,19 @@ def _matches(raw: Raw, series: Series, group: str, topics: set[str]) -> bool:
     return topic in topics
 
 
+def _preferred(chosen: list[tuple[Raw, Series]]) -> list[tuple[Raw, Series]]:
+    """Per quantity, only the series of the first name :data:`SERIES` lists for it that the
+    exports hold (the 4.x exporter's offsets before its moving averages): two names of one
+    quantity are not added up. ``lag``'s names are parts of it (the topic's and the retry
+    topic's), all kept."""
+    rank = {(s.name, s.quantity): k for k, s in enumerate(SERIES)}
+    first: dict[str, int] = {}
+    for _raw, s in chosen:
+        first[s.quantity] = min(first.get(s.quantity, len(rank)), rank[(s.name, s.quantity)])
+    return [(raw, s) for raw, s in chosen
+            if s.quantity == "lag" or rank[(s.name, s.quantity)] == first[s.quantity]]  # fmt: skip
+
+
 def _increase(raw: Raw, what: str) -> pd.Series:
     """A counter's increase over each interval between samples; a reset is an error."""
     values = raw.samples["value"].to_numpy()
@@ -209,7 +230,7 @@ def observe(raws: list[Raw], group: str, topic: str | None = None) -> Observed:
         if raw.labels.get(s.group_label) == group and s.topic_label in raw.labels
         and not raw.labels[s.topic_label].startswith("%")
     }  # fmt: skip
-    chosen = [(raw, s) for raw, s in known if _matches(raw, s, group, topics)]
+    chosen = _preferred([(raw, s) for raw, s in known if _matches(raw, s, group, topics)])
     if not [c for c in chosen if c[1].group_label]:
         groups = sorted({raw.labels[s.group_label] for raw, s in grouped})
         files = sorted({raw.file for raw, _ in known})
