@@ -4,6 +4,7 @@ file it cannot use is one line naming the file and the series, exit 2, nothing w
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 
@@ -179,3 +180,35 @@ def test_read_exports_sums_a_quantitys_series_per_time(exported):
     ]
     observed = observe(twice, "payments")
     assert np.array_equal(observed.gauges["lag"].to_numpy(), 2 * lag.samples["value"].to_numpy())
+
+
+def test_many_levels_go_to_a_traffic_file_beside_the_scenario(tmp_path):
+    """Arrivals that change every few minutes over a day are more levels than a profile
+    holds: the counts go to a traffic file beside the scenario, which loads with it."""
+    pieces = tuple((300.0 * (k + 1), 5.0 + 20 * (k % 7)) for k in range(80))
+    (tmp_path / "base.yaml").write_text(BASE)
+    scenario = calibrated(tmp_path, write_json(tmp_path / "m.json", series(Truth(
+        pieces=pieces, outage=(6000.0, 6300.0)))))  # fmt: skip
+    workload = scenario["groups"][0]["workload"]
+    assert workload["arrival"] == "file" and workload["file"] == "calibrated.traffic.csv"
+    loaded = load_scenario(scenario["_path"])
+    messages = loaded.groups[0].workload.messages
+    assert messages == pytest.approx(sum(300 * rate for _, rate in pieces), rel=0.02)
+
+
+def test_grafanas_series_as_rows_layout_reads_as_its_table_view(exported, tmp_path):
+    *_, csv_file = exported
+    wide = read_exports([csv_file])
+    rows = []
+    for raw in wide:
+        selector = raw.name + "{" + ", ".join(f'{k}="{v}"' for k, v in raw.labels.items()) + "}"
+        rows += [(selector, int(t * 1000), v) for t, v in raw.samples.itertuples(index=False)]
+    long = tmp_path / "rows.csv"
+    with long.open("w", newline="") as out:  # Grafana's older export: semicolons
+        writer = csv.writer(out, delimiter=";")
+        writer.writerow(["Series", "Time", "Value"])
+        writer.writerows(rows)
+    again = {raw.selector(): raw.samples for raw in read_exports([long])}
+    assert len(again) == len(wide)
+    for raw in wide:
+        assert np.allclose(again[raw.selector()].to_numpy(), raw.samples.to_numpy())
