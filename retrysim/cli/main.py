@@ -16,7 +16,17 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from retrysim.checks.validate import ValidationError
-from retrysim.cli import conformance, digest, plan, plans, report, runs, simulate, validate
+from retrysim.cli import (
+    conformance,
+    digest,
+    export,
+    plan,
+    plans,
+    report,
+    runs,
+    simulate,
+    validate,
+)
 from retrysim.cli.arguments import Parser, add_scenario_command, job_parser
 from retrysim.cli.common import (
     EXIT_BAD_INPUT,
@@ -40,6 +50,7 @@ COMMANDS = {
     ),
     "plans": (plans.add_plans_command, lambda args: plans.plans_command(args)),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
+    "export": (export.add_export_command, lambda args: export.export_command(args)),
     "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
     "conformance": (
         functools.partial(add_scenario_command, name="conformance"),
