@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from retrysim import load_scenario, simulate
 from retrysim.cli.main import main
 from retrysim.metrics import export
-from retrysim.metrics.export import DASHBOARD, FAMILIES, export_openmetrics
+from retrysim.metrics.export import DASHBOARD, FAMILIES, SAMPLES, export_openmetrics
 from retrysim.metrics.names import PROCESS_TIME_BUCKETS_MS
 from retrysim.metrics.prometheus import Prometheus, backfill_openmetrics, binaries
 from retrysim.model.behavior import CONSUME_SUCCESS
@@ -52,13 +52,26 @@ Series = dict[Key, list[tuple[int, float]]]  # each series' (ms since the epoch,
 
 @pytest.fixture(scope="module")
 def exported(spark, tmp_path_factory):
+    """The run exported (and one without start_at beside it), and the columns of every frame
+    the export collected to the driver."""
     folder = tmp_path_factory.mktemp("export") / "out"
     simulate(spark, load_scenario(overrides=list(OVERRIDES)), output=str(folder), run_id=RUN,
              validate=False)  # fmt: skip
     plain = load_scenario(overrides=["groups.0.workload.messages=20", "horizon=1m"])
     simulate(spark, plain, output=str(folder), run_id=PLAIN, validate=False)
-    done = export_openmetrics(spark, str(folder), RUN)
-    return folder, done
+    frame = type(spark.range(1))  # the session's concrete DataFrame class
+    collected, real_collect = [], frame.collect
+
+    def collect(self):
+        collected.append(tuple(self.columns))
+        return real_collect(self)
+
+    frame.collect = collect
+    try:
+        done = export_openmetrics(spark, str(folder), RUN)
+    finally:
+        frame.collect = real_collect
+    return folder, done, collected
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+) (\S+)$")
@@ -145,12 +158,10 @@ def _process_time(spark, output: str, ends: list[int], group: dict) -> Series:
         labels = {**group, "invocation_status": status}
         bounds = [*(repr(b) for b in PROCESS_TIME_BUCKETS_MS), "+Inf"]
         for bound in bounds:
-            key = ("rocketmq_process_time_bucket", _labels(**labels, le=bound))
-            series[key] = [
-                (end, float(sum(r["end_ms"] < end - START_MS and (bound == "+Inf" or r["took"]
-                                <= float(bound)) for r in mine)))
-                for end in ends
-            ]  # fmt: skip
+            within = [r for r in mine if bound == "+Inf" or r["took"] <= float(bound)]
+            series[("rocketmq_process_time_bucket", _labels(**labels, le=bound))] = [
+                (end, float(sum(r["end_ms"] < end - START_MS for r in within))) for end in ends
+            ]
         for part, of in (("count", lambda r: 1), ("sum", lambda r: r["took"])):
             series[(f"rocketmq_process_time_{part}", _labels(**labels))] = [
                 (end, float(sum(of(r) for r in mine if r["end_ms"] < end - START_MS)))
@@ -186,7 +197,10 @@ def _frame(series: Series) -> pd.DataFrame:
 
 
 def test_the_file_holds_the_runs_series_under_rocketmqs_names(spark, exported):
-    output, done = exported
+    output, done, collected = exported
+    # no message-level row reaches the driver: the samples (and the lean runs' ids)
+    assert tuple(SAMPLES.fieldNames()) in collected
+    assert not [columns for columns in collected if "msg_id" in columns], collected
     with open(done.path, encoding="utf-8") as file:
         text = file.read()
     parsed = parse_openmetrics(text)
@@ -212,7 +226,7 @@ def test_the_file_holds_the_runs_series_under_rocketmqs_names(spark, exported):
 def test_bad_input_is_one_line_and_a_failed_export_leaves_no_file(
     spark, exported, monkeypatch, capsys, tmp_path
 ):
-    output, _ = exported
+    output, _, _ = exported
     monkeypatch.setattr(type(spark), "stop", lambda self: None)  # the test session stays
     for argv, line in (
         (["--run-id", "nope"], f"retrysim: error: --run-id: no run 'nope' in {output}"),
@@ -252,7 +266,7 @@ needs_prometheus = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def prometheus(exported, tmp_path_factory):
-    _, done = exported
+    _, done, _ = exported
     folder = tmp_path_factory.mktemp("prometheus")
     backfill_openmetrics(done.path, folder / "tsdb")
     with Prometheus(folder) as server:
@@ -267,7 +281,7 @@ def _span(series: Series) -> tuple[float, float]:
 @pytest.mark.prometheus
 @needs_prometheus
 def test_prometheus_answers_each_series_with_the_runs_values(spark, exported, prometheus):
-    output, _ = exported
+    output, _, _ = exported
     expected = expected_series(spark, str(output))
     start, end = _span(expected)
     for (name, labels), points in expected.items():
