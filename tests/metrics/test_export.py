@@ -2,7 +2,8 @@
 as OpenMetrics text under RocketMQ 5.x's names, holds the run's tables series by series:
 read back by a parser here, and (marked ``prometheus``) backfilled with promtool into a real
 Prometheus and queried through its HTTP API, every panel of the shipped Grafana dashboard
-included. Bad input is one line and exit 2, and a failed export leaves no file."""
+included, and read back by ``retrysim compare`` as equal to the run. Bad input is one line
+and exit 2, and a failed export leaves no file."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from pyspark.sql import functions as F
 from retrysim import load_scenario, simulate
 from retrysim.cli.main import main
 from retrysim.metrics import export
+from retrysim.metrics.compare import COMPARED, aligned, errors, run_start, simulated
 from retrysim.metrics.export import DASHBOARD, FAMILIES, SAMPLES, export_openmetrics
 from retrysim.metrics.names import PROCESS_TIME_BUCKETS_MS
 from retrysim.metrics.prometheus import Prometheus, backfill_openmetrics, binaries
+from retrysim.metrics.reading import observe, read_exports
 from retrysim.model.behavior import CONSUME_SUCCESS
 from retrysim.store.sinks import read_table, run_frame
 
@@ -324,3 +327,23 @@ def test_every_dashboard_panel_shows_the_runs_group(spark, exported, prometheus)
                 assert any(math.isfinite(v) and v > 0 for v in values), (panel["title"], expr)
             queried += 1
     assert queried == sum(len(panel["targets"]) for panel in dashboard["panels"]) >= 9
+
+
+@pytest.mark.prometheus
+@needs_prometheus
+def test_compare_finds_the_runs_own_export_equal_to_the_run(spark, exported, prometheus, tmp_path):
+    """The export, queried back from Prometheus as a user records it (range-query JSON), is
+    what ``retrysim compare`` reads: every quantity of the run lies on it, with no error; the
+    busy threads alone differ a little (the process-time histogram counts a delivery in the
+    bucket it ends in, the load splits its thread time across the buckets it spans)."""
+    output, _, _ = exported
+    start, end = _span(expected_series(spark, str(output)))
+    recorded = prometheus.record(tmp_path / "recorded.json", start, end, BUCKET_MS / 1000)
+    observed = observe(read_exports([recorded]), GROUP)
+    start_at, _ = run_start(str(output), RUN)
+    points = aligned(observed, simulated(spark, str(output), RUN, GROUP), start_at)
+    found = {error.quantity: error for error in errors(points, observed)}
+    assert set(found) == set(COMPARED)
+    for quantity, error in found.items():
+        assert error.points >= 119 and error.peak_shift_s == 0, error
+        assert error.nmae < (0.1 if quantity == "busy_threads" else 1e-9), error
