@@ -246,27 +246,21 @@ def published_samples(
     return per_topic.transform(_on_clock(start_ms)).transform(_as_samples(cluster, entries))
 
 
-def process_time_samples(
-    attempts: DataFrame, load: DataFrame, topics: DataFrame, start_ms: int, cluster: str
-) -> DataFrame:
-    """``rocketmq_process_time``: the deliveries that ended by each bucket's end, by
-    ``end_ms - start_ms`` against the 5.x client's buckets, success or failure."""
-    took = F.col("end_ms") - F.col("start_ms")
+def _ended(attempts: DataFrame, load: DataFrame, bounds: Sequence[str]) -> DataFrame:
+    """Per group, bucket of ``end_ms`` and invocation status: the started deliveries within
+    each of the 5.x client's bucket bounds (``bounds``: their columns), all of them and their
+    summed processing time (``end_ms - start_ms``)."""
     sizes = load.select("group", "bucket_ms").distinct()
-    status = F.when(F.col("outcome") == F.lit(CONSUME_SUCCESS), F.lit(SUCCESS)).otherwise(
-        F.lit(FAILURE)
-    )
-    bounds = [f"le_{n}" for n in range(len(PROCESS_TIME_BUCKETS_MS))]
-    ended = (
+    status = F.when(F.col("outcome") == F.lit(CONSUME_SUCCESS), F.lit(SUCCESS))
+    ended_in = F.floor(F.col("end_ms") / F.col("bucket_ms")) * F.col("bucket_ms")
+    return (
         attempts.where(F.col("start_ms").isNotNull() & F.col("end_ms").isNotNull())
         .join(F.broadcast(sizes), "group")
         .select(
             "group",
-            (F.floor(F.col("end_ms") / F.col("bucket_ms")) * F.col("bucket_ms")).alias(
-                "bucket_start_ms"
-            ),
-            status.alias(INVOCATION_STATUS_LABEL),
-            took.alias("took"),
+            ended_in.alias("bucket_start_ms"),
+            status.otherwise(F.lit(FAILURE)).alias(INVOCATION_STATUS_LABEL),
+            (F.col("end_ms") - F.col("start_ms")).alias("took"),
         )
         .groupBy("group", "bucket_start_ms", INVOCATION_STATUS_LABEL)
         .agg(
@@ -278,14 +272,24 @@ def process_time_samples(
             F.sum("took").alias("sum"),
         )
     )
+
+
+def process_time_samples(
+    attempts: DataFrame, load: DataFrame, topics: DataFrame, start_ms: int, cluster: str
+) -> DataFrame:
+    """``rocketmq_process_time``: the deliveries that ended by each bucket's end, by
+    ``end_ms - start_ms`` against the 5.x client's buckets, success or failure."""
+    bounds = [f"le_{n}" for n in range(len(PROCESS_TIME_BUCKETS_MS))]
     sums = (*bounds, "count", "sum")
+    statuses = F.explode(F.array(F.lit(SUCCESS), F.lit(FAILURE)))
     per_bucket = (
         load.select("group", *_KEY)
-        .withColumn(INVOCATION_STATUS_LABEL, F.explode(F.array(F.lit(SUCCESS), F.lit(FAILURE))))
-        .join(ended, ["group", "bucket_start_ms", INVOCATION_STATUS_LABEL], "left")
+        .withColumn(INVOCATION_STATUS_LABEL, statuses)
+        .join(_ended(attempts, load, bounds), ["group", "bucket_start_ms", INVOCATION_STATUS_LABEL],
+              "left")
         .fillna(0, subset=list(sums))
         .transform(_running(*sums, by=("group", INVOCATION_STATUS_LABEL)))
-    )
+    )  # fmt: skip
     return (
         per_bucket.transform(_on_clock(start_ms))
         .transform(_labelled(topics))
