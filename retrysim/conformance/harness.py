@@ -218,6 +218,14 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
     ])  # fmt: skip
 
 
+def add_settings(properties: Path, settings: dict[str, str]) -> None:
+    """Append ``settings`` to a harness's properties: what the run observes, not what the
+    scenario is (``metrics=true``: the broker4 harness serves the RocketMQ exporter's series,
+    retrysim.conformance.exporter4)."""
+    with open(properties, "a") as file:
+        file.writelines(f"{key}={value}\n" for key, value in settings.items())
+
+
 def class_path(harness: str) -> str:
     """The harness's class path, built once (scripts/broker-jars.sh)."""
     built = subprocess.run(
@@ -229,8 +237,11 @@ def class_path(harness: str) -> str:
     return built.stdout.strip()
 
 
-def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRun:
-    """Run the scenario's group ``name`` on a real broker, its files under ``folder``."""
+def run_on_broker(
+    scenario: Scenario, name: str, folder: str | Path, settings: dict[str, str] | None = None
+) -> BrokerRun:
+    """Run the scenario's group ``name`` on a real broker, its files under ``folder``;
+    ``settings`` are further harness properties (:func:`add_settings`)."""
     group, spec = group_spec(scenario, name)
     refuse_unsupported(scenario, group, spec)
     harness = harness_of(group)
@@ -243,6 +254,7 @@ def run_on_broker(scenario: Scenario, name: str, folder: str | Path) -> BrokerRu
     messages.to_csv(folder / "messages.csv", header=False, index=False)
     outcomes(spec, msg_ids).to_csv(folder / "outcomes.csv", header=False, index=False)
     (folder / "harness.properties").write_text(_properties(scenario, group, spec, folder))
+    add_settings(folder / "harness.properties", settings or {})
     command = ["java", f"-Xmx{HEAPS[harness]}", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
                "-cp", class_path(harness), f"retrysim.{harness}.Harness",
                str(folder / "harness.properties"), str(folder / "out")]  # fmt: skip

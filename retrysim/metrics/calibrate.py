@@ -98,8 +98,9 @@ def fit_arrivals(observed: Observed, t0: float, fitted: Fitted, traffic: Path) -
 
 def _failures(observed: Observed, first_retry_ms: int) -> tuple[pd.Series, pd.Series, str]:
     """Per interval, the failed deliveries and the deliveries: from the client histogram's
-    status where it is exported, else the retries delivered one first retry interval later
-    against the deliveries (most retries are first retries where failures are rare)."""
+    status where it is exported; else each failed delivery is a retry put one first retry
+    interval later (most retries are first retries where failures are rare) or a dead letter
+    put at once, against the deliveries."""
     hist = observed.histogram
     if hist is not None and (hist["status"] != "").any():
         top = hist[np.isinf(hist["le"])]
@@ -113,13 +114,16 @@ def _failures(observed: Observed, first_retry_ms: int) -> tuple[pd.Series, pd.Se
             "no series gives the failures: export rocketmq_process_time (with its "
             "invocation_status), or the deliveries and the retries"
         )
-    _ends, lengths = _intervals(deliveries)
+    _, lengths = _intervals(deliveries)
     shift = round(first_retry_ms / 1000 / np.median(lengths))
     later = retries.reindex(deliveries.index).shift(-shift).fillna(0.0)
-    trials = (deliveries - later).clip(lower=0) * lengths
-    failed = later * lengths
-    note = (f"{observed.sources['retries']} {shift} samples later, over "
-            f"{observed.sources['deliveries']}")  # fmt: skip
+    dead = observed.rates.get("dlq")
+    dead = 0.0 if dead is None else dead.reindex(deliveries.index).fillna(0.0)
+    failed = (later + dead) * lengths
+    trials = deliveries * lengths
+    sources = [observed.sources["retries"] + f" {shift} samples later"]
+    sources += [observed.sources["dlq"]] if "dlq" in observed.sources else []
+    note = f"{' and '.join(sources)}, over {observed.sources['deliveries']}"
     return failed, trials.clip(lower=failed), note
 
 

@@ -66,15 +66,23 @@ SERIES = (
     Series("rocketmq_consumer_queueing_latency", FIVE, GAUGE, "queueing_latency"),
     Series("rocketmq_send_to_dlq_messages_total", FIVE, COUNTER, "dlq"),
     Series("rocketmq_process_time", FIVE, HISTOGRAM, "process_time"),
-    # the RocketMQ exporter (4.x): MetricCollectService and RMQMetricsCollector
+    # the RocketMQ exporter (4.x): MetricsCollectTask and RMQMetricsCollector. Where two
+    # series give a quantity, the first listed is read: the offsets are exact counts, the
+    # *_tps a minute's moving average
+    Series("rocketmq_producer_offset", FOUR, COUNTER, "published", group_label=None),
     Series("rocketmq_producer_tps", FOUR, RATE, "published", group_label=None),
-    Series("rocketmq_consumer_tps", FOUR, RATE, "deliveries", group_label="group"),
+    # the committed offset: the group's first deliveries done (a failed one is sent back)
+    Series("rocketmq_consumer_offset", FOUR, COUNTER, "first_deliveries", group_label="group"),
+    # the exporter leaves %RETRY% topics out of consumer_tps: first deliveries only
+    Series("rocketmq_consumer_tps", FOUR, RATE, "first_deliveries", group_label="group"),
     Series("rocketmq_group_diff", FOUR, GAUGE, "lag", group_label="group"),
+    Series("rocketmq_group_retrydiff", FOUR, GAUGE, "lag", group_label="group"),
     Series("rocketmq_group_get_latency_by_storetime", FOUR, GAUGE, "queueing_latency",
            group_label="group"),
-    # the retry and DLQ topics' max offsets: their rise is the messages put there
+    # the retry topic's max offsets (topic %RETRY%<group>): their rise is the retries put there
+    # when due; the DLQ's are labelled by group (the topic's name without %DLQ%)
     Series("rocketmq_topic_retry_offset", FOUR, COUNTER, "retries", group_label=None),
-    Series("rocketmq_topic_dlq_offset", FOUR, COUNTER, "dlq", group_label=None),
+    Series("rocketmq_topic_dlq_offset", FOUR, COUNTER, "dlq", group_label="group"),
 )  # fmt: skip
 
 # the 5.x client's process-time histogram buckets (ClientMeterManager), in ms

@@ -21,8 +21,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from retrysim.metrics.names import COUNTER, HISTOGRAM, RATE, Series, base_name, series_named
+from retrysim.metrics.names import (
+    COUNTER,
+    HISTOGRAM,
+    RATE,
+    SERIES,
+    Series,
+    base_name,
+    series_named,
+)
 
+SCRAPE_LABELS = {"job", "instance"}  # what Prometheus adds to every series it scrapes
 MIN_POINTS = 3  # fewer samples than this cannot give a rate and its change
 # Grafana's header cell: name{label="value", ...}, {__name__="name", ...} or a bare name
 _SELECTOR = re.compile(r"^\s*([A-Za-z_:][\w:]*)?\s*(?:\{(.*)\})?\s*$")
@@ -170,6 +179,8 @@ def _matches(raw: Raw, series: Series, group: str, topics: set[str]) -> bool:
     if any(raw.labels.get(k) != v for k, v in series.filters):
         return False
     if series.group_label is not None:
+        if series.quantity == "first_deliveries" and _system(raw.labels.get(series.topic_label)):
+            return False  # a 4.x group's offsets on its %RETRY% topic: its retries
         return raw.labels.get(series.group_label) == group
     topic = raw.labels.get(series.topic_label)
     if series.quantity == "retries":
@@ -177,6 +188,23 @@ def _matches(raw: Raw, series: Series, group: str, topics: set[str]) -> bool:
     if series.quantity == "dlq":
         return topic in (f"%DLQ%{group}",)
     return topic in topics
+
+
+def _preferred(chosen: list[tuple[Raw, Series]]) -> list[tuple[Raw, Series]]:
+    """Per quantity, only the series of the first name :data:`SERIES` lists for it that the
+    exports hold (the 4.x exporter's offsets before its moving averages): two names of one
+    quantity are not added up. ``lag``'s names are parts of it (the topic's and the retry
+    topic's), all kept."""
+    rank = {(s.name, s.quantity): k for k, s in enumerate(SERIES)}
+    first: dict[str, int] = {}
+    for _raw, s in chosen:
+        first[s.quantity] = min(first.get(s.quantity, len(rank)), rank[(s.name, s.quantity)])
+    return [(raw, s) for raw, s in chosen
+            if s.quantity == "lag" or rank[(s.name, s.quantity)] == first[s.quantity]]  # fmt: skip
+
+
+def _system(topic: str | None) -> bool:
+    return topic is not None and topic.startswith(("%RETRY%", "%DLQ%"))
 
 
 def _increase(raw: Raw, what: str) -> pd.Series:
@@ -207,9 +235,9 @@ def observe(raws: list[Raw], group: str, topic: str | None = None) -> Observed:
     topics = {topic} if topic else {
         raw.labels[s.topic_label] for raw, s in grouped
         if raw.labels.get(s.group_label) == group and s.topic_label in raw.labels
-        and not raw.labels[s.topic_label].startswith("%")
+        and not _system(raw.labels[s.topic_label])
     }  # fmt: skip
-    chosen = [(raw, s) for raw, s in known if _matches(raw, s, group, topics)]
+    chosen = _preferred([(raw, s) for raw, s in known if _matches(raw, s, group, topics)])
     if not [c for c in chosen if c[1].group_label]:
         groups = sorted({raw.labels[s.group_label] for raw, s in grouped})
         files = sorted({raw.file for raw, _ in known})
@@ -258,6 +286,7 @@ def _assemble(chosen: list[tuple[Raw, Series]], group: str, topic: str | None) -
         parts = [total["first_deliveries"], total.get("retries")]
         total["deliveries"] = pd.concat([p for p in parts if p is not None], axis=1).sum(axis=1)
         rates["deliveries"] = []
+        sources["deliveries"] = sources["first_deliveries"] + sources.get("retries", [])
     times = np.unique(np.concatenate([s.index.to_numpy() for s in total.values()]))
     histogram = None
     if buckets:
@@ -276,7 +305,7 @@ def _describe(raws: list[Raw]) -> str:
     parts = []
     for name in dict.fromkeys(raw.name for raw in raws):
         same = [raw for raw in raws if raw.name == name]
-        keys = sorted({k for raw in same for k in raw.labels})
+        keys = sorted({k for raw in same for k in raw.labels} - SCRAPE_LABELS)
         shared = {
             k: same[0].labels[k] for k in keys
             if k in same[0].labels and len({raw.labels.get(k) for raw in same}) == 1

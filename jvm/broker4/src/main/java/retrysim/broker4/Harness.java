@@ -49,7 +49,8 @@ import retrysim.harness.Sends;
  * only the clients share this JVM; the topic is made and the store's counts read through the
  * admin API. Production starts once every consumer holds its queues; every delivery is
  * written to deliveries.csv, the DLQ's messages to dlq.csv and the store's puts per topic to
- * puts.csv.
+ * puts.csv. With {@code metrics=true} it also serves the RocketMQ exporter's series, emulated
+ * ({@link Exporter}), its URL in metrics-endpoints.txt.
  */
 public final class Harness {
   private static final String GROUP_KEY = "group";
@@ -128,6 +129,9 @@ public final class Harness {
     admin.setNamesrvAddr(namesrvAddr);
     admin.setInstanceName("retrysim-admin");
     admin.start();
+    // the RocketMQ exporter's series, emulated, served from here on (a property asks for them)
+    Exporter exporter = Boolean.parseBoolean(p.getProperty("metrics", "false"))
+        ? new Exporter(namesrvAddr, out.resolve("metrics-endpoints.txt")) : null;
     String brokerAddr = "127.0.0.1:" + brokerPort;
     int queues = integer("queues");
     // the broker registers the topic with the namesrv before it answers
@@ -153,6 +157,10 @@ public final class Harness {
     Files.write(out.resolve("deliveries.csv"), deliveries);
     writeDeadLetters(namesrvAddr);
     writePuts(admin);
+    if (exporter != null) { // served a little longer, so that a scrape sees the end
+      Listener.sleep(Long.parseLong(p.getProperty("metrics_linger_ms", "0")));
+      exporter.close();
+    }
     admin.shutdown();
     children.close();
   }

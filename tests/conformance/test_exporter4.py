@@ -1,0 +1,78 @@
+"""The RocketMQ exporter's 4.x series over a run on a real 4.9.7 broker, scraped by a real
+Prometheus (retrysim.conformance.exporter4): conf/metrics/exporter-4x.yaml, 300 messages over
+50 s, 20 % failures and 5 % poison, two retries on a compressed delay table. The series are
+the broker's own statistics as the exporter computes them; each is checked against what the
+run did, so that a wrong name, label, formula or admin call shows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import PROJECT
+
+from retrysim.conformance.exporter4 import ENDPOINTS, record_metrics
+from retrysim.metrics.prometheus import binaries
+from retrysim.scenario.loading import load_scenario
+
+SCENARIO = PROJECT / "conf" / "metrics" / "exporter-4x.yaml"
+RATE = 300 / 50  # messages a second, as the scenario publishes them
+LABELS = {"cluster": "DefaultCluster", "broker": "broker-a"}
+
+
+def series(result: list[dict], name: str, **labels: str) -> list[tuple[float, float]]:
+    """The samples of every series ``name`` with ``labels`` (others may differ, such as
+    ``countOfOnlineConsumers`` when the consumers stop), merged in time order."""
+    rows = [
+        r for r in result
+        if r["metric"]["__name__"] == name
+        and all(r["metric"].get(k) == v for k, v in labels.items())
+    ]  # fmt: skip
+    assert rows, f"no {name} {labels}"
+    return sorted((float(t), float(v)) for row in rows for t, v in row["values"])
+
+
+@pytest.mark.broker
+@pytest.mark.skipif(binaries() is None, reason="prometheus and promtool are not on PATH")
+def test_the_exporters_series_follow_the_4x_brokers_run(tmp_path):
+    recorded = record_metrics(load_scenario(SCENARIO), "payments", tmp_path, scrape_interval_s=2)
+    run = recorded.run
+    assert (tmp_path / "out" / ENDPOINTS).read_text().startswith("rocketmq-exporter http://")
+    answer = json.loads(recorded.metrics.read_text())
+    assert answer["status"] == "success" and answer["data"]["resultType"] == "matrix"
+    result = answer["data"]["result"]
+    dead, retried = run.puts["%DLQ%payments"], run.puts["%RETRY%payments"]
+    assert run.puts["orders"] == 300 and len(run.dead_letters) == dead > 0 and retried > dead
+
+    # the topic's minute tps (the broker's StatsItem, sampled every 10 s): after 50 s of a
+    # steady 6 a second its window holds 50 to 60 s of them, so the peak is 5/6 to all of it
+    produced = series(result, "rocketmq_producer_tps", topic="orders", **LABELS)
+    assert 0.75 * RATE <= max(v for _, v in produced) <= 1.1 * RATE, produced
+    # the group's pulls from the topic: each message once; its retries are pulled from
+    # %RETRY%payments, which the exporter leaves out of rocketmq_consumer_tps
+    pulled = series(result, "rocketmq_consumer_tps", topic="orders", group="payments", **LABELS)
+    assert 0.75 * RATE <= max(v for _, v in pulled) <= 1.1 * RATE, pulled
+
+    # the topics' max offsets only rise, and end at the store's puts
+    for name, labels, final in (
+        ("rocketmq_producer_offset", {"topic": "orders"}, 300),
+        ("rocketmq_topic_retry_offset", {"topic": "%RETRY%payments"}, retried),
+        ("rocketmq_topic_dlq_offset", {"group": "payments"}, dead),  # the topic less %DLQ%
+    ):
+        values = [v for _, v in series(result, name, **labels, **LABELS)]
+        assert values == sorted(values) and values[-1] == final, (name, values)
+        assert values[0] < final, (name, values)  # recorded from before the run's puts
+    # the send-backs of the last minute: each retry and each dead letter is one
+    sent_back = series(result, "rocketmq_send_back_nums", topic="orders", group="payments")
+    assert 0 < max(v for _, v in sent_back) <= retried + dead, sent_back
+
+    # the group's backlog and its age: some while messages come, none once all are consumed
+    for name in ("rocketmq_group_diff", "rocketmq_group_retrydiff"):
+        diff = series(result, name, group="payments", msgModel="1")  # 1: CLUSTERING
+        assert diff[-1][1] == 0 and max(v for _, v in diff) < 60, (name, diff)
+    online = series(result, "rocketmq_group_diff", group="payments", countOfOnlineConsumers="1")
+    assert len(online) > 10  # scraped while the consumer ran, then it stopped (0 online)
+    age = series(result, "rocketmq_group_get_latency_by_storetime", topic="orders",
+                 group="payments", **LABELS)  # fmt: skip
+    assert age[-1][1] == 0 and max(v for _, v in age) < 10_000, age
+    assert recorded.end - recorded.start < 120
