@@ -58,6 +58,9 @@ NOT_RUN = {
     "--plan-id flash-plan ...": "a plan id run again: tests/planning/test_plans.py checks the "
     "refusal (this one needs the plan above in the folder)",
     "retrysim-env": "packs a Python environment for a cluster's executors (minutes, and venv-pack)",
+    "promtool tsdb create-blocks-from": "backfills an export into a Prometheus TSDB: "
+    "tests/metrics/test_export.py does, and queries it",
+    "--storage.tsdb.path": "a Prometheus server: tests/metrics/test_export.py starts one",
 }
 
 

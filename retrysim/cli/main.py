@@ -21,6 +21,7 @@ from retrysim.cli import (
     compare,
     conformance,
     digest,
+    export,
     plan,
     plans,
     report,
@@ -51,6 +52,7 @@ COMMANDS = {
     ),
     "plans": (plans.add_plans_command, lambda args: plans.plans_command(args)),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
+    "export": (export.add_export_command, lambda args: export.export_command(args)),
     "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
     "calibrate": (
         calibrate.add_calibrate_command,

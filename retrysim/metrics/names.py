@@ -88,6 +88,21 @@ SERIES = (
 # the 5.x client's process-time histogram buckets (ClientMeterManager), in ms
 PROCESS_TIME_BUCKETS_MS = (1.0, 5.0, 10.0, 100.0, 10_000.0, 60_000.0)
 
+# The labels retrysim writes beside topic and consumer_group (retrysim export): RocketMQ
+# 5.x's own. The cluster names the run; a consumer instance is the 5.x client's client_id
+# (Prometheus sets ``instance`` on every series it scrapes).
+CLUSTER_LABEL = "cluster"
+IS_RETRY_LABEL = "is_retry"
+INVOCATION_STATUS_LABEL = "invocation_status"
+CLIENT_LABEL = "client_id"
+SUCCESS, FAILURE = "success", "failure"  # the 5.x client's invocation_status values
+
+# retrysim's own series, per consumer instance (instance_load): no RocketMQ series gives an
+# instance's thread use
+INSTANCE_UTILIZATION = "retrysim_instance_utilization"
+INSTANCE_DELIVERIES = "retrysim_instance_deliveries_total"
+INSTANCE_READY = "retrysim_instance_ready_messages"
+
 
 def base_name(name: str) -> str:
     """``name`` without a histogram's part suffix and the exporter's unit and ``_total``
@@ -108,6 +123,17 @@ def base_name(name: str) -> str:
 
 def _strip(name: str) -> str:
     return name[: -len("_total")] if name.endswith("_total") else name
+
+
+def family_name(name: str) -> str:
+    """The OpenMetrics family of a sample name: a counter's without its ``_total``."""
+    return _strip(name)
+
+
+def five_x(quantity: str) -> Series:
+    """RocketMQ 5.x's series of ``quantity`` (:data:`QUANTITIES`)."""
+    (series,) = [s for s in SERIES if s.family == FIVE and s.quantity == quantity]
+    return series
 
 
 _BASES = {_strip(series.name) for series in SERIES}
