@@ -11,6 +11,7 @@ from pathlib import Path
 from retrysim.metrics.calibrate import calibrate
 from retrysim.metrics.reading import MetricsError, observe, read_exports
 from retrysim.scenario.errors import ScenarioError
+from retrysim.scenario.loading import DEFAULT_SCENARIO_PATH, load_yaml
 
 _POOL = re.compile(r"^\s*(\d+)\s*[xX*:]\s*(\d+)\s*$")
 
@@ -53,8 +54,6 @@ def _pool(text: str | None) -> dict[str, int] | None:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
-    from retrysim.scenario.loading import DEFAULT_SCENARIO_PATH, load_yaml
-
     began = time.perf_counter()
     output = Path(args.output)
     if output.suffix not in (".yaml", ".yml"):

@@ -20,8 +20,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from retrysim.engine.rounds import group_plans, key_specs
 from retrysim.metrics.fitting import BINOMIAL, POISSON, fit_processing_time, levels
 from retrysim.metrics.reading import MetricsError, Observed
+from retrysim.scenario.loading import build_scenario
 from retrysim.scenario.units import format_duration
 
 MAX_PROFILE_PIECES = 60  # more levels than this go to a traffic file beside the scenario
@@ -241,8 +243,6 @@ def calibrate(
 ) -> str:
     """The scenario YAML (text, with its comments) fitted to ``observed`` on ``base``'s
     group ``group_name`` (or its first group, renamed), every key it does not fit kept."""
-    from retrysim.scenario.loading import build_scenario  # pydantic: only for the check
-
     group = _base_group(base, group_name)
     if observed.topic:
         group["topic"] = observed.topic
@@ -277,8 +277,6 @@ def calibrate(
 def spec_policy_first_retry(scenario) -> int:
     """The first retry interval of the scenario's only group, in ms (what a failure waits
     before its retry is delivered)."""
-    from retrysim.engine.rounds import group_plans, key_specs
-
     spec = key_specs(scenario, group_plans(scenario))[0]
     return int(spec.policy.intervals_ms[0]) if spec.policy.intervals_ms else 0
 

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import SparkSession
 
+from retrysim.metrics.names import QUANTITIES
 from retrysim.model.states import REVIVE, SCHEDULE
 from retrysim.planning.plan import read_plan
 from retrysim.planning.targets import METRICS, show
@@ -317,8 +318,6 @@ def _observed_figure(
     frames = analysis.observed_frames(data, group)
     if not frames:
         return {}
-    from retrysim.metrics.names import QUANTITIES
-
     compared = data.comparison[data.comparison["group"] == group]
     columns = [(q, f"{q}: {QUANTITIES[q][0]} ({QUANTITIES[q][1]})")
                for q in compared["quantity"] if q in frames["observed"]]  # fmt: skip

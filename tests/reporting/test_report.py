@@ -121,7 +121,9 @@ def test_scenario_runs_and_its_report_has_every_section(spark, tmp_path, name, d
     path = write_run_report(spark, str(tmp_path), name)
 
     assert path == report_path(str(tmp_path), name) and Path(path).is_file()
-    assert set(tables) == {"runs", "summary", "load", "instance_load", "attempts"}
+    # the run's small tables, and retrysim compare's where it has laid the run over metrics
+    assert set(tables) == {"runs", "summary", "load", "instance_load", "attempts", "observed",
+                           "comparison"}  # fmt: skip
     assert collected and not [columns for columns in collected if "msg_id" in columns]
     text = Path(path).read_text()
     # offline: the one script file is the library beside it, shared by the folder's reports
