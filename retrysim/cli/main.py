@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from retrysim.checks.validate import ValidationError
-from retrysim.cli import conformance, digest, plan, plans, report, runs, simulate, validate
+from retrysim.cli import (
+    calibrate,
+    compare,
+    conformance,
+    digest,
+    plan,
+    plans,
+    report,
+    runs,
+    simulate,
+    validate,
+)
 from retrysim.cli.arguments import Parser, add_scenario_command, job_parser
 from retrysim.cli.common import (
     EXIT_BAD_INPUT,
@@ -41,6 +52,11 @@ COMMANDS = {
     "plans": (plans.add_plans_command, lambda args: plans.plans_command(args)),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
     "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
+    "calibrate": (
+        calibrate.add_calibrate_command,
+        lambda args: calibrate.calibrate_command(args),
+    ),
+    "compare": (compare.add_compare_command, lambda args: compare.compare_command(args)),
     "conformance": (
         functools.partial(add_scenario_command, name="conformance"),
         lambda args: conformance.conformance_command(args),

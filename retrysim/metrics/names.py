@@ -48,6 +48,7 @@ QUANTITIES = {
     "inflight": ("messages delivered and not yet settled", "messages"),
     "queueing_latency": ("the oldest Ready message's age", "ms"),
     "process_time": ("the listener's processing time per delivery", "ms"),
+    "busy_threads": ("consumer threads busy on average (processing ms per second)", "threads"),
 }
 
 FIVE = "5.x"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -275,6 +275,9 @@ class RunData:
     load: pd.DataFrame
     retries: pd.DataFrame
     instances: pd.DataFrame  # instance_load: utilization per group, instance and bucket
+    # retrysim compare's tables for the run (empty where it was not compared)
+    observed: pd.DataFrame = field(default_factory=pd.DataFrame)
+    comparison: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def _group(self, name: str) -> Group | None:
         return next((group for group in self.scenario.groups if group.name == name), None)
@@ -338,7 +341,7 @@ def run_data(
     return _run_data(
         run_id,
         {key: value for key, value in runs[-1].items() if key != PARTITION_COLUMN},
-        {table: run_frame(output, table, run_id) for table in _SMALL_TABLES},
+        {table: run_frame(output, table, run_id) for table in (*_SMALL_TABLES, *_COMPARED)},
         retries,
     )
 
@@ -357,6 +360,7 @@ def staged_run_data(run_id: str, staged: Mapping[str, str], retries: pd.DataFram
 
 
 _SMALL_TABLES = ("summary", "load", "instance_load")
+_COMPARED = ("observed", "comparison")  # retrysim compare's, once it has run
 INSTANCE_COLUMNS = (
     "group",
     "consumer_instance",
@@ -384,6 +388,7 @@ def _run_data(
         load=load_frame(frames["load"]),
         retries=retries,
         instances=instances[list(INSTANCE_COLUMNS)],
+        **{table: frames[table] for table in _COMPARED if table in frames},
     )
 
 
@@ -433,3 +438,21 @@ def write_breakdown(
     }.get(retry_path, "other (retry-topic copies, broadcast copies)")
     parts = [*known, (rest, total - sum(count for _, count in known))]
     return [(name, count) for name, count in parts if count]
+
+
+def observed_frames(data: RunData, group: str) -> dict[str, pd.DataFrame]:
+    """The group's compared quantities as two frames, ``observed`` and ``simulated``, each
+    with ``minute_end`` (the bucket's end, in minutes since the start) and a column per
+    quantity: what the report overlays (empty where the run was not compared)."""
+    rows = data.observed
+    if rows.empty or group not in set(rows["group"]):
+        return {}
+    rows = rows[rows["group"] == group]
+    minute_end = (rows["bucket_start_ms"] + data.scenario.load_bucket) / MINUTE_MS
+    frames = {}
+    for side in ("observed", "simulated"):
+        wide = rows.assign(minute_end=minute_end).pivot_table(
+            index="minute_end", columns="quantity", values=side, aggfunc="first"
+        )
+        frames[side] = wide.reset_index()
+    return frames

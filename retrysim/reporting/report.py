@@ -109,8 +109,11 @@ RUN_SECTIONS = (
     "Consumer utilization and oldest Ready age",
     "Utilization per consumer instance",
 )
+# drawn first in a group's section once retrysim compare has laid the run over metrics
+OBSERVED_SECTION = "Observed against simulated"
 
 __all__ = [
+    "OBSERVED_SECTION",
     "REVIVE_SECTION",
     "RUN_SECTIONS",
     "compare_report_html",
@@ -306,6 +309,30 @@ def _summary_table(data: analysis.RunData, groups: list[str]) -> str:
     return _table(["", *groups], [flavors, *rows])
 
 
+def _observed_figure(
+    data: analysis.RunData, group: str, outages: list[tuple[float, float]]
+) -> dict[str, tuple]:
+    """The run laid over the metrics it was compared with (retrysim compare): a panel per
+    quantity, observed solid and simulated dashed, and each quantity's error."""
+    frames = analysis.observed_frames(data, group)
+    if not frames:
+        return {}
+    from retrysim.metrics.names import QUANTITIES
+
+    compared = data.comparison[data.comparison["group"] == group]
+    columns = [(q, f"{q}: {QUANTITIES[q][0]} ({QUANTITIES[q][1]})")
+               for q in compared["quantity"] if q in frames["observed"]]  # fmt: skip
+    errors = "; ".join(
+        f"{row.quantity} NMAE {row.nmae:.1%}, peak {row.peak_error:+.1%} {row.peak_shift_s:+.0f} s"
+        for row in compared.itertuples()
+        if pd.notna(row.nmae) and pd.notna(row.peak_error)
+    )
+    figure = _plots().overlay_figure(frames, columns, OBSERVED_SECTION, outages)
+    caption = ("The run (dashed) over the production series it was compared with (solid), "
+               f"on the run's clock. {errors}.")  # fmt: skip
+    return {OBSERVED_SECTION: (figure, caption)}
+
+
 def _group_section(data: analysis.RunData, group: str) -> list[str]:
     """A group's charts, in RUN_SECTIONS order; a chart with nothing to show (no
     schedule topic, no dead letter) is a one-line note instead, and a 5.x group shows its
@@ -323,7 +350,8 @@ def _group_section(data: analysis.RunData, group: str) -> list[str]:
     # the schedule topic's long levels, the DLQ and the writes so far are tails: whole
     backlog = analysis.schedule_backlog(whole)
     over_time = over_time_figures(data, group, load)
-    figures: dict[str, tuple | str] = {
+    figures: dict[str, tuple | str] = _observed_figure(data, group, outages)
+    figures |= {
         "State counts over time": over_time["State counts over time"],
         "Time to commit and to the DLQ": (
             plots.settle_cdf_figure(QUANTILES, *_settled(data, group)),

@@ -691,6 +691,33 @@ BROKER_DELIVERIES = nullable_schema(
     ("end_ms", LongType(), "when the listener returned, ms after production began"),
     ("outcome", StringType(), "what the listener did (the outcome retrysim drew)"),
 )
+# A run laid over production metrics (retrysim compare): one row per quantity compared;
+# its run_id is the run's.
+COMPARISON = nullable_schema(
+    ("run_id", StringType(), "the run compared (the Delta partition)"),
+    _GROUP,
+    ("quantity", StringType(), "what is compared (docs/metrics.md): lag, deliveries, retries, ..."),
+    ("series", StringType(), "the observed series it was read from, and their files"),
+    ("points", IntegerType(), "the samples that met a bucket of the run"),
+    ("nmae", DoubleType(), "mean |simulated - observed| / mean |observed| (null: observed all 0)"),
+    ("observed_peak", DoubleType(), "the observed series' largest value"),
+    ("simulated_peak", DoubleType(), "the run's largest value over the same samples"),
+    ("peak_error", DoubleType(), "(simulated_peak - observed_peak) / observed_peak"),
+    ("observed_peak_ts", TimestampType(), "when the observed peak was sampled"),
+    ("simulated_peak_ts", TimestampType(), "the end of the run's peak bucket, on its clock"),
+    ("peak_shift_s", DoubleType(), "simulated_peak_ts - observed_peak_ts, in seconds"),
+)
+# Each observed sample beside the run's bucket that ends with it: what the run report draws
+# over the run's own series.
+OBSERVED = nullable_schema(
+    ("run_id", StringType(), "the run compared (the Delta partition)"),
+    _GROUP,
+    ("quantity", StringType(), "as in comparison"),
+    ("at_ts", TimestampType(), "the sample's time"),
+    _BUCKET_START,
+    ("observed", DoubleType(), "the observed value (a rate: per second over the interval)"),
+    ("simulated", DoubleType(), "the run's value in the bucket ending at the sample"),
+)
 # Every table a sink writes and a reader reads: the eight tables of a run, plans, and the
 # conformance runs' two.
 ALL_SCHEMAS: dict[str, StructType] = {
@@ -698,6 +725,8 @@ ALL_SCHEMAS: dict[str, StructType] = {
     "plan": PLAN,
     "conformance": CONFORMANCE,
     "broker_deliveries": BROKER_DELIVERIES,
+    "comparison": COMPARISON,
+    "observed": OBSERVED,
 }
 # Publication order: runs last, so a run is listed only once all its rows are committed.
 TABLE_ORDER = (
