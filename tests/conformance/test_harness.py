@@ -1,12 +1,22 @@
-"""The harness's inputs without a broker: the outcomes file with outages, a window per span
-between their edges, each drawn as retrysim's listener draws for a start inside it."""
+"""The harness's inputs and hand-over without a broker: the outcomes file with outages (a
+pair per span between their edges, drawn as retrysim's listener draws for a start inside
+it) and the metrics endpoints handed to a scraper before production."""
 
 from __future__ import annotations
+
+import subprocess
 
 import yaml
 from support import PROJECT
 
-from retrysim.conformance.harness import group_spec, outage_windows, outcomes
+from retrysim.conformance.harness import (
+    ENDPOINTS,
+    SCRAPE_READY,
+    _watch_endpoints,
+    group_spec,
+    outage_windows,
+    outcomes,
+)
 from retrysim.engine.event_rules import Listener
 from retrysim.model.workload import messages_np
 from retrysim.scenario.loading import load_scenario
@@ -45,3 +55,35 @@ def test_each_span_between_the_outages_edges_has_the_draws_of_a_start_inside_it(
     assert (drawn["outcome_2"] != "CONSUME_SUCCESS").mean() > (
         drawn["outcome_1"] != "CONSUME_SUCCESS"
     ).mean()  # the higher chance where both are open
+
+
+def _harness_writing_endpoints(out):
+    """A stand-in for the harness: writes the endpoints file, then waits to be stopped."""
+    out.mkdir()
+    (out / ENDPOINTS).write_text("broker http://127.0.0.1:1/metrics\nharness http://x/m\n")
+    return subprocess.Popen(["sleep", "30"])
+
+
+def test_the_endpoints_are_handed_over_and_production_let_start(tmp_path):
+    running = _harness_writing_endpoints(tmp_path / "out")
+    seen, failed = [], []
+    try:
+        _watch_endpoints(tmp_path / "out", running, seen.append, failed)
+        assert seen == [{"broker": "http://127.0.0.1:1/metrics", "harness": "http://x/m"}]
+        assert (tmp_path / "out" / SCRAPE_READY).exists() and not failed
+    finally:
+        running.kill()
+        running.wait()
+
+
+def test_a_scraper_that_fails_stops_the_harness_and_its_error_is_kept(tmp_path):
+    running = _harness_writing_endpoints(tmp_path / "out")
+
+    def fails(endpoints):
+        raise RuntimeError("no prometheus")
+
+    failed = []
+    _watch_endpoints(tmp_path / "out", running, fails, failed)
+    assert running.wait(timeout=10) != 0  # terminated
+    assert [str(error) for error in failed] == ["no prometheus"]
+    assert not (tmp_path / "out" / SCRAPE_READY).exists()
