@@ -65,7 +65,7 @@ def record_metrics(
 
     def run() -> None:
         try:
-            done["run"] = run_on_broker(scenario, name, folder, settings)
+            done["run"] = run_on_broker(scenario, name, folder, settings=settings)
         except BaseException as error:  # handed over to the caller's thread
             done["error"] = error
 

@@ -13,9 +13,13 @@ what the broker and the client do.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,12 +69,14 @@ class HarnessError(RuntimeError):
 @dataclass(frozen=True)
 class BrokerRun:
     """What the broker did with the messages it was sent (``msg_id``, ``queue_id``,
-    ``born_ms``): every delivery, the DLQ's messages, the store's puts by topic."""
+    ``born_ms``): every delivery, the DLQ's messages, the store's puts by topic, and when
+    production began (t0, ms since the epoch; the records' times are ms from it)."""
 
     messages: pd.DataFrame
     deliveries: pd.DataFrame
     dead_letters: pd.DataFrame
     puts: dict[str, int]
+    t0_ms: int | None = None
 
 
 def group_spec(scenario: Scenario, name: str) -> tuple[Group, KeySpec]:
@@ -106,8 +112,8 @@ def refuse_unsupported(scenario: Scenario, group: Group, spec: KeySpec) -> None:
         group.client_version != "4.9"
     ):  # fmt: skip
         why = "client_version: the 4.x harness runs rocketmq-client 4.9.7"
-    elif behavior.windows or behavior.downstream is not None:
-        why = "outages, behavior profiles and a downstream: the outcome file is per delivery"
+    elif behavior.downstream is not None:
+        why = "downstream: a call's time and outcome depend on the calls in flight"
     elif behavior.send_back_failure_probability or behavior.send_back_fallback_probability:
         why = "send-back failures cannot be made to happen on a real broker"
     elif policy.batch_size > 1:
@@ -165,14 +171,34 @@ def _consumer(policy: Policy) -> str:
     return "push_fifo" if policy.blocking else "push"
 
 
+def outage_windows(spec: KeySpec) -> list[tuple[int, int]]:
+    """The spans ``[start_ms, end_ms)`` between consecutive edges of the group's windows
+    (outages and behavior profile pieces) with some window open: the listener's conditions
+    are the same all through each (``event_rules._conditions``), so one draw at its start
+    holds for every delivery starting in it."""
+    windows = spec.behavior.windows
+    edges = sorted({edge for w in windows for edge in (w.start, w.end)})
+    return [
+        (start, end)
+        for start, end in itertools.pairwise(edges)
+        if any(w.start <= start < w.end for w in windows)
+    ]
+
+
 def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
     """Each message's outcome and processing time for deliveries 1 to the last the group
-    allows, as retrysim's compiled listener draws them (no outage and no downstream:
-    :func:`refuse_unsupported`, so neither depends on the start time)."""
+    allows, as retrysim's compiled listener draws them: for a delivery starting outside the
+    outages (``outcome``, ``processing_ms``) and inside each of :func:`outage_windows`
+    (``outcome_<i>``, ``processing_ms_<i>``, in order; the harness's listener takes the pair
+    by the delivery's start). No downstream (:func:`refuse_unsupported`): nothing else
+    depends on the start time."""
     from retrysim.engine.event_rules import Listener  # numba: no other path of the command needs it
 
     listen = Listener(spec.behavior, spec.seed, spec.group, client_time=False)
     poisoned = listen.poisoned(msg_ids)
+    # outside every window: before the first opens (a profile's first piece opens at 0, and
+    # then no delivery starts outside a window)
+    starts = [-1, *(start for start, _ in outage_windows(spec))]
     # no more than fit before the horizon (an orderly group retries without end by default);
     # a message a 4.9 client sends back twice numbers its copies' deliveries together, as
     # many as fit before the horizon
@@ -183,9 +209,15 @@ def outcomes(spec: KeySpec, msg_ids: np.ndarray) -> pd.DataFrame:
     rows = []
     for msg_id, poison in zip(msg_ids.tolist(), poisoned.tolist(), strict=True):
         for delivery in range(1, deliveries + 1):
-            outcome, processing, _ = listen(msg_id, delivery, 0, poison)
-            rows.append((msg_id, delivery, outcome, processing))
-    return pd.DataFrame(rows, columns=["msg_id", "delivery", "outcome", "processing_ms"])
+            row = [msg_id, delivery]
+            for start in starts:
+                outcome, processing, _ = listen(msg_id, delivery, start, poison)
+                row += [outcome, processing]
+            rows.append(row)
+    columns = ["msg_id", "delivery", "outcome", "processing_ms"]
+    for i in range(1, len(starts)):
+        columns += [f"outcome_{i}", f"processing_ms_{i}"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def _cleaner_period(policy: Policy, group: Group) -> int:
@@ -195,7 +227,9 @@ def _cleaner_period(policy: Policy, group: Group) -> int:
     return policy.timeout_ms if aligned else 0
 
 
-def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -> str:
+def _properties(
+    scenario: Scenario, group: Group, spec: KeySpec, folder: Path, metrics: bool = False
+) -> str:
     policy = spec.policy
     timeout_minutes = (policy.timeout_ms or 15 * 60_000) // 60_000
     # 4.x: the broker's delay table; 5.x: the group's retry policy, given as a customized list
@@ -214,7 +248,9 @@ def _properties(scenario: Scenario, group: Group, spec: KeySpec, folder: Path) -
         f"max_cache_message_count={group.max_cache_message_count}",
         f"message_delay_level={delay_table}", f"horizon_ms={spec.horizon_ms}",
         f"cleaner_period_ms={_cleaner_period(policy, group)}",
-        f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}", "",
+        f"messages={folder / 'messages.csv'}", f"outcomes={folder / 'outcomes.csv'}",
+        f"outages={','.join(f'{start}-{end}' for start, end in outage_windows(spec))}",
+        f"metrics={str(metrics).lower()}", "",
     ])  # fmt: skip
 
 
@@ -237,14 +273,34 @@ def class_path(harness: str) -> str:
     return built.stdout.strip()
 
 
+# metrics: the harness's Prometheus endpoints, ``name url`` a line, written once the broker
+# is up; production waits for SCRAPE_READY beside it (5.x)
+ENDPOINTS = "metrics-endpoints.txt"
+SCRAPE_READY = "scrape-ready"
+
+MetricsCallback = Callable[[dict[str, str]], None]
+
+
 def run_on_broker(
-    scenario: Scenario, name: str, folder: str | Path, settings: dict[str, str] | None = None
+    scenario: Scenario,
+    name: str,
+    folder: str | Path,
+    metrics: MetricsCallback | None = None,
+    settings: dict[str, str] | None = None,
 ) -> BrokerRun:
     """Run the scenario's group ``name`` on a real broker, its files under ``folder``;
-    ``settings`` are further harness properties (:func:`add_settings`)."""
+    ``settings`` are further harness properties (:func:`add_settings`).
+
+    ``metrics`` (5.x): the broker exports its Prometheus metrics, and the harness the
+    client's process-time histogram (docs/conformance.md, *Metrics*); once they are up,
+    ``metrics`` is called with the endpoints (name -> URL) from a thread of its own, and
+    production starts when it returns (a scraper started in it sees the run from t0). If it
+    raises, the harness is stopped and the exception raised here."""
     group, spec = group_spec(scenario, name)
     refuse_unsupported(scenario, group, spec)
     harness = harness_of(group)
+    if metrics is not None and harness != "broker5":
+        raise UnsupportedScenario(f"group {spec.group}: metrics: only the 5.x harness exports")
     if shutil.which("java") is None:
         raise HarnessError("java not found: the harness needs Java 17")
     folder = Path(folder)
@@ -253,18 +309,29 @@ def run_on_broker(
     messages = pd.DataFrame({"msg_id": msg_ids, "queue_id": queue_ids, "born_ms": born})
     messages.to_csv(folder / "messages.csv", header=False, index=False)
     outcomes(spec, msg_ids).to_csv(folder / "outcomes.csv", header=False, index=False)
-    (folder / "harness.properties").write_text(_properties(scenario, group, spec, folder))
+    (folder / "harness.properties").write_text(
+        _properties(scenario, group, spec, folder, metrics is not None)
+    )
     add_settings(folder / "harness.properties", settings or {})
     command = ["java", f"-Xmx{HEAPS[harness]}", "-XX:+UseSerialGC", *JAVA_17_FLAGS,
                "-cp", class_path(harness), f"retrysim.{harness}.Harness",
                str(folder / "harness.properties"), str(folder / "out")]  # fmt: skip
+    out = folder / "out"
     with open(folder / "harness.log", "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
-    if done.returncode != 0:
+        running = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ)
+        failed: list[BaseException] = []
+        if metrics is not None:
+            watcher = threading.Thread(
+                target=_watch_endpoints, args=(out, running, metrics, failed), daemon=True
+            )
+            watcher.start()
+        returncode = running.wait()
+    if failed:
+        raise failed[0]
+    if returncode != 0:
         lines = (folder / "harness.log").read_text().strip().splitlines()
         said = [line for line in lines if line.startswith(f"retrysim {harness}:")]
         raise HarnessError((said or lines or ["the harness failed"])[-1])
-    out = folder / "out"
     # what happened before the horizon, as retrysim counts it (the consumers' shutdown lets
     # the deliveries already queued run)
     horizon = spec.horizon_ms
@@ -274,9 +341,32 @@ def run_on_broker(
     dead = dead[dead["dlq_at_ms"] < horizon].reset_index(drop=True)
     messages = messages[messages["born_ms"] < horizon].reset_index(drop=True)
     puts = _read(out / "puts.csv", ["topic", "puts"])
+    t0 = out / "t0-ms.txt"
     return BrokerRun(
-        messages, deliveries, dead, dict(zip(puts["topic"], puts["puts"], strict=True))
-    )
+        messages, deliveries, dead, dict(zip(puts["topic"], puts["puts"], strict=True)),
+        int(t0.read_text()) if t0.exists() else None,
+    )  # fmt: skip
+
+
+def _watch_endpoints(
+    out: Path, running: subprocess.Popen, metrics: MetricsCallback, failed: list[BaseException]
+) -> None:
+    """Wait for the harness's endpoints, hand them to ``metrics``, then let production start;
+    if ``metrics`` raises, keep the exception and stop the harness (its hook stops the
+    broker)."""
+    endpoints = out / ENDPOINTS
+    while not endpoints.exists():
+        if running.poll() is not None:
+            return
+        time.sleep(0.05)
+    urls = dict(line.split(" ", 1) for line in endpoints.read_text().splitlines() if line)
+    try:
+        metrics(urls)
+    except BaseException as error:  # raised again by run_on_broker
+        failed.append(error)
+        running.terminate()
+        return
+    (out / SCRAPE_READY).touch()
 
 
 def _read(path: Path, names: list[str]) -> pd.DataFrame:

@@ -99,7 +99,7 @@ public final class Harness {
   }
 
   private void run() throws Exception {
-    listener = new Listener(Path.of(p.getProperty("outcomes")));
+    listener = new Listener(Path.of(p.getProperty("outcomes")), p.getProperty("outages"));
     children = new Children("broker4", out);
     Path home = children.home();
     // a broadcasting consumer keeps its offsets in a local file: in the run's folder

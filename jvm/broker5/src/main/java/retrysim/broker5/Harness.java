@@ -9,6 +9,7 @@ import java.net.URL;
 import java.net.URLClassLoader;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -106,6 +107,7 @@ public final class Harness {
   private Children children; // the namesrv and the proxy with its broker
   private Path home; // the children's ROCKETMQ_HOME, their store under it
   private ClassLoader clientLoader;
+  private Metrics metrics; // metrics=true: the Prometheus endpoints
 
   private Harness(Properties p, Path out) {
     this.p = p;
@@ -122,7 +124,7 @@ public final class Harness {
   }
 
   private void run() throws Exception {
-    listener = new Listener(Path.of(p.getProperty("outcomes")));
+    listener = new Listener(Path.of(p.getProperty("outcomes")), p.getProperty("outages"));
     check(!kind.equals("simple")
         || Long.parseLong(p.getProperty("invisible_duration_ms", "0")) >= MIN_INVISIBLE_MS,
         "invisible_duration_ms: the proxy takes " + MIN_INVISIBLE_MS + " ms at least");
@@ -150,6 +152,10 @@ public final class Harness {
         // burst's sends with TIMEOUT_CLEAN_QUEUE
         "waitTimeMillsInSendQueue=3000",
         "messageDelayLevel=" + p.getProperty("message_delay_level"));
+    if (Boolean.parseBoolean(p.getProperty("metrics"))) {
+      metrics = new Metrics(out, topic, group);
+      Files.write(brokerConf, metrics.brokerConfig(), StandardOpenOption.APPEND);
+    }
     int grpcPort = Children.freePort();
     // ProxyStartup in local mode builds the broker from broker.conf (BrokerStartup's way)
     children.start("proxy", "512m", "startup successfully",
@@ -162,6 +168,7 @@ public final class Harness {
             "\"remotingListenPort\": " + Children.freePort() + ",", // not the fixed 8080
             "\"grpcShutdownTimeSeconds\": 1,",
             "\"minInvisibleTimeMillsForRecv\": " + MIN_INVISIBLE_MS + ",",
+            metrics == null ? "" : metrics.proxyConfig(),
             "\"enablePrintJstack\": false", "}").toString());
     p.setProperty("endpoint", "127.0.0.1:" + grpcPort);
     DefaultMQAdminExt admin = new DefaultMQAdminExt();
@@ -183,6 +190,9 @@ public final class Harness {
     }
     System.out.printf("broker5: the namesrv and the proxy with its broker were up %d ms after"
         + " this JVM started%n", uptime());
+    if (metrics != null) {
+      metrics.writeEndpoints();
+    }
     int queues = integer("queues");
     boolean fifo = kind.equals("push_fifo");
     // the broker registers a new topic with the namesrv before it answers
@@ -197,6 +207,9 @@ public final class Harness {
     awaitReady(consumers, "the consumers were not ready in 60 s");
     System.out.printf("broker5: consumers ready %d ms after this JVM started%n", uptime());
     Map<String, Long> before = puts(admin, brokerAddr);
+    if (metrics != null) {
+      metrics.awaitScraper();
+    }
     produce(producer, fifo);
     long horizon = Long.parseLong(p.getProperty("horizon_ms"));
     Thread.sleep(Math.max(0, t0 + horizon - System.currentTimeMillis()));
@@ -387,7 +400,11 @@ public final class Harness {
    */
   private String deliver(String[] delivered) {
     long msgId = Long.parseLong(delivered[0]);
+    long began = System.nanoTime();
     Listener.Delivery delivery = listener.deliver(msgId, t0);
+    if (metrics != null && !kind.equals("simple")) { // as the client: push consumers only
+      metrics.processTime(System.nanoTime() - began, delivery.outcome());
+    }
     ReceiptHandle handle = ReceiptHandle.decode(delivered[2]);
     String read = handle.getRealTopic(topic, group);
     deliveries.add(new Delivery(new MessageQueue(read, BROKER, handle.getQueueId()),
@@ -406,6 +423,7 @@ public final class Harness {
   private void produce(DefaultMQProducer producer, boolean fifo) throws Exception {
     List<String> messages = Files.readAllLines(Path.of(p.getProperty("messages")));
     t0 = System.currentTimeMillis();
+    Files.writeString(out.resolve("t0-ms.txt"), t0 + "\n");
     for (String line : messages) {
       String[] cells = line.split(",");
       Listener.sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
