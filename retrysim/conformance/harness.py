@@ -256,8 +256,8 @@ def _properties(
 
 def add_settings(properties: Path, settings: dict[str, str]) -> None:
     """Append ``settings`` to a harness's properties: what the run observes, not what the
-    scenario is (``metrics=true``: the broker4 harness serves the RocketMQ exporter's series,
-    retrysim.conformance.exporter4)."""
+    scenario is (``metrics_linger_ms``: how long the broker4 harness still serves its metrics
+    after the run, retrysim.conformance.metrics)."""
     with open(properties, "a") as file:
         file.writelines(f"{key}={value}\n" for key, value in settings.items())
 
@@ -291,16 +291,15 @@ def run_on_broker(
     """Run the scenario's group ``name`` on a real broker, its files under ``folder``;
     ``settings`` are further harness properties (:func:`add_settings`).
 
-    ``metrics`` (5.x): the broker exports its Prometheus metrics, and the harness the
-    client's process-time histogram (docs/conformance.md, *Metrics*); once they are up,
+    ``metrics``: the 5.x broker exports its Prometheus metrics, and the harness the client's
+    process-time histogram; the 4.x harness serves the RocketMQ exporter's series
+    (docs/conformance.md, *Metrics*). Once they are up,
     ``metrics`` is called with the endpoints (name -> URL) from a thread of its own, and
     production starts when it returns (a scraper started in it sees the run from t0). If it
     raises, the harness is stopped and the exception raised here."""
     group, spec = group_spec(scenario, name)
     refuse_unsupported(scenario, group, spec)
     harness = harness_of(group)
-    if metrics is not None and harness != "broker5":
-        raise UnsupportedScenario(f"group {spec.group}: metrics: only the 5.x harness exports")
     if shutil.which("java") is None:
         raise HarnessError("java not found: the harness needs Java 17")
     folder = Path(folder)

@@ -1,5 +1,5 @@
 """The RocketMQ exporter's 4.x series over a run on a real 4.9.7 broker, scraped by a real
-Prometheus (retrysim.conformance.exporter4): conf/metrics/exporter-4x.yaml, 300 messages over
+Prometheus (retrysim.conformance.metrics): conf/metrics/exporter-4x.yaml, 300 messages over
 50 s, 20 % failures and 5 % poison, two retries on a compressed delay table. The series are
 the broker's own statistics as the exporter computes them; each is checked against what the
 run did, so that a wrong name, label, formula or admin call shows."""
@@ -11,7 +11,8 @@ import json
 import pytest
 from support import PROJECT
 
-from retrysim.conformance.exporter4 import ENDPOINTS, record_metrics
+from retrysim.conformance.harness import ENDPOINTS
+from retrysim.conformance.metrics import record_broker_metrics
 from retrysim.metrics.prometheus import binaries
 from retrysim.scenario.loading import load_scenario
 
@@ -35,9 +36,9 @@ def series(result: list[dict], name: str, **labels: str) -> list[tuple[float, fl
 @pytest.mark.broker
 @pytest.mark.skipif(binaries() is None, reason="prometheus and promtool are not on PATH")
 def test_the_exporters_series_follow_the_4x_brokers_run(tmp_path):
-    recorded = record_metrics(load_scenario(SCENARIO), "payments", tmp_path, scrape_interval_s=2)
+    recorded = record_broker_metrics(load_scenario(SCENARIO), "payments", tmp_path, 2)
     run = recorded.run
-    assert (tmp_path / "out" / ENDPOINTS).read_text().startswith("rocketmq-exporter http://")
+    assert (tmp_path / "broker" / "out" / ENDPOINTS).read_text().startswith("rocketmq-exporter ")
     answer = json.loads(recorded.metrics.read_text())
     assert answer["status"] == "success" and answer["data"]["resultType"] == "matrix"
     result = answer["data"]["result"]

@@ -146,6 +146,9 @@ public final class Harness {
     producer.start();
     waitForRebalance(consumers, queues);
     warmUp(admin, brokerAddr, namesrvAddr, producer, queues);
+    if (exporter != null) { // a scraper sees the run from t0: production waits for it
+      awaitScraper();
+    }
     produce(producer, queues, consumers.get(0));
     long horizon = Long.parseLong(p.getProperty("horizon_ms"));
     Thread.sleep(Math.max(0, t0 + horizon - System.currentTimeMillis()));
@@ -338,12 +341,22 @@ public final class Harness {
           t0 - System.currentTimeMillis());
       Listener.sleep(t0 - System.currentTimeMillis());
     }
+    Files.writeString(out.resolve("t0-ms.txt"), t0 + "\n");
     for (String line : messages) {
       String[] cells = line.split(",");
       Listener.sleep(t0 + Long.parseLong(cells[2]) - System.currentTimeMillis());
       Message message = new Message(topic, "", cells[0], new byte[] {1});
       sends.send(producer, message, new MessageQueue(topic, BROKER, Integer.parseInt(cells[1])),
           model.equals("orderly"));
+    }
+  }
+
+  /** Waits (a minute at most) for the scraper's out/scrape-ready: run_on_broker's metrics. */
+  private void awaitScraper() {
+    long deadline = System.currentTimeMillis() + 60_000;
+    while (!Files.exists(out.resolve("scrape-ready"))) {
+      check(System.currentTimeMillis() < deadline, "metrics: no scrape-ready within 60 s");
+      Listener.sleep(50);
     }
   }
 
