@@ -11,7 +11,7 @@ import uuid
 from deltalake import DeltaTable
 
 from retrysim.cli.common import check_spark, say
-from retrysim.metrics.compare import HEADER, aligned, describe, errors, run_start, simulated
+from retrysim.metrics.compare import HEADER, aligned, describe, errors, run_clock, simulated
 from retrysim.metrics.reading import MetricsError, observe, read_exports
 from retrysim.scenario.errors import ScenarioError
 from retrysim.session import build_session, stop_session
@@ -46,7 +46,8 @@ def compare_command(args: argparse.Namespace) -> int:
     if not DeltaTable.is_deltatable(table_path(output, "runs")):
         raise ScenarioError("--output", f"no retrysim tables in {output} (no runs table)")
     try:
-        start_at, groups = run_start(output, args.run_id)
+        start_at, scenario = run_clock(output, args.run_id)
+        groups = [g.name for g in scenario.groups]
         group = args.group or (groups[0] if len(groups) == 1 else None)
         if group is None or group not in groups:
             raise ScenarioError("--group", f"value {args.group!r}: the run's groups are "
@@ -60,7 +61,7 @@ def compare_command(args: argparse.Namespace) -> int:
         "retrysim:compare", args.master, conf={"spark.ui.enabled": "false"}, light_jit=True
     )
     try:
-        points = aligned(observed, simulated(spark, output, args.run_id, group), start_at)
+        points = aligned(observed, simulated(spark, output, args.run_id, scenario, group), start_at)
         found = errors(points, observed)
         if not found:
             raise ScenarioError("--metrics", f"no sample falls in run {args.run_id}'s span "

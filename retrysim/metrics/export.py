@@ -24,6 +24,7 @@ from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, IntegerType, LongType, StringType
 
+from retrysim.metrics.compare import lag_column
 from retrysim.metrics.names import (
     CLIENT_LABEL,
     CLUSTER_LABEL,
@@ -201,14 +202,17 @@ def _as_samples(cluster: str, entries: Sequence[Entry]) -> Callable[[DataFrame],
     return explode
 
 
-def load_samples(load: DataFrame, topics: DataFrame, start_ms: int, cluster: str) -> DataFrame:
-    """The broker's series from the ``load`` table: deliveries, dead letters, lag, in flight
-    and queueing latency per group and bucket."""
+def load_samples(
+    load: DataFrame, topics: DataFrame, start_ms: int, cluster: str, scenario: Scenario
+) -> DataFrame:
+    """The broker's series from the ``load`` table: deliveries, dead letters, lag (as the
+    broker counts it, :func:`~retrysim.metrics.compare.lag_column`), in flight and queueing
+    latency per group and bucket."""
     out, dlq = five_x("first_deliveries").name, five_x("dlq").name
     entries = [
         Entry(out, F.col("first_deliveries"), ((IS_RETRY_LABEL, "false"),)),
         Entry(out, F.col("retries"), ((IS_RETRY_LABEL, "true"),)),
-        Entry(five_x("lag").name, F.col("ready_backlog") + F.col("inflight")),
+        Entry(five_x("lag").name, lag_column(scenario)),
         Entry(five_x("inflight").name, F.col("inflight")),
         Entry(five_x("queueing_latency").name, F.col("oldest_ready_age_ms")),
         Entry(dlq, F.col("dlq")),
@@ -344,7 +348,7 @@ def run_samples(
     topics = literal_rows(spark, [(g.name, g.source_topic) for g in scenario.groups], _TOPICS)
     load = table(spark, output, "load", run_id).drop(PARTITION_COLUMN)
     parts = (
-        load_samples(load, topics, start_ms, cluster),
+        load_samples(load, topics, start_ms, cluster, scenario),
         published_samples(
             table(spark, output, "messages", run_id), load, topics, start_ms, cluster
         ),

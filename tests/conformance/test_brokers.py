@@ -142,6 +142,7 @@ def test_a_small_cache_per_queue_holds_a_retry_behind_the_caches_not_the_backlog
 
 
 @pytest.mark.broker
+@pytest.mark.conformance_suite  # 3 minutes; the suite's outage on a 5.x broker is tests/metrics'
 def test_an_outage_on_a_5x_broker_fails_the_deliveries_that_start_inside_it(tmp_path):
     """conf/conformance/outage-5x.yaml: the harness's listener takes the outcome retrysim
     drew for a start inside the outage (5.125 s to 15 s, 90 % failing at 300 ms) or outside
