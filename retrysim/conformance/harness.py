@@ -306,7 +306,10 @@ def run_on_broker(
     folder.mkdir(parents=True, exist_ok=True)
     msg_ids, queue_ids, born = messages_np(spec.workload, spec.group, spec.seed)
     messages = pd.DataFrame({"msg_id": msg_ids, "queue_id": queue_ids, "born_ms": born})
-    messages.to_csv(folder / "messages.csv", header=False, index=False)
+    # the harness sends each line at its born time, in the file's order: a Poisson piece's
+    # messages are numbered before they are timed, so the file is in time order
+    in_time = messages.sort_values("born_ms", kind="stable")
+    in_time.to_csv(folder / "messages.csv", header=False, index=False)
     outcomes(spec, msg_ids).to_csv(folder / "outcomes.csv", header=False, index=False)
     (folder / "harness.properties").write_text(
         _properties(scenario, group, spec, folder, metrics is not None)

@@ -21,7 +21,13 @@ import pandas as pd
 import yaml
 
 from retrysim.engine.rounds import group_plans, key_specs
-from retrysim.metrics.fitting import BINOMIAL, POISSON, fit_processing_time, levels
+from retrysim.metrics.fitting import (
+    BINOMIAL,
+    POISSON,
+    ProcessingFit,
+    fit_processing_time,
+    levels,
+)
 from retrysim.metrics.reading import MetricsError, Observed
 from retrysim.scenario.loading import build_scenario
 from retrysim.scenario.units import format_duration
@@ -30,6 +36,8 @@ MAX_PROFILE_PIECES = 60  # more levels than this go to a traffic file beside the
 SATURATED_SAMPLES = 3  # a pool plateau holds for at least this many samples
 SATURATED_SHARE = 0.95  # ... each within this share of the busiest one
 OUTAGE_MIN_RISE = 0.02  # an outage's failure probability is at least this above the baseline
+OUTAGE_SLOWDOWN = 0.25  # an outage has its own processing time where its mean differs more
+MIN_DELIVERIES = 50  # fewer deliveries than this in a histogram fit nothing
 
 
 @dataclass
@@ -180,28 +188,54 @@ def fit_failures(observed: Observed, t0: float, first_retry_ms: int, fitted: Fit
     return windows
 
 
-def fit_processing(observed: Observed, t0: float, windows: list, fitted: Fitted) -> None:
-    """The processing time outside the outages from the client's histogram buckets; a
-    lognormal by mean and p99 (or a constant where one bucket holds every delivery)."""
+def _processing_value(fit: ProcessingFit) -> Any:
+    if fit.dist == "constant":
+        return _seconds(fit.mean_ms) if fit.mean_ms >= 1 else "1ms"
+    return {"dist": "lognormal", "mean": f"{fit.mean_ms:.4g}ms", "p99": f"{fit.p99_ms:.4g}ms"}
+
+
+def _fit_buckets(rows: pd.DataFrame) -> ProcessingFit | None:
+    cumulative = rows.groupby("le")["count"].sum().sort_index()
+    if cumulative.empty or cumulative.iloc[-1] < MIN_DELIVERIES:
+        return None
+    return fit_processing_time(cumulative.index.tolist(), cumulative.tolist())
+
+
+def fit_processing(
+    observed: Observed, t0: float, windows: list, outages: list[dict], fitted: Fitted
+) -> None:
+    """The processing time from the client's histogram buckets: outside the outages (the
+    samples whose interval meets none), and in each outage whose samples inside it differ
+    (their mean by more than :data:`OUTAGE_SLOWDOWN`), a lognormal by mean and p99 (or a
+    constant where one bucket holds every delivery). ``outages`` (the fitted windows'
+    entries) gain the processing time where it differs."""
     hist = observed.histogram
     if hist is None:
         return
-    inside = np.zeros(len(hist), bool)
+    ends = hist["time_s"].to_numpy() - t0
+    opens = ends - observed.step_s
+    meets = np.zeros(len(hist), bool)
     for start, end in windows:
-        at = hist["time_s"].to_numpy() - t0
-        inside |= (at > start) & (at <= end + 1e-9)
-    calm = hist[~inside] if (~inside).any() else hist
-    cumulative = calm.groupby("le")["count"].sum().sort_index()
-    fit = fit_processing_time(cumulative.index.tolist(), cumulative.tolist())
-    if fit.dist == "constant":
-        value: Any = _seconds(fit.mean_ms) if fit.mean_ms >= 1 else "1ms"
-    else:
-        value = {"dist": "lognormal", "mean": f"{fit.mean_ms:.4g}ms", "p99": f"{fit.p99_ms:.4g}ms"}
+        meets |= (ends > start) & (opens < end)
+    fit = _fit_buckets(hist[~meets]) or _fit_buckets(hist)
+    if fit is None:
+        return
     bounds = ", ".join(f"{b:g}" for b in fit.bounds_ms if math.isfinite(b))
-    fitted.set("processing_time", value,
+    slower = []
+    for (start, end), outage in zip(windows, outages, strict=True):
+        inside = _fit_buckets(hist[(opens >= start - 1e-9) & (ends <= end + 1e-9)])
+        if inside is not None and abs(inside.mean_ms / fit.mean_ms - 1) > OUTAGE_SLOWDOWN:
+            outage["processing_time"] = _processing_value(inside)
+            share, count = inside.worst_bucket_error, sum(inside.observed)
+            slower.append(f"{outage['start']}-{outage['end']}: every bucket within {share:.1%} "
+                          f"of its {count:,.0f}")  # fmt: skip
+    fitted.set("processing_time", _processing_value(fit),
                f"from {observed.sources['process_time']} outside the outages, buckets "
                f"{bounds} ms: every bucket within {fit.worst_bucket_error:.1%} of the "
                f"{sum(fit.observed):,.0f} deliveries")  # fmt: skip
+    if slower:
+        fitted.notes["outages"] += "; their own processing time, from the samples inside " + (
+            "; ".join(slower))  # fmt: skip
 
 
 def fit_pool(observed: Observed, instances: int, fitted: Fitted) -> int | None:
@@ -258,7 +292,7 @@ def calibrate(
     spec_base = build_scenario({**base, "groups": [_runnable(group)]})
     first_retry = spec_policy_first_retry(spec_base)
     windows = fit_failures(observed, t0, first_retry, fitted)
-    fit_processing(observed, t0, windows, fitted)
+    fit_processing(observed, t0, windows, fitted.values["outages"], fitted)
     instances = int((group.get("consumers") or {}).get("instances", 1)) if isinstance(
         group.get("consumers"), dict) else 1  # fmt: skip
     if consumers is not None:

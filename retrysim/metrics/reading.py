@@ -258,6 +258,8 @@ def _assemble(chosen: list[tuple[Raw, Series]], group: str, topic: str | None) -
     sources: dict[str, list[Raw]] = {}
     buckets = []
     for raw, s in chosen:
+        if s.kind == HISTOGRAM and not raw.name.endswith(("_bucket", "_sum")):
+            continue  # the _count is the +Inf bucket's
         sources.setdefault(s.quantity, []).append(raw)
         if s.kind == HISTOGRAM:
             if raw.name.endswith("_bucket") and "le" in raw.labels:
