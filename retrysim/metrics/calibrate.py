@@ -194,11 +194,16 @@ def _processing_value(fit: ProcessingFit) -> Any:
     return {"dist": "lognormal", "mean": f"{fit.mean_ms:.4g}ms", "p99": f"{fit.p99_ms:.4g}ms"}
 
 
-def _fit_buckets(rows: pd.DataFrame) -> ProcessingFit | None:
+def _fit_buckets(rows: pd.DataFrame, spent_ms: pd.Series | None) -> ProcessingFit | None:
+    """The processing time of the deliveries ``rows`` (histogram rows) hold, its mean from
+    the histogram's sum over those intervals where it was exported."""
     cumulative = rows.groupby("le")["count"].sum().sort_index()
     if cumulative.empty or cumulative.iloc[-1] < MIN_DELIVERIES:
         return None
-    return fit_processing_time(cumulative.index.tolist(), cumulative.tolist())
+    mean = None
+    if spent_ms is not None:
+        mean = float(spent_ms.reindex(rows["time_s"].unique()).sum()) / cumulative.iloc[-1]
+    return fit_processing_time(cumulative.index.tolist(), cumulative.tolist(), mean or None)
 
 
 def fit_processing(
@@ -217,13 +222,14 @@ def fit_processing(
     meets = np.zeros(len(hist), bool)
     for start, end in windows:
         meets |= (ends > start) & (opens < end)
-    fit = _fit_buckets(hist[~meets]) or _fit_buckets(hist)
+    fit = _fit_buckets(hist[~meets], observed.spent_ms) or _fit_buckets(hist, observed.spent_ms)
     if fit is None:
         return
     bounds = ", ".join(f"{b:g}" for b in fit.bounds_ms if math.isfinite(b))
     slower = []
     for (start, end), outage in zip(windows, outages, strict=True):
-        inside = _fit_buckets(hist[(opens >= start - 1e-9) & (ends <= end + 1e-9)])
+        within = hist[(opens >= start - 1e-9) & (ends <= end + 1e-9)]
+        inside = _fit_buckets(within, observed.spent_ms)
         if inside is not None and abs(inside.mean_ms / fit.mean_ms - 1) > OUTAGE_SLOWDOWN:
             outage["processing_time"] = _processing_value(inside)
             share, count = inside.worst_bucket_error, sum(inside.observed)

@@ -133,11 +133,15 @@ class ProcessingFit:
         return max(abs(e - o) for e, o in zip(self.expected, self.observed, strict=True)) / total
 
 
-def fit_processing_time(bounds_ms: list[float], counts: list[float]) -> ProcessingFit:
+def fit_processing_time(
+    bounds_ms: list[float], counts: list[float], mean_ms: float | None = None
+) -> ProcessingFit:
     """The lognormal whose bucket probabilities best match ``counts`` (the increase of each
     ``le`` bucket, cumulative as Prometheus keeps them, +Inf last), by maximum likelihood
     over a grid refined around its best point; a constant where every delivery fell in one
-    finite bucket (the buckets cannot tell more: its upper bound's middle is taken)."""
+    finite bucket. ``mean_ms``: the mean the histogram's sum over its count gives, which the
+    fit keeps (the buckets alone cannot pin a mean between two bounds a decade apart), so
+    only the spread is fitted; without it a constant takes its bucket's middle."""
     bounds = np.asarray(bounds_ms, float)
     cumulative = np.asarray(counts, float)
     per_bucket = np.diff(np.concatenate([[0.0], cumulative]))
@@ -149,10 +153,10 @@ def fit_processing_time(bounds_ms: list[float], counts: list[float]) -> Processi
     if len(occupied) == 1 and finite[occupied[0]]:
         k = occupied[0]
         low = bounds[k - 1] if k else 0.0
-        mean = (low + bounds[k]) / 2
+        mean = (low + bounds[k]) / 2 if mean_ms is None else mean_ms
         observed = tuple(per_bucket.tolist())
         return ProcessingFit("constant", mean, mean, tuple(bounds), observed, observed)
-    mu, sigma = _grid_fit(bounds, per_bucket)
+    mu, sigma = _grid_fit(bounds, per_bucket, mean_ms)
     expected = _expected(bounds, mu, sigma) * total
     mean = math.exp(mu + sigma * sigma / 2)
     p99 = math.exp(mu + Z99 * sigma)
@@ -170,21 +174,28 @@ def _expected(bounds: np.ndarray, mu, sigma) -> np.ndarray:
     return np.diff(cdf, axis=-1)[..., : len(bounds)]
 
 
-def _grid_fit(bounds: np.ndarray, per_bucket: np.ndarray) -> tuple[float, float]:
-    """Maximum likelihood of (mu, sigma) on a log grid, refined three times around the best.
-    The sigma is capped where the scenario's lognormal can go (p99 at most 14.97 x mean)."""
+def _grid_fit(
+    bounds: np.ndarray, per_bucket: np.ndarray, mean_ms: float | None
+) -> tuple[float, float]:
+    """Maximum likelihood of (mu, sigma) on a log grid, refined three times around the best
+    (with ``mean_ms``, sigma alone: mu follows from the mean). The sigma is capped where the
+    scenario's lognormal can go (p99 at most 14.97 x mean)."""
     finite = bounds[np.isfinite(bounds)]
     lo, hi = math.log(max(finite[0] / 100, 1e-3)), math.log(finite[-1] * 10)
     s_lo, s_hi = 0.01, 1.6
     best = (0.0, 0.5)
     for _ in range(4):
-        mus = np.linspace(lo, hi, 121)
         sigmas = np.linspace(s_lo, s_hi, 81)
-        mu, sigma = np.meshgrid(mus, sigmas, indexing="ij")
+        if mean_ms is None:
+            mus = np.linspace(lo, hi, 121)
+            mu, sigma = np.meshgrid(mus, sigmas, indexing="ij")
+        else:
+            sigma = sigmas[None, :]
+            mu = math.log(mean_ms) - sigma * sigma / 2
         p = np.clip(_expected(bounds, mu, sigma), 1e-300, None)
         ll = (per_bucket * np.log(p)).sum(axis=-1)
         i, j = np.unravel_index(np.argmax(ll), ll.shape)
-        best = (float(mus[i]), float(sigmas[j]))
+        best = (float(mu[i, j]), float(sigma[0 if mean_ms is not None else i, j]))
         dm, ds = (hi - lo) / 20, (s_hi - s_lo) / 20
         lo, hi = best[0] - dm, best[0] + dm
         s_lo, s_hi = max(0.005, best[1] - ds), min(1.6, best[1] + ds)

@@ -162,6 +162,7 @@ class Observed:
     rates: dict[str, pd.Series]
     gauges: dict[str, pd.Series]
     histogram: pd.DataFrame | None
+    spent_ms: pd.Series | None  # the histogram's sum: processing ms ended in each interval
     sources: dict[str, str]
 
     @property
@@ -256,7 +257,7 @@ def _assemble(chosen: list[tuple[Raw, Series]], group: str, topic: str | None) -
     rates: dict[str, list[pd.Series]] = {}
     gauges: dict[str, list[pd.Series]] = {}
     sources: dict[str, list[Raw]] = {}
-    buckets = []
+    buckets, sums = [], []
     for raw, s in chosen:
         if s.kind == HISTOGRAM and not raw.name.endswith(("_bucket", "_sum")):
             continue  # the _count is the +Inf bucket's
@@ -271,7 +272,9 @@ def _assemble(chosen: list[tuple[Raw, Series]], group: str, topic: str | None) -
                 }))  # fmt: skip
             elif raw.name.endswith("_sum"):  # ms of processing a second: the threads busy
                 gaps = np.diff(raw.samples["time_s"].to_numpy())
-                rates.setdefault("busy_threads", []).append(_increase(raw, raw.name) / gaps / 1e3)
+                spent = _increase(raw, raw.name)
+                sums.append(spent)
+                rates.setdefault("busy_threads", []).append(spent / gaps / 1e3)
                 sources.setdefault("busy_threads", []).append(sources[s.quantity].pop())
             continue
         if s.kind == COUNTER:
@@ -294,9 +297,10 @@ def _assemble(chosen: list[tuple[Raw, Series]], group: str, topic: str | None) -
     if buckets:
         histogram = pd.concat(buckets).groupby(["time_s", "le", "status"], as_index=False).sum()
     family = "5.x" if any(s.family == "5.x" for _, s in chosen) else "4.x"
+    spent = pd.concat(sums, axis=1).sum(axis=1).sort_index() if sums else None
     return Observed(
         group, topic, family, times,
-        {q: total[q] for q in rates}, {q: total[q] for q in gauges}, histogram,
+        {q: total[q] for q in rates}, {q: total[q] for q in gauges}, histogram, spent,
         {q: _describe(v) for q, v in sources.items()},
     )  # fmt: skip
 
