@@ -61,7 +61,7 @@ def compare_command(args: argparse.Namespace) -> int:
         "retrysim:compare", args.master, conf={"spark.ui.enabled": "false"}, light_jit=True
     )
     try:
-        points = aligned(observed, simulated(spark, output, args.run_id, group), start_at)
+        points = aligned(observed, simulated(spark, output, args.run_id, scenario, group), start_at)
         found = errors(points, observed)
         if not found:
             raise ScenarioError("--metrics", f"no sample falls in run {args.run_id}'s span "

@@ -63,6 +63,13 @@ def _seconds(ms: float) -> str:
     return format_duration(ms) if ms % 1000 == 0 else f"{ms / 1000:g}s"
 
 
+def _moment(seconds: float) -> str:
+    """A time as ``start_at`` takes it: UTC, to the millisecond where it has a fraction."""
+    moment = pd.Timestamp(round(seconds * 1000), unit="ms", tz="UTC")
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{moment.microsecond // 1000:03d}Z" if moment.microsecond else "Z")
+
+
 def _rate(value: float) -> float:
     return float(f"{value:.4g}")
 
@@ -289,8 +296,7 @@ def calibrate(
     t0 = float(observed.times[0])
     step = observed.step_s
     fitted = Fitted()
-    fitted.set("start_at", pd.Timestamp(t0, unit="s", tz="UTC").strftime("%Y-%m-%dT%H:%M:%SZ"),
-               "the first sample's time")  # fmt: skip
+    fitted.set("start_at", _moment(t0), "the first sample's time")
     fitted.set("horizon", _seconds((observed.times[-1] - t0) * 1000), "the samples' span")
     fitted.set("load_bucket", _seconds(step * 1000), "the scrape interval, so the load "
                "table's buckets fall on the samples")  # fmt: skip

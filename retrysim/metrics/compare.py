@@ -11,6 +11,7 @@ every sample has its bucket; otherwise a sample takes the bucket ending nearest 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from pyspark.sql import functions as F
 from retrysim.metrics.names import QUANTITIES
 from retrysim.metrics.reading import MetricsError, Observed
 from retrysim.scenario.loading import scenario_from_json
-from retrysim.scenario.spec import Scenario
+from retrysim.scenario.spec import Group, Scenario
 from retrysim.store.sinks import read_table, run_rows
 from retrysim.tables.schemas import PARTITION_COLUMN
 
@@ -31,36 +32,55 @@ COMPARED = ("lag", "deliveries", "first_deliveries", "retries", "dlq", "inflight
 PER_SECOND = ("published", "deliveries", "first_deliveries", "retries", "dlq")
 
 
-def lag_column() -> Column:
-    """The broker's lag from a load row: the messages Ready or in consumption. A 5.x push
-    group's client cache is inside it: on the 5.5.0 broker (conf/metrics/incident-5x.yaml,
-    docs/metrics.md) the lag at the backlog's peak was the run's Ready plus in flight, its
-    64 cached messages included."""
-    return F.col("ready_backlog") + F.col("inflight")
+def cache_ahead(group: Group) -> int:
+    """The messages a group's clients may hold popped from the broker under a backlog (0:
+    none): a 5.x push consumer's cache, ``instances x max_cache_message_count``."""
+    if "max_cache_message_count" not in group.flavor_record.variant(group.ordered).reads:
+        return 0
+    return group.consumers.instances * group.max_cache_message_count
 
 
-def with_quantities(load: DataFrame) -> DataFrame:
+def lag_column(scenario: Scenario) -> Column:
+    """The broker's lag from a load row, per group: the messages Ready or in consumption,
+    less what the group's clients hold popped (:func:`cache_ahead`). A pop advances the
+    group's offset at once, and the 5.5.0 broker's ConsumerLagCalculator counts a gRPC push
+    group's lag from that offset (its un-acked pops only for a simple consumer's groups):
+    the cache, the deliveries in it included, is not in it (docs/metrics.md)."""
+    held = F.col("ready_backlog") + F.col("inflight")
+    lag = held
+    for group in scenario.groups:
+        if cache_ahead(group):
+            cached = F.greatest(F.lit(0), held - F.lit(cache_ahead(group)))
+            lag = F.when(F.col("group") == group.name, cached).otherwise(lag)
+    return lag
+
+
+def with_quantities(scenario: Scenario) -> Callable[[DataFrame], DataFrame]:
     """A run's load rows (with ``published``, the messages born in the bucket) as the
     broker's quantities: the counts per second of the bucket, the gauges at its end.
-    ``lag`` is what the broker's lag counts (:func:`lag_column`): published and not yet
-    committed or sent to a retry, so Ready or in flight (a message waiting for its retry sits
-    in the broker's timer, outside the lag, until it is due)."""
-    seconds = F.col("bucket_ms") / 1000.0
-    counts = {
-        "published": F.coalesce(F.col("published"), F.lit(0)),
-        "deliveries": F.col("first_deliveries") + F.col("retries"),
-        "first_deliveries": F.col("first_deliveries"),
-        "retries": F.col("retries"),
-        "dlq": F.col("dlq"),
-    }
-    return load.select(
-        "group", "bucket_start_ms", "bucket_ms",
-        *((value / seconds).alias(name) for name, value in counts.items()),
-        lag_column().alias("lag"),
-        F.col("inflight"),
-        F.col("oldest_ready_age_ms").alias("queueing_latency"),
-        (F.col("busy_thread_ms") / F.col("bucket_ms")).alias("busy_threads"),
-    )  # fmt: skip
+    ``lag`` is what the broker's lag counts (:func:`lag_column`): published and neither
+    popped, committed nor sent to a retry (a message waiting for its retry sits in the
+    broker's timer, outside the lag, until it is due)."""
+
+    def quantities(load: DataFrame) -> DataFrame:
+        seconds = F.col("bucket_ms") / 1000.0
+        counts = {
+            "published": F.coalesce(F.col("published"), F.lit(0)),
+            "deliveries": F.col("first_deliveries") + F.col("retries"),
+            "first_deliveries": F.col("first_deliveries"),
+            "retries": F.col("retries"),
+            "dlq": F.col("dlq"),
+        }
+        return load.select(
+            "group", "bucket_start_ms", "bucket_ms",
+            *((value / seconds).alias(name) for name, value in counts.items()),
+            lag_column(scenario).alias("lag"),
+            F.col("inflight"),
+            F.col("oldest_ready_age_ms").alias("queueing_latency"),
+            (F.col("busy_thread_ms") / F.col("bucket_ms")).alias("busy_threads"),
+        )  # fmt: skip
+
+    return quantities
 
 
 def published_per_bucket(messages: DataFrame, bucket_ms: int) -> DataFrame:
@@ -71,7 +91,9 @@ def published_per_bucket(messages: DataFrame, bucket_ms: int) -> DataFrame:
     )
 
 
-def simulated(spark: SparkSession, output: str, run_id: str, group: str) -> pd.DataFrame:
+def simulated(
+    spark: SparkSession, output: str, run_id: str, scenario: Scenario, group: str
+) -> pd.DataFrame:
     """The run's quantities for ``group``, a row per load bucket (a few thousand at most:
     the load table's rows, collected; no message-level row leaves Spark)."""
     of_run = (F.col(PARTITION_COLUMN) == run_id) & (F.col("group") == group)
@@ -80,7 +102,9 @@ def simulated(spark: SparkSession, output: str, run_id: str, group: str) -> pd.D
     if bucket_ms is None:
         return pd.DataFrame(columns=["bucket_start_ms", "bucket_ms", *COMPARED])
     births = published_per_bucket(read_table(spark, output, "messages").where(of_run), bucket_ms)
-    rows = load.join(births, ["group", "bucket_start_ms"], "left").transform(with_quantities)
+    rows = load.join(births, ["group", "bucket_start_ms"], "left").transform(
+        with_quantities(scenario)
+    )
     return rows.orderBy("bucket_start_ms").toPandas()
 
 

@@ -202,7 +202,9 @@ def _as_samples(cluster: str, entries: Sequence[Entry]) -> Callable[[DataFrame],
     return explode
 
 
-def load_samples(load: DataFrame, topics: DataFrame, start_ms: int, cluster: str) -> DataFrame:
+def load_samples(
+    load: DataFrame, topics: DataFrame, start_ms: int, cluster: str, scenario: Scenario
+) -> DataFrame:
     """The broker's series from the ``load`` table: deliveries, dead letters, lag (as the
     broker counts it, :func:`~retrysim.metrics.compare.lag_column`), in flight and queueing
     latency per group and bucket."""
@@ -210,7 +212,7 @@ def load_samples(load: DataFrame, topics: DataFrame, start_ms: int, cluster: str
     entries = [
         Entry(out, F.col("first_deliveries"), ((IS_RETRY_LABEL, "false"),)),
         Entry(out, F.col("retries"), ((IS_RETRY_LABEL, "true"),)),
-        Entry(five_x("lag").name, lag_column()),
+        Entry(five_x("lag").name, lag_column(scenario)),
         Entry(five_x("inflight").name, F.col("inflight")),
         Entry(five_x("queueing_latency").name, F.col("oldest_ready_age_ms")),
         Entry(dlq, F.col("dlq")),
@@ -346,7 +348,7 @@ def run_samples(
     topics = literal_rows(spark, [(g.name, g.source_topic) for g in scenario.groups], _TOPICS)
     load = table(spark, output, "load", run_id).drop(PARTITION_COLUMN)
     parts = (
-        load_samples(load, topics, start_ms, cluster),
+        load_samples(load, topics, start_ms, cluster, scenario),
         published_samples(
             table(spark, output, "messages", run_id), load, topics, start_ms, cluster
         ),

@@ -340,8 +340,8 @@ def test_compare_finds_the_runs_own_export_equal_to_the_run(spark, exported, pro
     start, end = _span(expected_series(spark, str(output)))
     recorded = prometheus.record(tmp_path / "recorded.json", start, end, BUCKET_MS / 1000)
     observed = observe(read_exports([recorded]), GROUP)
-    start_at, _ = run_clock(str(output), RUN)
-    points = aligned(observed, simulated(spark, str(output), RUN, GROUP), start_at)
+    start_at, scenario = run_clock(str(output), RUN)
+    points = aligned(observed, simulated(spark, str(output), RUN, scenario, GROUP), start_at)
     found = {error.quantity: error for error in errors(points, observed)}
     assert set(found) == set(COMPARED)
     for quantity, error in found.items():
