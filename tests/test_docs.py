@@ -165,6 +165,7 @@ def site(spark, tmp_path_factory) -> Path:
     for path in DOCS:
         shutil.copytree(root / "seed", root / path.stem / "out")
         (root / path.stem / "conf").symlink_to(PROJECT / "conf")
+        (root / path.stem / "examples").symlink_to(PROJECT / "examples")
     return root
 
 

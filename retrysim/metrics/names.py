@@ -85,8 +85,9 @@ SERIES = (
     Series("rocketmq_topic_dlq_offset", FOUR, COUNTER, "dlq", group_label="group"),
 )  # fmt: skip
 
-# the 5.x client's process-time histogram buckets (ClientMeterManager), in ms
-PROCESS_TIME_BUCKETS_MS = (1.0, 5.0, 10.0, 100.0, 10_000.0, 60_000.0)
+# the 5.x client's process-time histogram buckets (rocketmq-clients java-5.2.0,
+# HistogramEnum.java lines 61-62), in ms
+PROCESS_TIME_BUCKETS_MS = (1.0, 5.0, 10.0, 100.0, 1_000.0, 10_000.0, 60_000.0)
 
 # The labels retrysim writes beside topic and consumer_group (retrysim export): RocketMQ
 # 5.x's own. The cluster names the run; a consumer instance is the 5.x client's client_id
