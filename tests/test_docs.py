@@ -111,9 +111,20 @@ def argv(command: str, tmp: Path, small: bool = True) -> list[str]:
         words[at] = str(tmp / words[at])
     elif _writes(words):
         words += ["--output", str(tmp / "out")]
-    if _writes(words) and small:
+    made = False  # a scenario the document's commands wrote (calibrate's), in its folder
+    if "--scenario" in words and not (PROJECT / words[words.index("--scenario") + 1]).exists():
+        at = words.index("--scenario") + 1
+        words[at], made = str(tmp / words[at]), True
+    if _writes(words) and small and not made:
         words += list(SMALL)
     return words
+
+
+def _order(words: list[str]) -> int:
+    """Scenario writers (calibrate) first, then the runs' writers, readers, deletions."""
+    if "calibrate" in words:
+        return -1
+    return 0 if _writes(words) else 2 if _deletes(words) else 1
 
 
 def _writes(words: list[str]) -> bool:
@@ -191,7 +202,7 @@ def test_every_documented_command_runs(site, session_kept):
             for command in commands(body)
             if not not_run(command)
         ]
-        ordered = sorted(shell, key=lambda x: 0 if _writes(x[2]) else 2 if _deletes(x[2]) else 1)
+        ordered = sorted(shell, key=lambda x: _order(x[2]))
         for where, command, words in ordered:
             code, out, err = run(words)
             assert code == 0, f"{where}: {command}\n{out[-2000:]}{err[-2000:]}"

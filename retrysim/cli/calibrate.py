@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+from retrysim.cli.common import add_metrics_arguments
 from retrysim.metrics.calibrate import calibrate
 from retrysim.metrics.reading import MetricsError, observe, read_exports
 from retrysim.scenario.errors import ScenarioError
@@ -28,10 +29,7 @@ def add_calibrate_command(commands: argparse._SubParsersAction) -> None:
         "come from --scenario (default: the embedded default scenario). Writes OUT.yaml, each "
         "fitted value commented with its series and fit.",
     )
-    command.add_argument("--metrics", nargs="+", required=True, metavar="FILE",
-                         help="range-query JSON or Grafana CSV exports")  # fmt: skip
-    command.add_argument("--group", required=True, help="the consumer group to fit")
-    command.add_argument("--topic", help="the group's topic (default: the one its series name)")
+    add_metrics_arguments(command, "the consumer group to fit", group_required=True)
     command.add_argument("--scenario", help="the base scenario (default: conf/default.yaml)")
     command.add_argument("--consumers", metavar="INSTANCESxTHREADS",
                          help="the pool, where no series shows it (e.g. 4x20)")  # fmt: skip

@@ -133,3 +133,14 @@ def load_note(seconds: float, master: str | None) -> str:
     """A dry run's "about N s now" on a busy machine (empty on a quiet one)."""
     slower, load = slowdown(master)
     return f"; about {seconds * slower:.0f} s now (load {load:.1f})" if slower > 1 else ""
+
+
+def add_metrics_arguments(
+    command: argparse.ArgumentParser, group_help: str, group_required: bool
+) -> None:
+    """``--metrics FILE...``, ``--group`` and ``--topic``: the exported series of one group,
+    as calibrate and compare read them."""
+    command.add_argument("--metrics", nargs="+", required=True, metavar="FILE",
+                         help="range-query JSON or Grafana CSV exports")  # fmt: skip
+    command.add_argument("--group", required=group_required, help=group_help)
+    command.add_argument("--topic", help="the group's topic (default: the one its series name)")

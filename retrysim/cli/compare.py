@@ -10,7 +10,7 @@ import uuid
 
 from deltalake import DeltaTable
 
-from retrysim.cli.common import check_spark, say
+from retrysim.cli.common import add_metrics_arguments, check_spark, say
 from retrysim.metrics.compare import HEADER, aligned, describe, errors, run_clock, simulated
 from retrysim.metrics.reading import MetricsError, observe, read_exports
 from retrysim.scenario.errors import ScenarioError
@@ -30,12 +30,10 @@ def add_compare_command(commands: argparse._SubParsersAction) -> None:
         "size and time. The comparison is kept in DIR as the Delta tables comparison and "
         "observed; the run's report (retrysim report) then draws observed against simulated.",
     )
-    command.add_argument("--metrics", nargs="+", required=True, metavar="FILE",
-                         help="range-query JSON or Grafana CSV exports")  # fmt: skip
+    add_metrics_arguments(
+        command, "the group to compare (default: the run's only group)", group_required=False
+    )
     command.add_argument("--run", "--run-id", dest="run_id", required=True, help="the run")
-    command.add_argument("--group", help="the group to compare (default: the run's only group)")
-    command.add_argument("--topic", help="the group's topic in the metrics (default: the "
-                         "one its series name)")  # fmt: skip
     command.add_argument("--output", default="out", help="folder of the Delta tables, where "
                          "the run is and the comparison goes (default: out)")  # fmt: skip
     command.add_argument("--master", help="Spark master (default: local)")
