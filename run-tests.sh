@@ -7,6 +7,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 "$ROOT/scripts/delta-jars.sh" >/dev/null  # the Delta Lake JARs, fetched once (build/jars)
 "$ROOT/scripts/class-archive.sh" >/dev/null || true  # the launcher's faster JVM start, for the tests that launch it
 "$ROOT/scripts/test-browser.sh"  # headless Chromium for the report's screenshot test, where apt can
-"$ROOT/scripts/prometheus.sh"  # Prometheus and promtool for the export's tests, where apt can
+"$ROOT/scripts/prometheus.sh"  # Prometheus and promtool for the tests marked prometheus, where apt can
 cd "$ROOT"
 exec "$ROOT/.venv/bin/python" -m pytest "$@"

@@ -35,6 +35,7 @@ TRUTH = load_scenario(SCENARIO)
 
 pytestmark = [
     pytest.mark.broker,
+    pytest.mark.prometheus,
     pytest.mark.skipif(binaries() is None, reason="prometheus and promtool are not on PATH"),
 ]
 
