@@ -44,7 +44,7 @@ QUANTITIES = {
     "first_deliveries": ("first deliveries per second", "1/s"),
     "retries": ("retries delivered per second", "1/s"),
     "dlq": ("messages moved to the DLQ per second", "1/s"),
-    "lag": ("messages published and not yet committed (Ready, in flight, cached)", "messages"),
+    "lag": ("messages published and not yet consumed, as the broker counts them", "messages"),
     "inflight": ("messages delivered and not yet settled", "messages"),
     "queueing_latency": ("the oldest Ready message's age", "ms"),
     "process_time": ("the listener's processing time per delivery", "ms"),
