@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from retrysim.cli.common import add_metrics_arguments
-from retrysim.metrics.calibrate import calibrate
+from retrysim.metrics.calibrate import calibrate, traffic_path
 from retrysim.metrics.reading import MetricsError, observe, read_exports
 from retrysim.scenario.errors import ScenarioError
 from retrysim.scenario.loading import DEFAULT_SCENARIO_PATH, load_yaml
@@ -32,7 +32,7 @@ def add_calibrate_command(commands: argparse._SubParsersAction) -> None:
     add_metrics_arguments(command, "the consumer group to fit", group_required=True)
     command.add_argument("--scenario", help="the base scenario (default: conf/default.yaml)")
     command.add_argument("--consumers", metavar="INSTANCESxTHREADS",
-                         help="the pool, where no series shows it (e.g. 4x20)")  # fmt: skip
+                         help="the pool, over what the series show (e.g. 4x20)")  # fmt: skip
     command.add_argument("--output", required=True, help="the scenario YAML to write")
 
 
@@ -51,6 +51,13 @@ def _pool(text: str | None) -> dict[str, int] | None:
     return {"instances": int(match.group(1)), "threads": int(match.group(2))}
 
 
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: beside it first, then renamed."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 def calibrate_command(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     output = Path(args.output)
@@ -62,12 +69,12 @@ def calibrate_command(args: argparse.Namespace) -> int:
     base = load_yaml(args.scenario or DEFAULT_SCENARIO_PATH)
     try:
         observed = observe(read_exports(args.metrics), args.group, args.topic)
-        text = calibrate(observed, base, args.group, output, consumers)
+        text, traffic = calibrate(observed, base, args.group, output, consumers)
     except MetricsError as error:
         raise ScenarioError("--metrics", str(error)) from None
-    partial = output.with_name(f".{output.name}.{os.getpid()}")
-    partial.write_text(text)
-    os.replace(partial, output)
+    if traffic is not None:  # written first: the scenario names it
+        _write(traffic_path(output), traffic.to_csv(index=False))
+    _write(output, text)
     print(f"retrysim: calibrated {args.group} from {len(args.metrics)} file(s) "
           f"in {time.perf_counter() - began:.1f}s: {output}")  # fmt: skip
     print(text, end="")

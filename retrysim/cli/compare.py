@@ -45,15 +45,17 @@ def compare_command(args: argparse.Namespace) -> int:
         raise ScenarioError("--output", f"no retrysim tables in {output} (no runs table)")
     try:
         start_at, scenario = run_clock(output, args.run_id)
-        groups = [g.name for g in scenario.groups]
-        group = args.group or (groups[0] if len(groups) == 1 else None)
-        if group is None or group not in groups:
-            raise ScenarioError("--group", f"value {args.group!r}: the run's groups are "
-                                f"{', '.join(groups)}")  # fmt: skip
+    except MetricsError as error:
+        raise ScenarioError("--run", str(error)) from None
+    groups = [g.name for g in scenario.groups]
+    group = args.group or (groups[0] if len(groups) == 1 else None)
+    if group not in groups:
+        said = f"value {args.group!r}" if args.group else "required: the run has several groups"
+        raise ScenarioError("--group", f"{said}; the run's groups are {', '.join(groups)}")
+    try:
         observed = observe(read_exports(args.metrics), group, args.topic)
     except MetricsError as error:
-        field = "--run" if "run " in str(error).split(":")[0] else "--metrics"
-        raise ScenarioError(field, str(error)) from None
+        raise ScenarioError("--metrics", str(error)) from None
     check_spark(args.master)
     spark = build_session(
         "retrysim:compare", args.master, conf={"spark.ui.enabled": "false"}, light_jit=True

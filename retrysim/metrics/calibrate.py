@@ -11,6 +11,7 @@ series it came from and how well the fit matches them.
 from __future__ import annotations
 
 import math
+import tempfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ SATURATED_SHARE = 0.95  # ... each within this share of the busiest one
 OUTAGE_MIN_RISE = 0.02  # an outage's failure probability is at least this above the baseline
 OUTAGE_SLOWDOWN = 0.25  # an outage has its own processing time where its mean differs more
 MIN_DELIVERIES = 50  # fewer deliveries than this in a histogram fit nothing
+LOGNORMAL_P99_CAP = 14.97  # the scenario's lognormal: p99 at most this times the mean
 
 
 @dataclass
@@ -46,6 +48,7 @@ class Fitted:
 
     values: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    traffic: pd.DataFrame | None = None  # the arrivals' counts, where a file holds them
 
     def set(self, key: str, value: Any, note: str) -> None:
         self.values[key] = value
@@ -107,7 +110,7 @@ def fit_arrivals(observed: Observed, t0: float, fitted: Fitted, traffic: Path) -
     else:
         opens = [_seconds((e - n - t0) * 1000) for e, n in zip(ends, lengths, strict=True)]
         rows = pd.DataFrame({"time": opens, "count": counts})
-        rows.to_csv(traffic, index=False)
+        fitted.traffic = rows
         workload = {"arrival": "file", "within": "poisson", "file": traffic.name}
         quality = f"{len(counts)} samples as they are (more than {MAX_PROFILE_PIECES} levels)"
     fitted.set("workload", workload, f"from {source}: {quality}")
@@ -121,6 +124,9 @@ def _failures(observed: Observed, first_retry_ms: int) -> tuple[pd.Series, pd.Se
     hist = observed.histogram
     if hist is not None and (hist["status"] != "").any():
         top = hist[np.isinf(hist["le"])]
+        if top.empty:
+            raise MetricsError(f"{observed.sources['process_time']}: no le=\"+Inf\" bucket: "
+                               "export every bucket of the histogram")  # fmt: skip
         trials = top.groupby("time_s")["count"].sum()
         failed = top[top["status"] != "success"].groupby("time_s")["count"].sum()
         failed = failed.reindex(trials.index, fill_value=0.0)
@@ -196,9 +202,13 @@ def fit_failures(observed: Observed, t0: float, first_retry_ms: int, fitted: Fit
 
 
 def _processing_value(fit: ProcessingFit) -> Any:
-    if fit.dist == "constant":
-        return _seconds(fit.mean_ms) if fit.mean_ms >= 1 else "1ms"
-    return {"dist": "lognormal", "mean": f"{fit.mean_ms:.4g}ms", "p99": f"{fit.p99_ms:.4g}ms"}
+    """The fit as the scenario writes it, in whole milliseconds: a lognormal needs
+    ``0 < mean < p99``; where rounding leaves no room between them, a constant."""
+    mean = max(1, round(fit.mean_ms))
+    p99 = min(round(fit.p99_ms), int(mean * LOGNORMAL_P99_CAP))
+    if fit.dist == "constant" or p99 <= mean:
+        return f"{mean}ms"
+    return {"dist": "lognormal", "mean": f"{mean}ms", "p99": f"{p99}ms"}
 
 
 def _fit_buckets(rows: pd.DataFrame, spent_ms: pd.Series | None) -> ProcessingFit | None:
@@ -287,9 +297,11 @@ def calibrate(
     group_name: str,
     output: Path,
     consumers: dict[str, int] | None = None,
-) -> str:
+) -> tuple[str, pd.DataFrame | None]:
     """The scenario YAML (text, with its comments) fitted to ``observed`` on ``base``'s
-    group ``group_name`` (or its first group, renamed), every key it does not fit kept."""
+    group ``group_name`` (or its first group, renamed), every key it does not fit kept, and
+    the traffic file's rows where the arrivals need one (:func:`traffic_path`); both are
+    validated, neither is written here."""
     group = _base_group(base, group_name)
     if observed.topic:
         group["topic"] = observed.topic
@@ -300,7 +312,8 @@ def calibrate(
     fitted.set("horizon", _seconds((observed.times[-1] - t0) * 1000), "the samples' span")
     fitted.set("load_bucket", _seconds(step * 1000), "the scrape interval, so the load "
                "table's buckets fall on the samples")  # fmt: skip
-    fit_arrivals(observed, t0, fitted, output.with_suffix(".traffic.csv"))
+    traffic = traffic_path(output)
+    fit_arrivals(observed, t0, fitted, traffic)
     spec_base = build_scenario({**base, "groups": [_runnable(group)]})
     first_retry = spec_policy_first_retry(spec_base)
     windows = fit_failures(observed, t0, first_retry, fitted)
@@ -316,8 +329,14 @@ def calibrate(
             f"groups[{group_name}].consumers"
         )
     text = render(base, group, fitted)
-    build_scenario(yaml.safe_load(_with_traffic(text, output)))  # fails loudly, not later
-    return text
+    with tempfile.TemporaryDirectory() as folder:  # the traffic file, to validate with it
+        check = text
+        if fitted.traffic is not None:
+            beside = Path(folder) / traffic.name
+            fitted.traffic.to_csv(beside, index=False)
+            check = text.replace(f"file: {traffic.name}", f"file: {beside}")
+        build_scenario(yaml.safe_load(check))  # fails here, not when it is run
+    return text, fitted.traffic
 
 
 def spec_policy_first_retry(scenario) -> int:
@@ -329,6 +348,8 @@ def spec_policy_first_retry(scenario) -> int:
 
 def _base_group(base: dict[str, Any], name: str) -> dict[str, Any]:
     groups = base.get("groups") or []
+    if not isinstance(groups, list) or not groups or not isinstance(groups[0], dict):
+        raise MetricsError("the base scenario (--scenario) has no group to take the flavor from")
     for group in groups:
         if isinstance(group, dict) and group.get("name") == name:
             return dict(group)
@@ -342,9 +363,9 @@ def _runnable(group: dict[str, Any]) -> dict[str, Any]:
     return {**group, "workload": workload}
 
 
-def _with_traffic(text: str, output: Path) -> str:
-    return text.replace("file: " + output.with_suffix(".traffic.csv").name,
-                        "file: " + str(output.with_suffix(".traffic.csv")))  # fmt: skip
+def traffic_path(output: Path) -> Path:
+    """Where a calibrated scenario's traffic file goes: beside it, named after it."""
+    return output.with_suffix(".traffic.csv")
 
 
 def _comment(text: str, indent: str) -> list[str]:
@@ -389,10 +410,15 @@ def render(base: dict[str, Any], group: dict[str, Any], fitted: Fitted) -> str:
     lines += [*_comment(notes["workload"], "    "),
               f"    workload: {_flow(_workload(group, values))}", "    behavior:"]  # fmt: skip
     for key in BEHAVIOR_FITS:
+        if key not in values:
+            continue  # the base's, below (no histogram: the processing time)
         behavior.pop(key, None)
-        if key in values:
-            lines += [*_comment(notes[key], "      "), f"      {key}: {_flow(values[key])}"]
+        lines += [*_comment(notes[key], "      "), f"      {key}: {_flow(values[key])}"]
     for key, value in behavior.items():
+        if key == "processing_time":
+            lines.append(
+                "      # from the base scenario: the metrics hold no process-time histogram"
+            )
         if key not in ("profile", "poison_fraction", "fail_first", "downstream"):
             lines.append(f"      {key}: {_flow(value)}")
     return "\n".join(lines) + "\n"

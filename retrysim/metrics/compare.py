@@ -23,7 +23,7 @@ from retrysim.metrics.names import QUANTITIES
 from retrysim.metrics.reading import MetricsError, Observed
 from retrysim.scenario.loading import scenario_from_json
 from retrysim.scenario.spec import Group, Scenario
-from retrysim.store.sinks import read_table, run_rows
+from retrysim.store.sinks import STATUS_COMPLETE, read_table, run_rows
 from retrysim.tables.schemas import PARTITION_COLUMN
 
 # the quantities both sides give, in the order they are printed and drawn
@@ -65,7 +65,8 @@ def with_quantities(scenario: Scenario) -> Callable[[DataFrame], DataFrame]:
     def quantities(load: DataFrame) -> DataFrame:
         seconds = F.col("bucket_ms") / 1000.0
         counts = {
-            "published": F.coalesce(F.col("published"), F.lit(0)),
+            # as the broker counts its puts to the topic: the replayed dead letters too
+            "published": F.coalesce(F.col("published"), F.lit(0)) + F.col("replays"),
             "deliveries": F.col("first_deliveries") + F.col("retries"),
             "first_deliveries": F.col("first_deliveries"),
             "retries": F.col("retries"),
@@ -182,10 +183,10 @@ def errors(points: pd.DataFrame, observed: Observed) -> list[SeriesError]:
 def run_clock(output: str, run_id: str) -> tuple[pd.Timestamp, Scenario]:
     """The run's ``start_at`` and its scenario; a run without ``start_at`` cannot be laid
     over metrics (one line saying how to give it one)."""
-    rows = run_rows(output, "runs", run_id)
+    rows = [row for row in run_rows(output, "runs", run_id) if row["status"] == STATUS_COMPLETE]
     if not rows:
-        raise MetricsError(f"no run {run_id!r} in {output}")
-    start = rows[0].get("start_at")
+        raise MetricsError(f"no complete run {run_id!r} in {output}")
+    start = rows[-1].get("start_at")
     if start is None:
         raise MetricsError(
             f"run {run_id} has no start_at: simulate its scenario with start_at set (calibrate "
@@ -193,7 +194,7 @@ def run_clock(output: str, run_id: str) -> tuple[pd.Timestamp, Scenario]:
         )
     moment = pd.Timestamp(start)
     moment = moment.tz_localize("UTC") if moment.tzinfo is None else moment.tz_convert("UTC")
-    return moment, scenario_from_json(rows[0]["config_json"])
+    return moment, scenario_from_json(rows[-1]["config_json"])
 
 
 def describe(error: SeriesError) -> str:

@@ -54,7 +54,8 @@ def levels(
 ) -> list[Piece]:
     """Piecewise-constant levels of ``events / exposure`` (Poisson: exposure in seconds;
     binomial: exposure is the trials). ``penalty``: the log-likelihood a level change must
-    gain (default: a BIC's ``log n`` per parameter, at least 8)."""
+    gain (default: 1.5 ``log n``, at least 8: a BIC's ``log n`` per parameter, made stricter
+    so that a change of level is one a planner would name)."""
     n = len(events)
     if n == 0:
         return []
@@ -178,11 +179,11 @@ def _grid_fit(
     bounds: np.ndarray, per_bucket: np.ndarray, mean_ms: float | None
 ) -> tuple[float, float]:
     """Maximum likelihood of (mu, sigma) on a log grid, refined three times around the best
-    (with ``mean_ms``, sigma alone: mu follows from the mean). The sigma is capped where the
-    scenario's lognormal can go (p99 at most 14.97 x mean)."""
+    (with ``mean_ms``, sigma alone: mu follows from the mean). The sigma stops where the
+    scenario's lognormal does: p99 / mean is largest, 14.97, at sigma = z99 (2.33)."""
     finite = bounds[np.isfinite(bounds)]
     lo, hi = math.log(max(finite[0] / 100, 1e-3)), math.log(finite[-1] * 10)
-    s_lo, s_hi = 0.01, 1.6
+    s_lo, s_hi = 0.01, Z99
     best = (0.0, 0.5)
     for _ in range(4):
         sigmas = np.linspace(s_lo, s_hi, 81)
@@ -198,5 +199,5 @@ def _grid_fit(
         best = (float(mu[i, j]), float(sigma[0 if mean_ms is not None else i, j]))
         dm, ds = (hi - lo) / 20, (s_hi - s_lo) / 20
         lo, hi = best[0] - dm, best[0] + dm
-        s_lo, s_hi = max(0.005, best[1] - ds), min(1.6, best[1] + ds)
+        s_lo, s_hi = max(0.005, best[1] - ds), min(Z99, best[1] + ds)
     return best

@@ -121,9 +121,25 @@ def _times(column: pd.Series, file: str) -> list[float]:
     return ((parsed - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).tolist()
 
 
+def _delimiter(header: str) -> str:
+    """The CSV's delimiter from its header line, counting only outside quotes (a series'
+    selector holds commas)."""
+    counts = {";": 0, ",": 0, "\t": 0}
+    quoted = False
+    for char in header:
+        if char == '"':
+            quoted = not quoted
+        elif not quoted and char in counts:
+            counts[char] += 1
+    return max(counts, key=counts.get)
+
+
 def _read_csv(text: str, file: str) -> list[Raw]:
-    sample = text[:4096]
-    delimiter = ";" if sample.count(";") > sample.count(",") else ","
+    lines = text.lstrip("\ufeff").splitlines()
+    if lines and lines[0].lower().startswith("sep=") and len(lines[0]) == 5:  # Grafana's Excel
+        delimiter, text = lines[0][4], "\n".join(lines[1:])
+    else:
+        delimiter = _delimiter(lines[0] if lines else "")
     try:
         frame = pd.read_csv(io.StringIO(text), sep=delimiter, dtype=str, quoting=csv.QUOTE_MINIMAL)
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
@@ -131,18 +147,23 @@ def _read_csv(text: str, file: str) -> list[Raw]:
     if frame.shape[1] < 2:
         raise MetricsError(f"{file}: not a Grafana CSV (a time column, then a column per series)")
     columns = [c.strip().strip('"') for c in frame.columns]
+    # with semicolons between the cells, a comma is the decimal mark (Grafana "for Excel")
+    decimal = "," if delimiter == ";" else "."
     if [c.lower() for c in columns[:3]] == ["series", "time", "value"]:  # series as rows
         return [
-            _csv_series(name, rows.iloc[:, 1], rows.iloc[:, 2], file)
+            _csv_series(name, rows.iloc[:, 1], rows.iloc[:, 2], file, decimal)
             for name, rows in frame.groupby(frame.columns[0], sort=False)
         ]
-    return [_csv_series(columns[k], frame.iloc[:, 0], frame.iloc[:, k], file)
+    return [_csv_series(columns[k], frame.iloc[:, 0], frame.iloc[:, k], file, decimal)
             for k in range(1, frame.shape[1])]  # fmt: skip
 
 
-def _csv_series(cell: str, times: pd.Series, values: pd.Series, file: str) -> Raw:
+def _csv_series(cell: str, times: pd.Series, values: pd.Series, file: str, decimal: str) -> Raw:
     name, labels = _parse_selector(cell, file)
-    numbers = pd.to_numeric(values.str.replace(",", "", regex=False).str.strip(), errors="coerce")
+    cells = values.str.strip()
+    cells = cells.str.replace(",", ".", regex=False) if decimal == "," else cells.str.replace(
+        ",", "", regex=False)  # fmt: skip
+    numbers = pd.to_numeric(cells, errors="coerce")
     return Raw(name, labels, file, _samples(_times(times, file), numbers.tolist()))
 
 
@@ -176,12 +197,20 @@ class Observed:
         return self.rates.get(name, self.gauges.get(name))
 
 
-def _matches(raw: Raw, series: Series, group: str, topics: set[str]) -> bool:
+def _matches(
+    raw: Raw, series: Series, group: str, topics: set[str], only_topic: str | None = None
+) -> bool:
+    """Whether ``raw`` is one of ``group``'s series: its group label, or for a per-topic
+    series its topic (the group's, or its retry and DLQ topics). ``only_topic`` (the user's
+    ``--topic``): a group's series of its other topics are left out too."""
     if any(raw.labels.get(k) != v for k, v in series.filters):
         return False
     if series.group_label is not None:
-        if series.quantity == "first_deliveries" and _system(raw.labels.get(series.topic_label)):
+        topic = raw.labels.get(series.topic_label)
+        if series.quantity == "first_deliveries" and _system(topic):
             return False  # a 4.x group's offsets on its %RETRY% topic: its retries
+        if only_topic and topic is not None and not _system(topic) and topic != only_topic:
+            return False
         return raw.labels.get(series.group_label) == group
     topic = raw.labels.get(series.topic_label)
     if series.quantity == "retries":
@@ -208,18 +237,17 @@ def _system(topic: str | None) -> bool:
     return topic is not None and topic.startswith(("%RETRY%", "%DLQ%"))
 
 
-def _increase(raw: Raw, what: str) -> pd.Series:
-    """A counter's increase over each interval between samples; a reset is an error."""
-    values = raw.samples["value"].to_numpy()
-    steps = np.diff(values)
+def _no_reset(raw: Raw) -> None:
+    """A counter only rises over an export: a reset (a restarted broker or client) is an
+    error naming the series and when."""
+    steps = np.diff(raw.samples["value"].to_numpy())
     if (steps < 0).any():
         at = raw.samples["time_s"].iloc[int(np.argmax(steps < 0)) + 1]
         when = pd.Timestamp(at, unit="s", tz="UTC").isoformat()
         raise MetricsError(
             f"{raw.file}: {raw.selector()}: the counter resets at {when}; export "
-            f"{what} without a restart in the span, or cut the span there"
+            f"{raw.name} without a restart in the span, or cut the span there"
         )
-    return pd.Series(steps, index=raw.samples["time_s"].to_numpy()[1:])
 
 
 def observe(raws: list[Raw], group: str, topic: str | None = None) -> Observed:
@@ -238,7 +266,7 @@ def observe(raws: list[Raw], group: str, topic: str | None = None) -> Observed:
         if raw.labels.get(s.group_label) == group and s.topic_label in raw.labels
         and not _system(raw.labels[s.topic_label])
     }  # fmt: skip
-    chosen = _preferred([(raw, s) for raw, s in known if _matches(raw, s, group, topics)])
+    chosen = _preferred([(raw, s) for raw, s in known if _matches(raw, s, group, topics, topic)])
     if not [c for c in chosen if c[1].group_label]:
         groups = sorted({raw.labels[s.group_label] for raw, s in grouped})
         files = sorted({raw.file for raw, _ in known})
@@ -246,63 +274,112 @@ def observe(raws: list[Raw], group: str, topic: str | None = None) -> Observed:
             f"{', '.join(files)}: no series for group {group} (groups seen: "
             f"{', '.join(groups) or 'none'})"
         )
-    for raw, _s in chosen:
-        if len(raw.samples) < MIN_POINTS:
+    for raw, s in chosen:
+        if s.kind in (COUNTER, HISTOGRAM):
+            _no_reset(raw)  # it may appear late: its first increment is then its value
+        elif len(raw.samples) < MIN_POINTS:
             raise MetricsError(f"{raw.file}: {raw.selector()}: {len(raw.samples)} points; "
                                f"at least {MIN_POINTS} are needed")  # fmt: skip
     return _assemble(chosen, group, sorted(topics)[0] if topics else None)
 
 
+def _grid(raws: list[Raw]) -> tuple[np.ndarray, float]:
+    """One clock for every series: the samples' most common spacing (the scrape interval or
+    the query's step), from the earliest sample to the latest."""
+    gaps = np.concatenate([np.diff(raw.samples["time_s"].to_numpy()) for raw in raws])
+    gaps = np.round(gaps[gaps > 0], 3)
+    values, counts = np.unique(gaps, return_counts=True)
+    step = float(values[np.argmax(counts)]) if len(values) else 1.0
+    start = min(float(raw.samples["time_s"].iloc[0]) for raw in raws)
+    end = max(float(raw.samples["time_s"].iloc[-1]) for raw in raws)
+    return start + step * np.arange(round((end - start) / step) + 1), step
+
+
+def _on_grid(raw: Raw, grid: np.ndarray, step: float, counter: bool) -> np.ndarray:
+    """``raw``'s values at the grid's times, each sample at its nearest one. A gauge keeps
+    its last value over one missed sample; a counter its total over any gap, and a counter
+    that appears after the grid's first time was 0 the sample before (an OpenTelemetry
+    counter is created at its first increment)."""
+    at = np.clip(np.round((raw.samples["time_s"].to_numpy() - grid[0]) / step).astype(int),
+                 0, len(grid) - 1)  # fmt: skip
+    values = pd.Series(np.nan, index=range(len(grid)))
+    values.iloc[at] = raw.samples["value"].to_numpy()
+    if not counter:
+        return values.ffill(limit=1).to_numpy()
+    first, last = int(at.min()), int(at.max())
+    if first > 0:
+        values.iloc[first - 1] = 0.0
+        first -= 1
+    values.iloc[first : last + 1] = values.iloc[first : last + 1].ffill()
+    return values.to_numpy()
+
+
 def _assemble(chosen: list[tuple[Raw, Series]], group: str, topic: str | None) -> Observed:
-    rates: dict[str, list[pd.Series]] = {}
-    gauges: dict[str, list[pd.Series]] = {}
+    grid, step = _grid([raw for raw, _ in chosen])
+    ends = grid[1:]  # a counter's increase is over the interval ending here
+    rates: dict[str, list[np.ndarray]] = {}
+    gauges: dict[str, list[np.ndarray]] = {}
     sources: dict[str, list[Raw]] = {}
     buckets, sums = [], []
     for raw, s in chosen:
         if s.kind == HISTOGRAM and not raw.name.endswith(("_bucket", "_sum")):
             continue  # the _count is the +Inf bucket's
         sources.setdefault(s.quantity, []).append(raw)
+        if s.kind in (COUNTER, HISTOGRAM):
+            increase = np.diff(_on_grid(raw, grid, step, counter=True))
         if s.kind == HISTOGRAM:
             if raw.name.endswith("_bucket") and "le" in raw.labels:
-                increase = _increase(raw, raw.name)
                 buckets.append(pd.DataFrame({
-                    "time_s": increase.index, "count": increase.to_numpy(),
-                    "le": float(raw.labels["le"]),
+                    "time_s": ends, "count": increase, "le": float(raw.labels["le"]),
                     "status": raw.labels.get("invocation_status", ""),
-                }))  # fmt: skip
+                }).dropna())  # fmt: skip
             elif raw.name.endswith("_sum"):  # ms of processing a second: the threads busy
-                gaps = np.diff(raw.samples["time_s"].to_numpy())
-                spent = _increase(raw, raw.name)
-                sums.append(spent)
-                rates.setdefault("busy_threads", []).append(spent / gaps / 1e3)
+                sums.append(increase)
+                rates.setdefault("busy_threads", []).append(increase / step / 1e3)
                 sources.setdefault("busy_threads", []).append(sources[s.quantity].pop())
-            continue
-        if s.kind == COUNTER:
-            increase = _increase(raw, raw.name)
-            gaps = np.diff(raw.samples["time_s"].to_numpy())
-            rates.setdefault(s.quantity, []).append(increase / gaps)
-        elif s.kind == RATE:
-            rates.setdefault(s.quantity, []).append(raw.samples.set_index("time_s")["value"])
-        else:
-            gauges.setdefault(s.quantity, []).append(raw.samples.set_index("time_s")["value"])
-    total = {q: pd.concat(parts, axis=1).sum(axis=1, min_count=1).sort_index()
-             for q, parts in (rates | gauges).items()}  # fmt: skip
+        elif s.kind == COUNTER:
+            rates.setdefault(s.quantity, []).append(increase / step)
+        else:  # a gauge, or a rate the exporter computed: its value at each time
+            values = _on_grid(raw, grid, step, counter=False)
+            (rates if s.kind == RATE else gauges).setdefault(s.quantity, []).append(
+                values[1:] if s.kind == RATE else values
+            )
+    total = {q: _combine(q, parts, ends) for q, parts in rates.items()}
+    total |= {q: _combine(q, parts, grid) for q, parts in gauges.items()}
     if "deliveries" not in total and "first_deliveries" in total:
         parts = [total["first_deliveries"], total.get("retries")]
-        total["deliveries"] = pd.concat([p for p in parts if p is not None], axis=1).sum(axis=1)
+        total["deliveries"] = pd.concat([p for p in parts if p is not None], axis=1).sum(
+            axis=1, min_count=1
+        )
         rates["deliveries"] = []
         sources["deliveries"] = sources["first_deliveries"] + sources.get("retries", [])
-    times = np.unique(np.concatenate([s.index.to_numpy() for s in total.values()]))
+    for quantity, series in total.items():
+        if series.notna().sum() < MIN_POINTS - 1:
+            raise MetricsError(f"{_describe(sources.get(quantity, []))}: "
+                               f"{int(series.notna().sum())} samples of {quantity}; at least "
+                               f"{MIN_POINTS} points are needed")  # fmt: skip
     histogram = None
     if buckets:
         histogram = pd.concat(buckets).groupby(["time_s", "le", "status"], as_index=False).sum()
     family = "5.x" if any(s.family == "5.x" for _, s in chosen) else "4.x"
-    spent = pd.concat(sums, axis=1).sum(axis=1).sort_index() if sums else None
+    spent = pd.Series(np.nansum(sums, axis=0), index=ends) if sums else None
     return Observed(
-        group, topic, family, times,
-        {q: total[q] for q in rates}, {q: total[q] for q in gauges}, histogram, spent,
-        {q: _describe(v) for q, v in sources.items()},
+        group, topic, family, grid,
+        {q: total[q].dropna() for q in rates}, {q: total[q].dropna() for q in gauges},
+        histogram, spent, {q: _describe(v) for q, v in sources.items()},
     )  # fmt: skip
+
+
+def _combine(quantity: str, parts: list[np.ndarray], times: np.ndarray) -> pd.Series:
+    """A quantity's series from its parts at each time: their sum (brokers, queues, nodes),
+    or for an age the oldest (the queueing latency of two brokers is the larger)."""
+    stacked = np.vstack(parts)
+    present = ~np.isnan(stacked).all(axis=0)
+    if quantity == "queueing_latency":
+        values = np.nanmax(np.where(np.isnan(stacked), -np.inf, stacked), axis=0)
+    else:
+        values = np.nansum(stacked, axis=0)
+    return pd.Series(np.where(present, values, np.nan), index=times)
 
 
 def _describe(raws: list[Raw]) -> str:

@@ -9,6 +9,7 @@ import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from metrics.synthetic import STEP, T0, Truth, series, write_grafana_csv, write_json
@@ -212,3 +213,16 @@ def test_grafanas_series_as_rows_layout_reads_as_its_table_view(exported, tmp_pa
     assert len(again) == len(wide)
     for raw in wide:
         assert np.allclose(again[raw.selector()].to_numpy(), raw.samples.to_numpy())
+
+
+def test_grafanas_excel_csv_reads_as_its_plain_one(exported, tmp_path):
+    """Grafana's "for Excel" export: a ``sep=;`` line, semicolons, decimal commas."""
+    *_, csv_file = exported
+    frame = pd.read_csv(csv_file, dtype=str)
+    frame.iloc[:, 1:] = frame.iloc[:, 1:].apply(lambda c: (c.astype(float) / 7).map(
+        lambda v: f"{v:.6f}".replace(".", ",")))  # fmt: skip
+    excel = tmp_path / "excel.csv"
+    excel.write_text("sep=;\n" + frame.to_csv(sep=";", index=False))
+    plain = {raw.selector(): raw.samples["value"].to_numpy() for raw in read_exports([csv_file])}
+    for raw in read_exports([excel]):
+        assert np.allclose(raw.samples["value"].to_numpy(), plain[raw.selector()] / 7, atol=1e-5)

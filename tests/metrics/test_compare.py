@@ -95,7 +95,7 @@ def test_the_run_report_draws_observed_against_simulated(spark, compared):
 def test_a_run_it_cannot_lay_over_metrics_is_one_line(compared, capsys):
     _, metrics, output = compared
     for run, said in (("no-clock", "--run: run no-clock has no start_at"),
-                      ("nope", "--run: no run 'nope' in")):  # fmt: skip
+                      ("nope", "--run: no complete run 'nope' in")):  # fmt: skip
         code = main(["compare", "--metrics", str(metrics), "--run", run, "--output", output])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == EXIT_BAD_INPUT and len(err) == 1 and said in err[0], err
