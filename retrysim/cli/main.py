@@ -52,17 +52,17 @@ COMMANDS = {
     ),
     "plans": (plans.add_plans_command, lambda args: plans.plans_command(args)),
     "report": (report.add_report_command, lambda args: report.report_command(args)),
-    "export": (export.add_export_command, lambda args: export.export_command(args)),
     "runs": (runs.add_runs_command, lambda args: runs.runs_command(args)),
+    "conformance": (
+        functools.partial(add_scenario_command, name="conformance"),
+        lambda args: conformance.conformance_command(args),
+    ),
     "calibrate": (
         calibrate.add_calibrate_command,
         lambda args: calibrate.calibrate_command(args),
     ),
     "compare": (compare.add_compare_command, lambda args: compare.compare_command(args)),
-    "conformance": (
-        functools.partial(add_scenario_command, name="conformance"),
-        lambda args: conformance.conformance_command(args),
-    ),
+    "export": (export.add_export_command, lambda args: export.export_command(args)),
 }
 
 
