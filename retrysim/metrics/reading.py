@@ -179,19 +179,13 @@ class Observed:
     group: str
     topic: str | None
     family: str
-    times: np.ndarray
+    times: np.ndarray  # the one clock every series was put on
+    step_s: float  # its spacing: the scrape interval (the samples' most common spacing)
     rates: dict[str, pd.Series]
     gauges: dict[str, pd.Series]
     histogram: pd.DataFrame | None
     spent_ms: pd.Series | None  # the histogram's sum: processing ms ended in each interval
     sources: dict[str, str]
-
-    @property
-    def step_s(self) -> float:
-        """The scrape interval: the samples' most common spacing."""
-        gaps = np.diff(self.times)
-        values, counts = np.unique(np.round(gaps, 3), return_counts=True)
-        return float(values[np.argmax(counts)])
 
     def quantity(self, name: str) -> pd.Series | None:
         return self.rates.get(name, self.gauges.get(name))
@@ -364,7 +358,7 @@ def _assemble(chosen: list[tuple[Raw, Series]], group: str, topic: str | None) -
     family = "5.x" if any(s.family == "5.x" for _, s in chosen) else "4.x"
     spent = pd.Series(np.nansum(sums, axis=0), index=ends) if sums else None
     return Observed(
-        group, topic, family, grid,
+        group, topic, family, grid, step,
         {q: total[q].dropna() for q in rates}, {q: total[q].dropna() for q in gauges},
         histogram, spent, {q: _describe(v) for q, v in sources.items()},
     )  # fmt: skip
