@@ -535,12 +535,9 @@ def run_events(
         folders = [os.path.dirname(out.attempts) for out in outputs]
         count = spark.read.parquet(*folders).where(F.col("start_ms").isNotNull()).count()
     say(f"event-by-event: {count:,} deliveries, {time.monotonic() - began:.1f}s")
-    # a 5.x pop group's busiest second of writes differed from Spark's in a random scenario
-    # (issue 23's note): its rows are summed up by Spark until the twin is fixed
-    pops = {spec.key for spec in specs if pops_of(spec.policy) is not None}
     return [
         {group: part for (run, group), part in sums.value.items()
-         if run == number and part.complete and (run, group) not in pops}
+         if run == number and part.complete}
         for number in range(len(runs))
     ]  # fmt: skip
 
