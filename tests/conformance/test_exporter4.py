@@ -42,6 +42,7 @@ def series(result: list[dict], name: str, **labels: str) -> list[tuple[float, fl
 
 @pytest.mark.broker
 @pytest.mark.prometheus
+@pytest.mark.conformance_suite  # 100 s; the suite's calibration on a real broker is the 5.x one
 @pytest.mark.skipif(binaries() is None, reason="prometheus and promtool are not on PATH")
 def test_the_exporters_series_follow_the_4x_brokers_run(tmp_path):
     recorded = record_broker_metrics(load_scenario(SCENARIO), "payments", tmp_path, STEP)
