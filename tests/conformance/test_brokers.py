@@ -117,7 +117,7 @@ def test_a_saturated_4x_pool_agrees_on_every_message(tmp_path):
     times to commit are within their tolerances (without it they came 0.3 and 0.6 s late),
     and each retry and dead letter within the pull batches' order (``B``, 320 ms). Two runs
     of the broker differ by up to 439 ms on a retry, so a timed figure may miss its
-    tolerance by that much: retries came 507 to 581 ms late in three of the runs against a
+    tolerance by that much: a retry came 507 to 581 ms from retrysim's in three runs, against a
     tolerance of 470 ms. Behind the backlog of 4,000 a retry would be seconds late."""
     done = conformance(tmp_path, SUITE / "saturated-4x.yaml")
     figures = figures_of(done)
